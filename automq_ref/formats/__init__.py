@@ -1,0 +1,1 @@
+"""Byte layouts, pure: no I/O, no clock. Every parser raises a FormatError subclass on bad bytes."""
