@@ -1,1 +1,1 @@
-"""The async I/O shell: object stores, WALs, metadata logs, RPC. It executes the machines' effects."""
+"""The async I/O shell: object stores, WALs, metadata logs, RPC; it executes effects."""

@@ -1,1 +1,1 @@
-"""Pure state machines: (state, event) -> (state, effects). No asyncio, os, time, random or logging."""
+"""Pure state machines: (state, event) -> (state, effects); no asyncio, os, time or logging."""
