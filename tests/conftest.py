@@ -1,9 +1,15 @@
-"""Shared test settings: hypothesis profiles `dev` (default) and `ci` (derandomized, more examples)."""
+"""Shared test settings: hypothesis profiles `dev` (default) and `ci` (derandomized, more examples).
+
+Also the session-wide moto S3 server (`moto_s3`) that object-store tests run against.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("dev", max_examples=100, deadline=None)
@@ -16,3 +22,35 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@dataclass(frozen=True, slots=True)
+class MotoS3:
+    """Where the test S3 server listens and the dummy credentials to sign requests with."""
+
+    endpoint_url: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[MotoS3]:
+    """moto's S3 server on 127.0.0.1 (a free port), shared by the session.
+
+    Credentials are handed to clients explicitly; the process environment is left alone.
+    """
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        yield MotoS3(
+            endpoint_url=f"http://{host}:{port}",
+            region="us-east-1",
+            access_key_id="testing",
+            secret_access_key="testing",
+        )
+    finally:
+        server.stop()

@@ -95,12 +95,15 @@ def encode_wal_record(body: Buffer, record_offset: int) -> bytes:
     return encode_wal_record_header(body, record_offset) + bytes(body)
 
 
-def decode_wal_record_header(buffer: Buffer, position: int, record_offset: int) -> WalRecordHeader:
+def decode_wal_record_header(
+    buffer: Buffer, position: int, record_offset: int | None
+) -> WalRecordHeader:
     """Check and decode the header at ``buffer[position:]``, expected at logical ``record_offset``.
 
     Raises a :class:`~automq_ref.formats.errors.FormatError` subclass when the bytes are not a
     header written at that offset: too short, bad header CRC, unknown magic, or a body offset
-    that belongs to another position (stale data from an earlier lap of a ring).
+    that belongs to another position (stale data from an earlier lap of a ring). With
+    ``record_offset=None`` the header is checked on its own and may claim any offset.
     """
     if position < 0 or len(buffer) - position < WAL_RECORD_HEADER_SIZE:
         raise TruncatedError(
@@ -116,8 +119,10 @@ def decode_wal_record_header(buffer: Buffer, position: int, record_offset: int) 
         )
     if magic not in (RECORD_MAGIC_DATA, RECORD_MAGIC_PADDING):
         raise BadMagicError(f"WAL record magic {magic:#010x} at offset {record_offset}")
+    if record_offset is None:
+        record_offset = body_offset - WAL_RECORD_HEADER_SIZE
     expected_body_offset = record_offset + WAL_RECORD_HEADER_SIZE
-    if body_offset != expected_body_offset:
+    if body_offset != expected_body_offset or body_offset < WAL_RECORD_HEADER_SIZE:
         raise InvalidFieldError(
             f"WAL record at offset {record_offset} claims body offset {body_offset}, "
             f"expected {expected_body_offset} (stale or misplaced record)"

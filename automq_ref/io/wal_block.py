@@ -30,10 +30,12 @@ start in the header. Space is reused only up to the durable start: a write may l
 :class:`WalOverCapacityError`.
 
 ``recover()`` must run before ``reset()``, and ``reset()`` before the first append. ``reset``
-discards whatever recovery found by moving the start two rings forward (aligned): every byte on
-the device then belongs to an older logical offset than any the WAL will write next, so none of it
-can ever pass the body-offset check again. (One ring would do if the header read were always the
-newest durable one; the second covers a newest header lost to media corruption.)
+discards whatever recovery found by moving the start a whole ring forward (aligned): every byte
+on the device then belongs to an older logical offset than any the WAL will write next, so none of
+it can ever pass the body-offset check again. That bound holds when the header read is the newest
+durable one. When the other slot holds something unreadable (a torn header write, or a newer
+header lost to corruption), ``reset`` does not trust the header: it reads the record header at
+every 4 KiB boundary of the ring and starts past the highest group it finds.
 
 Headers are written alternately into the two slots and synced; on open the valid slot with the
 higher sequence number wins, so a torn header write falls back to the previous header. If a
@@ -52,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import struct
 from collections.abc import AsyncIterator, Callable
@@ -84,6 +87,8 @@ DEFAULT_CAPACITY_BYTES: Final = 2 * 1024 * 1024 * 1024
 DEFAULT_MAX_WRITE_BYTES: Final = 4 * 1024 * 1024
 # Each record takes two iovecs (header, body); keep a group inside one pwritev.
 MAX_RECORDS_PER_WRITE: Final = 500
+# Groups handed to the I/O thread and not yet durable: one on disk, one queued behind it.
+MAX_GROUPS_IN_FLIGHT: Final = 2
 RECOVERY_READ_BYTES: Final = 4 * 1024 * 1024
 
 WAL_HEADER_MAGIC: Final = 0x12345678
@@ -211,7 +216,13 @@ class BlockWal:
         header_slot: int,
         fresh: bool,
         node_epoch: int,
+        max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
+        header_fallback: bool = False,
     ) -> None:
+        self._header_fallback = header_fallback
+        if max_groups_in_flight < 1:
+            raise ValueError("max_groups_in_flight must be at least 1")
+        self._max_groups_in_flight = max_groups_in_flight
         self._device = device
         self._node_epoch = node_epoch
         self._header = header
@@ -232,6 +243,8 @@ class BlockWal:
         self._pending_bytes = 0
         self._state = _State.OPENED
         self._failure: BaseException | None = None
+        self._device_failed = False  # set by the I/O thread itself, read before each write
+        self._groups_in_flight = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="block-wal")
         self._wakeup: asyncio.Event | None = None
         self._writer: asyncio.Task[None] | None = None
@@ -249,6 +262,7 @@ class BlockWal:
         node_epoch: int,
         capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+        max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
     ) -> BlockWal:
         capacity_bytes = capacity_bytes // BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES
         device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
@@ -259,6 +273,7 @@ class BlockWal:
                 node_epoch=node_epoch,
                 capacity_bytes=capacity_bytes,
                 max_write_bytes=max_write_bytes,
+                max_groups_in_flight=max_groups_in_flight,
             )
         except BaseException:
             device.close()
@@ -273,6 +288,7 @@ class BlockWal:
         node_epoch: int,
         capacity_bytes: int | None = None,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+        max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
     ) -> BlockWal:
         """Read the header (or format a blank device) and check who owns the WAL."""
         if max_write_bytes < BLOCK_SIZE_BYTES or max_write_bytes % BLOCK_SIZE_BYTES:
@@ -296,8 +312,17 @@ class BlockWal:
                     f"WAL capacity {capacity} leaves no room for two writes of {max_write_bytes}"
                 )
             header = WalHeader(capacity, 0, 0, max_write_bytes, ShutdownType.UNCLEAN, node_id, 0)
-            return cls(device, header, header_slot=1, fresh=True, node_epoch=node_epoch)
+            return cls(
+                device,
+                header,
+                header_slot=1,
+                fresh=True,
+                node_epoch=node_epoch,
+                max_groups_in_flight=max_groups_in_flight,
+            )
         header, slot = max(candidates, key=lambda candidate: candidate[0].sequence)
+        other_slot = slots[(1 - slot) * HEADER_SLOT_BYTES : (2 - slot) * HEADER_SLOT_BYTES]
+        header_fallback = len(candidates) == 1 and any(other_slot)
         if header.node_id != node_id:
             raise WalFencedError(f"WAL belongs to node {header.node_id}, not node {node_id}")
         if header.node_epoch > node_epoch:
@@ -314,7 +339,15 @@ class BlockWal:
             # A smaller write cap on reopen must not make old records unreadable.
             max_write_bytes = max(max_write_bytes, header.max_write_bytes)
             header = replace(header, max_write_bytes=max_write_bytes)
-        return cls(device, header, header_slot=slot, fresh=False, node_epoch=node_epoch)
+        return cls(
+            device,
+            header,
+            header_slot=slot,
+            fresh=False,
+            node_epoch=node_epoch,
+            max_groups_in_flight=max_groups_in_flight,
+            header_fallback=header_fallback,
+        )
 
     # --------------------------------------------------------------- properties
 
@@ -374,6 +407,21 @@ class BlockWal:
             yield RecoveredRecord(position, header.next_record_offset, body)
             position = header.next_record_offset
 
+    async def _highest_group_start(self) -> int:
+        """The highest logical offset at which a group begins, from every 4 KiB boundary."""
+        highest = 0
+        for chunk_start in range(0, self._ring_bytes, RECOVERY_READ_BYTES):
+            length = min(RECOVERY_READ_BYTES, self._ring_bytes - chunk_start)
+            chunk = await self._run_io(self._device.read, length, RING_START_BYTES + chunk_start)
+            for position in range(0, length, BLOCK_SIZE_BYTES):
+                try:
+                    header = decode_wal_record_header(chunk, position, None)
+                except FormatError:
+                    continue
+                if header.record_offset % self._ring_bytes == chunk_start + position:
+                    highest = max(highest, header.record_offset)
+        return highest
+
     def _fits(self, position: int, header: WalRecordHeader) -> bool:
         """A record may neither leave the live window nor cross the end of the ring."""
         end = header.next_record_offset
@@ -388,10 +436,17 @@ class BlockWal:
         """Discard everything recovery could find and start appending a whole ring further on."""
         if self._state is not _State.RECOVERING:
             raise WalStateError(f"reset() needs recover() first; state is {self._state.value}")
-        # Everything on the device was written below start + ring, where start is the newest
-        # durable header's. If that header was lost to corruption and the older slot was read
-        # instead, its start can lag by up to one ring: two rings clear both cases.
-        new_start = 0 if self._fresh else align_up(self._start_offset + 2 * self._ring_bytes)
+        # Everything on the device was written below start + ring when ``start`` is the newest
+        # durable header's. If the other slot holds something unreadable, the header read may
+        # be an older one (a torn write, or a newer header lost to corruption): then find the
+        # highest group on the device instead of trusting the header.
+        if self._fresh:
+            new_start = 0
+        else:
+            floor = self._start_offset + self._ring_bytes
+            if self._header_fallback:
+                floor = max(floor, await self._highest_group_start() + self._max_write_bytes)
+            new_start = align_up(floor + 2 * BLOCK_SIZE_BYTES)
         await self._write_header(start_offset=new_start, shutdown_type=ShutdownType.UNCLEAN)
         self._start_offset = self._next_offset = self._confirm_offset = new_start
         self._fresh = False
@@ -433,26 +488,56 @@ class BlockWal:
         return WalStateError(f"{operation}() in state {self._state.value}")
 
     async def _run_writer(self) -> None:
+        """Lay out groups and hand them to the I/O thread, keeping a few in its queue.
+
+        The I/O thread runs write + sync of one group after another, in submission order, so a
+        group is written only after every earlier group is durable. Keeping the next group
+        queued while one is on disk removes the gap between them, and the event loop computes
+        the next group's CRCs while the thread waits on the disk.
+        """
         assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._pending:
-                if self._state is not _State.READY:
-                    return
-                self._wakeup.clear()
-                await self._wakeup.wait()
+            if self._state is _State.FAILED:
+                self._fail_pending([], self._io_error())
+            if self._pending and self._groups_in_flight < self._max_groups_in_flight:
+                group = self._take_group()
+                try:
+                    writes, results = self._lay_out(group)
+                except WalOverCapacityError as error:
+                    self._fail_pending(group, error)
+                    continue
+                io = loop.run_in_executor(self._executor, self._write_and_sync, writes)
+                self._groups_in_flight += 1
+                io.add_done_callback(
+                    functools.partial(self._on_group_synced, group, results, self._next_offset)
+                )
                 continue
-            group = self._take_group()
-            try:
-                writes, results = self._lay_out(group)
-            except WalOverCapacityError as error:
-                self._fail_pending(group, error)
-                continue
-            try:
-                await self._run_io(self._write_and_sync, writes)
-            except Exception as error:
-                self._fail(error, group)
+            idle = not self._pending and not self._groups_in_flight
+            if idle and self._state is not _State.READY:
                 return
-            self._confirm_offset = self._next_offset
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    def _on_group_synced(
+        self,
+        group: list[_Pending],
+        results: list[AppendResult],
+        end_offset: int,
+        io: asyncio.Future[None],
+    ) -> None:
+        self._groups_in_flight -= 1
+        assert self._wakeup is not None
+        self._wakeup.set()
+        error = io.exception() if not io.cancelled() else asyncio.CancelledError()
+        if self._state is _State.FAILED:
+            # An earlier group failed: this one may be on disk, but never acknowledged, since
+            # recovery stops at the earlier group's damage and would not return it.
+            self._fail_pending(group, self._io_error())
+        elif error is not None:
+            self._fail(error, group)
+        else:
+            self._confirm_offset = end_offset
             for pending, result in zip(group, results, strict=True):
                 if not pending.future.done():
                     pending.future.set_result(result)
@@ -510,10 +595,17 @@ class BlockWal:
         return RING_START_BYTES + offset % self._ring_bytes
 
     def _write_and_sync(self, writes: list[tuple[int, list[Buffer]]]) -> None:
-        for physical, buffers in writes:
-            self._device.write(buffers, physical)
-            self.write_count += 1
-        self._device.sync()
+        """Runs on the I/O thread. After one failure it refuses every later group untouched."""
+        if self._device_failed:
+            raise WalIOError("an earlier WAL write failed")
+        try:
+            for physical, buffers in writes:
+                self._device.write(buffers, physical)
+                self.write_count += 1
+            self._device.sync()
+        except BaseException:
+            self._device_failed = True
+            raise
         self.sync_count += 1
 
     def _fail_pending(self, group: list[_Pending], error: BaseException) -> None:
@@ -523,13 +615,16 @@ class BlockWal:
         self._pending.clear()
         self._pending_bytes = 0
 
+    def _io_error(self) -> WalIOError:
+        error = WalIOError(f"WAL write failed: {self._failure}")
+        error.__cause__ = self._failure
+        return error
+
     def _fail(self, error: BaseException, group: list[_Pending]) -> None:
         log.error("block WAL device failed: %s", error)
         self._state = _State.FAILED
         self._failure = error
-        wal_error = WalIOError(f"WAL write failed: {error}")
-        wal_error.__cause__ = error
-        self._fail_pending(group, wal_error)
+        self._fail_pending(group, self._io_error())
 
     # -------------------------------------------------------------------- trim
 
