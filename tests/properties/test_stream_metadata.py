@@ -1,0 +1,486 @@
+"""StreamMetadataMachine: every TLA+ action of specs/StreamMetadata.tla as a rule on the real step.
+
+Requests are generated the way real nodes send them: with current, stale or future node and
+stream epochs, offsets at or near the stream's end, object ids that are prepared, committed,
+destroyed or unknown. After every step the spec's invariants are checked on the image, and the
+transition properties (epochs, start and end offsets never decrease; an expired object is never
+committed) are checked between images. A tiny model of the data keeps, per stream, what a reader
+must find: get_objects over [start, end) returns a contiguous chain of objects.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.stream_metadata import (
+    ANY_STREAM_EPOCH,
+    EMPTY_IMAGE,
+    NO_OBJECT,
+    CloseStream,
+    CommitRange,
+    CommitStreamObject,
+    CommitStreamObjectEntry,
+    CommitStreamSetObject,
+    CreateStream,
+    DeleteKV,
+    DeleteStream,
+    ExpireObject,
+    FenceNode,
+    OpenStream,
+    PrepareObject,
+    PutKV,
+    RegisterNode,
+    RemoveObject,
+    S3ObjectState,
+    StreamErrorCode,
+    StreamMetadataEvent,
+    StreamMetadataImage,
+    StreamMetadataParams,
+    StreamState,
+    TrimStream,
+)
+
+NODES = (0, 1, 2)
+PARAMS = StreamMetadataParams(object_retention_ms=50)
+TTL_MS = 1000
+deltas = st.sampled_from([-1, 0, 0, 0, 0, 0, 0, 1])
+
+
+class StreamMetadataMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.image: StreamMetadataImage = EMPTY_IMAGE
+        self.records: list[sm.MetadataRecord] = []
+        self.now_ms = 0
+        self.node_epochs = dict.fromkeys(NODES, 0)
+        self.expired: set[int] = set()
+
+    # ----------------------------------------------------------------------------- helpers
+
+    def apply(self, event: StreamMetadataEvent) -> sm.Response:
+        before = self.image
+        transition = sm.step(self.image, event, PARAMS)
+        if not transition.response.ok:
+            assert transition.records == (), (event, transition.response)
+            assert transition.image == before
+        self.image = transition.image
+        self.records.extend(transition.records)
+        self._check_transition(before, self.image)
+        return transition.response
+
+    def _check_transition(self, before: StreamMetadataImage, after: StreamMetadataImage) -> None:
+        for stream_id, old in before.streams.items():
+            new = after.streams.get(stream_id)
+            if new is None:
+                continue
+            # EpochNeverDecreases, and the offsets' max semantics.
+            assert new.epoch >= old.epoch, (stream_id, old.epoch, new.epoch)
+            assert new.start_offset >= old.start_offset
+            assert new.end_offset >= old.end_offset
+        for node_id, old_node in before.nodes.items():
+            assert after.nodes[node_id].node_epoch >= old_node.node_epoch
+        # ExpiredNeverCommitted.
+        for object_id in self.expired:
+            s3_object = after.objects.get(object_id)
+            assert s3_object is None or s3_object.state is not S3ObjectState.COMMITTED
+
+    def tick(self, elapsed_ms: int) -> int:
+        self.now_ms += elapsed_ms
+        return self.now_ms
+
+    def stream_ids(self) -> list[int]:
+        return sorted(self.image.streams)
+
+    def epoch_for(self, node_id: int, delta: int) -> int:
+        return max(0, self.node_epochs[node_id] + delta)
+
+    # ------------------------------------------------------------------ rules (TLA+ actions)
+
+    @initialize()
+    def register_all(self) -> None:
+        for node_id in NODES:
+            response = self.apply(RegisterNode(node_id, 0))
+            assert response.ok
+
+    @rule(node_id=st.sampled_from(NODES), delta=deltas)
+    def register_node(self, node_id: int, delta: int) -> None:
+        epoch = self.epoch_for(node_id, delta if delta else 1)
+        response = self.apply(RegisterNode(node_id, epoch))
+        if epoch < self.node_epochs[node_id]:
+            assert response.error is StreamErrorCode.NODE_EPOCH_EXPIRED
+        else:
+            assert response.ok
+            self.node_epochs[node_id] = epoch
+
+    @rule(node_id=st.sampled_from(NODES), delta=deltas, really=st.integers(0, 3))
+    def fence_node(self, node_id: int, delta: int, really: int) -> None:
+        if really:  # failovers are rare: most draws of this rule do nothing
+            return
+        epoch = self.epoch_for(node_id, delta)
+        response = self.apply(FenceNode(node_id, epoch))
+        if response.ok:
+            assert self.image.nodes[node_id].failover_mode
+            self.node_epochs[node_id] = max(self.node_epochs[node_id], epoch)
+
+    @precondition(lambda self: len(self.image.streams) < 3)
+    @rule(node_id=st.sampled_from(NODES), delta=deltas)
+    def create_stream(self, node_id: int, delta: int) -> None:
+        response = self.apply(CreateStream(node_id, self.epoch_for(node_id, delta)))
+        if response.ok:
+            assert response.stream_id is not None
+            stream = self.image.streams[response.stream_id]
+            assert stream.state is StreamState.CLOSED and stream.end_offset == 0
+
+    @precondition(lambda self: bool(self.image.streams))
+    @rule(data=st.data(), node_id=st.sampled_from(NODES), delta=deltas, epoch_delta=deltas)
+    def open_stream(self, data: st.DataObject, node_id: int, delta: int, epoch_delta: int) -> None:
+        stream_id = data.draw(st.sampled_from(self.stream_ids()))
+        before = self.image.streams[stream_id]
+        stream_epoch = max(0, before.epoch + (epoch_delta if epoch_delta else 1))
+        response = self.apply(
+            OpenStream(node_id, self.epoch_for(node_id, delta), stream_id, stream_epoch)
+        )
+        if response.ok:
+            after = self.image.streams[stream_id]
+            assert after.state is StreamState.OPENED and after.epoch == stream_epoch
+            assert after.current_range is not None and after.current_range.node_id == node_id
+            assert response.next_offset == before.end_offset
+        elif before.state is StreamState.OPENED and stream_epoch > before.epoch:
+            assert response.error in (
+                StreamErrorCode.STREAM_NOT_CLOSED,
+                StreamErrorCode.NODE_EPOCH_EXPIRED,
+                StreamErrorCode.NODE_FENCED,
+            )
+
+    def _owner_request(self, data: st.DataObject) -> tuple[int, int, int, int]:
+        """A node and epochs aimed at a stream: usually its owner's, sometimes stale."""
+        opened = [i for i in self.stream_ids() if self.image.streams[i].state is StreamState.OPENED]
+        stream_id = data.draw(st.sampled_from(opened * 3 + self.stream_ids()))
+        stream = self.image.streams[stream_id]
+        current = stream.current_range
+        owner = current.node_id if current is not None else 0
+        node_id = data.draw(st.sampled_from([owner, owner, *NODES]))
+        node_epoch = self.epoch_for(node_id, data.draw(deltas))
+        stream_epoch = max(0, stream.epoch + data.draw(deltas))
+        return node_id, node_epoch, stream_id, stream_epoch
+
+    @precondition(lambda self: bool(self.image.streams))
+    @rule(data=st.data())
+    def close_stream(self, data: st.DataObject) -> None:
+        node_id, node_epoch, stream_id, stream_epoch = self._owner_request(data)
+        response = self.apply(CloseStream(node_id, node_epoch, stream_id, stream_epoch))
+        if response.ok:
+            assert self.image.streams[stream_id].state is StreamState.CLOSED
+
+    @precondition(lambda self: bool(self.image.streams))
+    @rule(data=st.data(), step_offsets=st.integers(min_value=-1, max_value=4))
+    def trim_stream(self, data: st.DataObject, step_offsets: int) -> None:
+        node_id, node_epoch, stream_id, stream_epoch = self._owner_request(data)
+        new_start = max(0, self.image.streams[stream_id].start_offset + step_offsets)
+        response = self.apply(TrimStream(node_id, node_epoch, stream_id, stream_epoch, new_start))
+        if response.ok:
+            assert self.image.streams[stream_id].start_offset == new_start
+
+    @precondition(lambda self: bool(self.image.streams))
+    @rule(data=st.data())
+    def delete_stream(self, data: st.DataObject) -> None:
+        node_id, node_epoch, stream_id, stream_epoch = self._owner_request(data)
+        was_open = self.image.streams[stream_id].state is StreamState.OPENED
+        response = self.apply(
+            DeleteStream(node_id, node_epoch, stream_id, stream_epoch, self.tick(1))
+        )
+        if response.ok:
+            assert stream_id not in self.image.streams
+        else:
+            assert was_open or response.error is not StreamErrorCode.NONE
+
+    @precondition(
+        lambda self: sum(o.state is S3ObjectState.PREPARED for o in self.image.objects.values()) < 4
+    )
+    @rule(node_id=st.sampled_from(NODES), count=st.integers(min_value=1, max_value=3))
+    def prepare_object(self, node_id: int, count: int) -> None:
+        first = self.image.next_object_id
+        response = self.apply(
+            PrepareObject(node_id, self.node_epochs[node_id], count, TTL_MS, self.tick(1))
+        )
+        if response.ok:
+            assert response.first_object_id == first
+            assert self.image.next_object_id == first + count
+
+    def _object_id(self, data: st.DataObject) -> int:
+        prepared = [
+            o.object_id for o in self.image.objects.values() if o.state is S3ObjectState.PREPARED
+        ]
+        others = [*self.image.objects, self.image.next_object_id + 5]
+        return data.draw(st.sampled_from(prepared * 3 + others if prepared else others))
+
+    @precondition(lambda self: bool(self.image.streams) and bool(self.image.objects))
+    @rule(
+        data=st.data(),
+        length=st.integers(min_value=1, max_value=3),
+        start_shift=st.sampled_from([0, 0, 0, 0, 0, -1, 1]),
+        as_stream_object=st.booleans(),
+        failover_mode=st.booleans(),
+    )
+    def commit_stream_set_object(
+        self,
+        data: st.DataObject,
+        length: int,
+        start_shift: int,
+        as_stream_object: bool,
+        failover_mode: bool,
+    ) -> None:
+        node_id, node_epoch, stream_id, stream_epoch = self._owner_request(data)
+        stream = self.image.streams[stream_id]
+        start = max(0, stream.end_offset + start_shift)
+        object_id = self._object_id(data)
+        if as_stream_object:
+            event = CommitStreamSetObject(
+                node_id,
+                node_epoch,
+                NO_OBJECT,
+                NO_OBJECT,
+                0,
+                (),
+                (CommitStreamObjectEntry(object_id, stream_id, start, start + length, 10),),
+                (),
+                failover_mode,
+                self.tick(1),
+            )
+        else:
+            claimed_epoch = data.draw(st.sampled_from([stream_epoch, ANY_STREAM_EPOCH]))
+            event = CommitStreamSetObject(
+                node_id,
+                node_epoch,
+                object_id,
+                NO_OBJECT,
+                10,
+                (CommitRange(stream_id, claimed_epoch, start, start + length),),
+                (),
+                (),
+                failover_mode,
+                self.tick(1),
+            )
+        before = self.image.streams[stream_id]
+        response = self.apply(event)
+        if response.error is StreamErrorCode.NONE:
+            after = self.image.streams[stream_id]
+            current = before.current_range
+            if start + length > before.start_offset:
+                # Only the owner of the current range, at the stream's end, gets in.
+                assert current is not None and current.node_id == node_id
+                assert before.state is StreamState.OPENED
+                assert after.end_offset == start + length
+            # A retried commit (the response was lost) is a successful no-op.
+            image_after = self.image
+            retried = self.apply(event)
+            assert retried.error is StreamErrorCode.REDUNDANT_OPERATION, retried
+            assert self.image == image_after
+
+    @precondition(lambda self: bool(self.image.streams) and bool(self.image.objects))
+    @rule(data=st.data(), merge_count=st.integers(min_value=1, max_value=3))
+    def commit_stream_object(self, data: st.DataObject, merge_count: int) -> None:
+        node_id, node_epoch, stream_id, stream_epoch = self._owner_request(data)
+        stream = self.image.streams[stream_id]
+        ordered = sorted(stream.stream_objects.items(), key=lambda item: item[1].start_offset)
+        sources = ordered[:merge_count]
+        start = sources[0][1].start_offset if sources else 0
+        end = sources[-1][1].end_offset if sources else 1
+        claimed_epoch = data.draw(st.sampled_from([stream_epoch, ANY_STREAM_EPOCH]))
+        object_id = data.draw(st.sampled_from([self._object_id(data), NO_OBJECT]))
+        self.apply(
+            CommitStreamObject(
+                node_id,
+                node_epoch,
+                stream_id,
+                claimed_epoch,
+                object_id,
+                start,
+                end,
+                10,
+                tuple(source_id for source_id, _ in sources),
+                self.tick(1),
+            )
+        )
+
+    @precondition(lambda self: bool(self.image.streams))
+    @rule(
+        data=st.data(),
+        lengths=st.lists(st.integers(min_value=1, max_value=3), min_size=1, max_size=3),
+        split=st.booleans(),
+    )
+    def owner_writes(self, data: st.DataObject, lengths: list[int], split: bool) -> None:
+        """A healthy writer, composed of the actions above: the owner of an open stream prepares
+        objects and commits runs at the stream's end (as stream set objects, or as stream
+        objects when ``split``), so that later actions meet streams with data in them."""
+        opened = [
+            stream
+            for stream in self.image.streams.values()
+            if stream.state is StreamState.OPENED and stream.current_range is not None
+        ]
+        if not opened:
+            return
+        stream = data.draw(st.sampled_from(opened))
+        assert stream.current_range is not None
+        node_id = stream.current_range.node_id
+        node_epoch = self.image.nodes[node_id].node_epoch
+        for length in lengths:
+            prepared = self.apply(PrepareObject(node_id, node_epoch, 1, TTL_MS, self.tick(1)))
+            if not prepared.ok:
+                return
+            assert prepared.first_object_id is not None
+            object_id = prepared.first_object_id
+            start = self.image.streams[stream.stream_id].end_offset
+            if split:
+                entry = CommitStreamObjectEntry(
+                    object_id, stream.stream_id, start, start + length, 10
+                )
+                ranges: tuple[CommitRange, ...] = ()
+                entries: tuple[CommitStreamObjectEntry, ...] = (entry,)
+                set_object_id = NO_OBJECT
+            else:
+                ranges = (CommitRange(stream.stream_id, stream.epoch, start, start + length),)
+                entries = ()
+                set_object_id = object_id
+            response = self.apply(
+                CommitStreamSetObject(
+                    node_id,
+                    node_epoch,
+                    set_object_id,
+                    NO_OBJECT,
+                    10,
+                    ranges,
+                    entries,
+                    (),
+                    False,
+                    self.tick(1),
+                )
+            )
+            assert response.error is StreamErrorCode.NONE, response
+            assert self.image.streams[stream.stream_id].end_offset == start + length
+
+    @precondition(
+        lambda self: any(len(node.stream_set_objects) >= 1 for node in self.image.nodes.values())
+    )
+    @rule(data=st.data(), take=st.integers(min_value=1, max_value=3), drop_one=st.booleans())
+    def compact_stream_set_objects(self, data: st.DataObject, take: int, drop_one: bool) -> None:
+        """CommitStreamSetObject in its compaction form: a node merges some of its stream set
+        objects into one. With ``drop_one`` the output loses a range, which must be refused."""
+        node = data.draw(
+            st.sampled_from([n for n in self.image.nodes.values() if n.stream_set_objects])
+        )
+        sources = sorted(node.stream_set_objects.values(), key=lambda o: o.order_id)[:take]
+        ranges = [r for source in sources for r in source.ranges]
+        if drop_one and len(ranges) > 1:
+            ranges = ranges[1:]
+        prepared = self.apply(PrepareObject(node.node_id, node.node_epoch, 1, TTL_MS, self.tick(1)))
+        if not prepared.ok:
+            return
+        assert prepared.first_object_id is not None
+        response = self.apply(
+            CommitStreamSetObject(
+                node.node_id,
+                node.node_epoch,
+                prepared.first_object_id,
+                NO_OBJECT,
+                10,
+                tuple(
+                    CommitRange(r.stream_id, ANY_STREAM_EPOCH, r.start_offset, r.end_offset)
+                    for r in ranges
+                ),
+                (),
+                tuple(source.object_id for source in sources),
+                False,
+                self.tick(1),
+            )
+        )
+        if response.ok:
+            new_object = self.image.nodes[node.node_id].stream_set_objects[prepared.first_object_id]
+            assert new_object.order_id == min(source.order_id for source in sources)
+
+    @precondition(lambda self: bool(self.image.objects))
+    @rule(data=st.data(), elapsed_ms=st.sampled_from([0, TTL_MS // 2, TTL_MS + 1]))
+    def expire_object(self, data: st.DataObject, elapsed_ms: int) -> None:
+        object_id = data.draw(st.sampled_from(sorted(self.image.objects)))
+        was_prepared = self.image.objects[object_id].state is S3ObjectState.PREPARED
+        response = self.apply(ExpireObject(object_id, self.tick(elapsed_ms)))
+        if response.ok:
+            assert was_prepared
+            self.expired.add(object_id)
+
+    @precondition(lambda self: bool(self.image.objects))
+    @rule(data=st.data(), elapsed_ms=st.sampled_from([0, 60]))
+    def remove_object(self, data: st.DataObject, elapsed_ms: int) -> None:
+        object_id = data.draw(st.sampled_from(sorted(self.image.objects)))
+        state = self.image.objects[object_id].state
+        response = self.apply(RemoveObject(object_id, self.tick(elapsed_ms)))
+        if response.ok:
+            assert state is S3ObjectState.MARK_DESTROYED
+            assert object_id not in self.image.objects
+
+    @rule(key=st.sampled_from(["a", "b"]), value=st.binary(max_size=3), overwrite=st.booleans())
+    def put_kv(self, key: str, value: bytes, overwrite: bool) -> None:
+        existing = self.image.kv.get(key)
+        response = self.apply(PutKV(key, value, overwrite))
+        if existing is not None and not overwrite:
+            assert response.error is StreamErrorCode.KEY_EXIST and response.value == existing
+        else:
+            assert self.image.kv[key] == value
+
+    @rule(key=st.sampled_from(["a", "b"]))
+    def delete_kv(self, key: str) -> None:
+        self.apply(DeleteKV(key))
+        assert key not in self.image.kv
+
+    # ------------------------------------------------------------------------- invariants
+
+    @invariant()
+    def single_writer(self) -> None:
+        sm.inv_single_writer(self.image)
+
+    @invariant()
+    def ranges_contiguous(self) -> None:
+        sm.inv_ranges_contiguous(self.image)
+
+    @invariant()
+    def objects_cover_stream(self) -> None:
+        sm.inv_objects_cover_stream(self.image)
+
+    @invariant()
+    def no_fenced_commit_visible(self) -> None:
+        sm.inv_no_fenced_commit_visible(self.image)
+
+    @invariant()
+    def nothing_referenced_is_destroyed(self) -> None:
+        sm.inv_nothing_referenced_is_destroyed(self.image)
+
+    @invariant()
+    def readers_find_every_committed_offset(self) -> None:
+        for stream in self.image.streams.values():
+            error, slices = sm.get_objects(
+                self.image, stream.stream_id, stream.start_offset, stream.end_offset, 1000
+            )
+            assert error is StreamErrorCode.NONE
+            cursor = stream.start_offset
+            for object_slice in slices:
+                assert object_slice.start_offset <= cursor < object_slice.end_offset
+                cursor = object_slice.end_offset
+            assert cursor == stream.end_offset or (
+                cursor == stream.start_offset == stream.end_offset
+            )
+
+    @invariant()
+    def image_is_the_replay_of_its_records(self) -> None:
+        assert sm.replay_all(EMPTY_IMAGE, self.records) == self.image
+        assert sm.replay_all(EMPTY_IMAGE, sm.image_records(self.image)) == self.image
+
+
+TestStreamMetadataMachine = StreamMetadataMachine.TestCase

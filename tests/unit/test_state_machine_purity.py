@@ -1,0 +1,65 @@
+"""state_machines/ stays pure: no I/O, clock, randomness, logging or asyncio, nor the shell."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import automq_ref.state_machines as machines
+
+FORBIDDEN = {
+    "asyncio",
+    "os",
+    "time",
+    "random",
+    "logging",
+    "socket",
+    "threading",
+    "subprocess",
+    "datetime",
+    "pathlib",
+    "io",
+    "secrets",
+    "uuid",
+    "shutil",
+    "tempfile",
+    "select",
+    "selectors",
+    "signal",
+    "concurrent",
+    "multiprocessing",
+    "automq_ref.io",
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def is_forbidden(module: str) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in FORBIDDEN)
+
+
+def test_machines_import_nothing_impure() -> None:
+    files = sorted(Path(machines.__file__).parent.glob("*.py"))
+    assert len(files) > 1, "no machine modules found: the check would be vacuous"
+    offenders = {
+        f"{path.name}: {module}"
+        for path in files
+        for module in imported_modules(path)
+        if is_forbidden(module)
+    }
+    assert not offenders, offenders
+
+
+def test_the_check_catches_an_impure_import(tmp_path: Path) -> None:
+    sample = tmp_path / "impure.py"
+    sample.write_text("import os.path\nfrom automq_ref.io.wal_block import BlockWal\nimport enum\n")
+    found = {module for module in imported_modules(sample) if is_forbidden(module)}
+    assert found == {"os.path", "automq_ref.io.wal_block"}

@@ -1,0 +1,100 @@
+"""Totality: every event kind, in every kind of state, gives a transition, never an exception."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.stream_metadata import (
+    EMPTY_IMAGE,
+    NO_OBJECT,
+    CommitRange,
+    CommitStreamObjectEntry,
+    StreamErrorCode,
+    StreamMetadataEvent,
+    StreamMetadataImage,
+)
+
+
+def run(image: StreamMetadataImage, *events: StreamMetadataEvent) -> StreamMetadataImage:
+    for event in events:
+        transition = sm.step(image, event)
+        assert transition.response.ok, (event, transition.response)
+        image = transition.image
+    return image
+
+
+REGISTERED = run(EMPTY_IMAGE, sm.RegisterNode(0, 1), sm.RegisterNode(1, 1))
+CREATED = run(REGISTERED, sm.CreateStream(0, 1), sm.PrepareObject(0, 1, 3, 1000, 0))
+OPENED = run(CREATED, sm.OpenStream(0, 1, 0, 1))
+WITH_DATA = run(
+    OPENED,
+    sm.CommitStreamSetObject(0, 1, 0, NO_OBJECT, 10, (CommitRange(0, 1, 0, 5),), (), (), False, 1),
+    sm.CommitStreamSetObject(
+        0, 1, NO_OBJECT, NO_OBJECT, 0, (), (CommitStreamObjectEntry(1, 0, 5, 7, 10),), (), False, 2
+    ),
+)
+CLOSED_AGAIN = run(WITH_DATA, sm.CloseStream(0, 1, 0, 1))
+FENCED = run(WITH_DATA, sm.FenceNode(0, 1))
+EXPIRED = run(WITH_DATA, sm.ExpireObject(2, 2000))
+REMOVED = run(EXPIRED, sm.RemoveObject(2, 100_000))
+
+STATES = {
+    "empty": EMPTY_IMAGE,
+    "registered": REGISTERED,
+    "created": CREATED,
+    "opened": OPENED,
+    "with_data": WITH_DATA,
+    "closed_again": CLOSED_AGAIN,
+    "fenced": FENCED,
+    "expired": EXPIRED,
+    "removed": REMOVED,
+}
+
+EVENTS: dict[str, list[StreamMetadataEvent]] = {
+    "RegisterNode": [sm.RegisterNode(0, 0), sm.RegisterNode(0, 2), sm.RegisterNode(9, 1)],
+    "FenceNode": [sm.FenceNode(0, 1), sm.FenceNode(9, 1)],
+    "CreateStream": [sm.CreateStream(0, 1), sm.CreateStream(9, 1)],
+    "OpenStream": [
+        sm.OpenStream(n, 1, s, e) for n, s, e in itertools.product((0, 1), (0, 5), (0, 1, 2))
+    ],
+    "CloseStream": [
+        sm.CloseStream(n, 1, s, e) for n, s, e in itertools.product((0, 1), (0, 5), (1, 2))
+    ],
+    "TrimStream": [sm.TrimStream(0, 1, 0, 1, start) for start in (0, 3, 7, 20)],
+    "DeleteStream": [sm.DeleteStream(0, 1, s, 1, 5) for s in (0, 5)],
+    "PrepareObject": [sm.PrepareObject(0, 1, 1, 10, 0), sm.PrepareObject(0, 1, 0, 10, 0)],
+    "CommitStreamSetObject": [
+        sm.CommitStreamSetObject(0, 1, o, NO_OBJECT, 1, (CommitRange(s, 1, a, a + 2),), (), c, f, 3)
+        for o, s, a, c, f in itertools.product(
+            (0, 2, 9, NO_OBJECT), (0, 5), (0, 7), ((), (0,)), (False, True)
+        )
+    ],
+    "CommitStreamObject": [
+        sm.CommitStreamObject(0, 1, 0, e, o, 5, 7, 1, sources, 3)
+        for e, o, sources in itertools.product((1, -1), (2, NO_OBJECT), ((1,), (0,), ()))
+    ],
+    "ExpireObject": [sm.ExpireObject(o, t) for o, t in itertools.product((0, 2, 9), (0, 5000))],
+    "RemoveObject": [sm.RemoveObject(o, t) for o, t in itertools.product((0, 2, 9), (0, 10**6))],
+    "PutKV": [sm.PutKV("k", b"v", overwrite) for overwrite in (False, True)],
+    "DeleteKV": [sm.DeleteKV("k")],
+}
+
+
+def test_every_event_class_is_covered() -> None:
+    event_classes = set(StreamMetadataEvent.__args__)
+    assert {cls.__name__ for cls in event_classes} == set(EVENTS)
+
+
+@pytest.mark.parametrize("state_name", sorted(STATES))
+@pytest.mark.parametrize("event_name", sorted(EVENTS))
+def test_step_is_total(state_name: str, event_name: str) -> None:
+    image = STATES[state_name]
+    for event in EVENTS[event_name]:
+        transition = sm.step(image, event)
+        assert isinstance(transition.response.error, StreamErrorCode)
+        if not transition.response.ok:
+            assert transition.records == () and transition.image == image
+        sm.check_invariants(transition.image)
