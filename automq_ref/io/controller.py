@@ -1,0 +1,109 @@
+"""The controller shell: StreamMetadata requests, made durable on the metadata log.
+
+A request runs the pure :func:`~automq_ref.state_machines.stream_metadata.step` on the current
+image. A rejection, or an acceptance that writes nothing, is answered at once. Otherwise the
+records are appended to the metadata log as one batch, guarded by the index this controller has
+applied up to; only once the batch is durable does the image advance and the caller get its
+answer. If another writer got to the log first (``LogIndexConflict``), the controller replays
+what it missed and decides again on the newer image. Requests are handled one at a time, so the
+log's order is the order of decisions.
+
+On open the image is rebuilt from the latest snapshot plus the records after it; ``snapshot()``
+writes the image as records (``image_records``) and lets the log drop what it covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from automq_ref.formats.metadata_record import (
+    decode_record,
+    decode_snapshot,
+    encode_record,
+    encode_snapshot,
+)
+from automq_ref.io.metadata_log import LogIndexConflict, MetadataLog
+from automq_ref.state_machines import stream_metadata as sm
+
+log = logging.getLogger(__name__)
+
+MAX_CONFLICT_RETRIES = 5
+
+
+class ControllerError(Exception):
+    """The controller could not get its decision onto the metadata log."""
+
+
+class Controller:
+    def __init__(
+        self,
+        metadata_log: MetadataLog,
+        image: sm.StreamMetadataImage,
+        applied_index: int,
+        params: sm.StreamMetadataParams,
+    ) -> None:
+        self._log = metadata_log
+        self._image = image
+        self._applied_index = applied_index
+        self._params = params
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(
+        cls,
+        metadata_log: MetadataLog,
+        params: sm.StreamMetadataParams = sm.DEFAULT_PARAMS,
+    ) -> Controller:
+        image = sm.EMPTY_IMAGE
+        index = metadata_log.first_index
+        snapshot = await metadata_log.snapshot()
+        if snapshot is not None:
+            image = sm.replay_all(image, decode_snapshot(snapshot.payload))
+            index = snapshot.index
+        controller = cls(metadata_log, image, index, params)
+        await controller.catch_up()
+        return controller
+
+    @property
+    def image(self) -> sm.StreamMetadataImage:
+        return self._image
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied_index
+
+    async def catch_up(self) -> None:
+        """Replay every record the log has beyond what this controller applied."""
+        for entry in await self._log.read(self._applied_index):
+            self._image = sm.replay(self._image, decode_record(entry.payload))
+            self._applied_index = entry.index + 1
+
+    async def handle(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        async with self._lock:
+            for _ in range(MAX_CONFLICT_RETRIES):
+                transition = sm.step(self._image, event, self._params)
+                if not transition.records:
+                    return transition.response
+                payloads = [encode_record(record) for record in transition.records]
+                try:
+                    next_index = await self._log.append(
+                        payloads, expected_next_index=self._applied_index
+                    )
+                except LogIndexConflict:
+                    log.debug("metadata log moved past %d; catching up", self._applied_index)
+                    await self.catch_up()
+                    continue
+                self._image = transition.image
+                self._applied_index = next_index
+                return transition.response
+            raise ControllerError(
+                f"{type(event).__name__}: the metadata log kept moving ahead "
+                f"({MAX_CONFLICT_RETRIES} tries)"
+            )
+
+    async def snapshot(self) -> None:
+        """Write the image as a snapshot; the log may then drop every record it covers."""
+        async with self._lock:
+            payload = encode_snapshot(sm.image_records(self._image))
+            await self._log.install_snapshot(self._applied_index, payload)
