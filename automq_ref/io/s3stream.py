@@ -1,0 +1,372 @@
+"""S3Storage: durable, readable streams over the block WAL, LogCache, objects and controller.
+
+Append: the stream's next offset is assigned first, the StreamRecordBatch goes to the WAL, and
+once the WAL has synced it the record enters the LogCache machine (in WAL completion order) and
+the stream's confirm offset moves; only then does the caller get its offset. Reads never pass the
+confirm offset: they take the LogCache's contiguous run when it holds the start, else read objects
+(found through the controller's image) up to where the cache takes over.
+
+The LogCache machine decides when blocks become objects; this shell executes its effects:
+``PrepareObjects`` and ``CommitBlock`` through the controller, ``UploadBlock`` against the object
+store, ``TrimWal`` on the WAL. A commit the controller refuses is fatal for the storage, as in
+AutoMQ (which halts): the node then recovers from its WAL on restart.
+
+Start-up recovery: the node registers its new epoch and learns which streams it still owns
+(``RegisterNode``); every WAL record of those streams at or past the stream's committed end is
+replayed into a fresh cache (records below it are already in objects; a record past the expected
+offset is a discontinuity, logged as an error and refused); the cache is force-uploaded and
+committed; the WAL is reset; the recovered streams are closed so they can be reopened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from automq_ref.formats.errors import FormatError
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
+from automq_ref.io.controller import Controller
+from automq_ref.io.object_store import ObjectStore
+from automq_ref.io.stream_objects import ObjectIndexCache, read_from_objects, upload_layout
+from automq_ref.io.wal_block import BlockWal
+from automq_ref.state_machines import log_cache as lc
+from automq_ref.state_machines import stream_metadata as sm
+
+log = logging.getLogger(__name__)
+
+OBJECT_TTL_MS = 60 * 60 * 1000
+
+
+class StorageError(Exception):
+    """The storage cannot serve the request."""
+
+
+class StreamFencedError(StorageError):
+    """The stream is not open here at that epoch (or a newer owner took it)."""
+
+
+@dataclass(slots=True)
+class _OpenStream:
+    epoch: int
+    start_offset: int
+    next_offset: int
+    confirm_offset: int
+
+
+class S3Storage:
+    def __init__(
+        self,
+        *,
+        wal: BlockWal,
+        store: ObjectStore,
+        controller: Controller,
+        node_id: int,
+        node_epoch: int,
+        namespace: str,
+        params: lc.LogCacheParams,
+        block_size_threshold_bytes: int = 512 * 1024,
+    ) -> None:
+        self._wal = wal
+        self._store = store
+        self._controller = controller
+        self._node_id = node_id
+        self._node_epoch = node_epoch
+        self._namespace = namespace
+        self._params = params
+        self._block_size_threshold_bytes = block_size_threshold_bytes
+        self._cache = lc.LogCacheState()
+        self._streams: dict[int, _OpenStream] = {}
+        self._indexes = ObjectIndexCache(store, namespace)
+        self._committed: dict[int, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._sizes: dict[int, dict[int, int]] = {}
+        # During recovery the WAL is being replayed, not appended: it is reset afterwards, and
+        # cannot be trimmed before that.
+        self._recovering = False
+
+    # ---------------------------------------------------------------------------- start-up
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        wal: BlockWal,
+        store: ObjectStore,
+        controller: Controller,
+        node_id: int,
+        node_epoch: int,
+        namespace: str,
+        params: lc.LogCacheParams,
+        block_size_threshold_bytes: int = 512 * 1024,
+    ) -> S3Storage:
+        """Register the node, recover the WAL into objects, reset it, close recovered streams."""
+        storage = cls(
+            wal=wal,
+            store=store,
+            controller=controller,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            namespace=namespace,
+            params=params,
+            block_size_threshold_bytes=block_size_threshold_bytes,
+        )
+        registered = await controller.handle(sm.RegisterNode(node_id, node_epoch))
+        if not registered.ok:
+            raise StorageError(f"node {node_id} epoch {node_epoch}: {registered.message}")
+        storage._recovering = True
+        recovering = {s.stream_id: s for s in registered.opening_streams}
+        expected = {stream_id: s.end_offset for stream_id, s in recovering.items()}
+        async for record in wal.recover():
+            try:
+                batch, _ = decode_stream_record_batch(record.body)
+            except FormatError as error:
+                raise StorageError(f"WAL record at {record.record_offset}: {error}") from error
+            next_offset = expected.get(batch.stream_id)
+            if next_offset is None or batch.last_offset <= next_offset:
+                continue  # not ours any more, or already in committed objects
+            if batch.base_offset != next_offset:
+                log.error(
+                    "WAL recovery: stream %d record at %d, expected %d: refused",
+                    batch.stream_id,
+                    batch.base_offset,
+                    next_offset,
+                )
+                continue
+            expected[batch.stream_id] = batch.last_offset
+            storage._cache_record(batch, record.next_offset)
+        await storage.force_upload(lc.ALL_STREAMS)
+        await wal.reset()
+        storage._recovering = False
+        for stream_id, opening in recovering.items():
+            closed = await controller.handle(
+                sm.CloseStream(node_id, node_epoch, stream_id, opening.epoch)
+            )
+            if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
+                raise StorageError(f"closing recovered stream {stream_id}: {closed.message}")
+        storage._cache = lc.LogCacheState()
+        storage._ticker = asyncio.create_task(storage._tick_forever())
+        return storage
+
+    # ------------------------------------------------------------------------------ streams
+
+    async def create_stream(self) -> int:
+        response = await self._controller.handle(sm.CreateStream(self._node_id, self._node_epoch))
+        self._check(response, "create stream")
+        assert response.stream_id is not None
+        return response.stream_id
+
+    async def open_stream(self, stream_id: int, epoch: int) -> tuple[int, int]:
+        response = await self._controller.handle(
+            sm.OpenStream(self._node_id, self._node_epoch, stream_id, epoch)
+        )
+        self._check(response, f"open stream {stream_id}")
+        assert response.start_offset is not None and response.next_offset is not None
+        self._streams[stream_id] = _OpenStream(
+            epoch, response.start_offset, response.next_offset, response.next_offset
+        )
+        return response.start_offset, response.next_offset
+
+    async def append(self, stream_id: int, epoch: int, payload: bytes, count: int) -> int:
+        """Append ``count`` offsets carried by ``payload``; return the first, once durable."""
+        self._check_healthy()
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.epoch != epoch:
+            raise StreamFencedError(f"stream {stream_id} is not open here at epoch {epoch}")
+        if count <= 0:
+            raise ValueError(f"an append must cover at least one offset, not {count}")
+        base = stream.next_offset
+        stream.next_offset += count
+        batch = StreamRecordBatch(stream_id, epoch, base, count, payload)
+        try:
+            result = await self._wal.append(batch.encode())
+        except Exception as error:
+            # Later offsets may already be assigned: the stream cannot continue without a gap.
+            self._streams.pop(stream_id, None)
+            raise StorageError(f"stream {stream_id}: WAL append failed: {error}") from error
+        self._cache_record(batch, result.next_offset)
+        stream.confirm_offset = max(stream.confirm_offset, base + count)
+        return base
+
+    def _cache_record(self, batch: StreamRecordBatch, wal_next_offset: int) -> None:
+        record = lc.CachedRecord(
+            batch.stream_id, batch.base_offset, batch.count, bytes(batch.payload), wal_next_offset
+        )
+        self._apply(lc.RecordAppended(record, _now_ms()))
+
+    async def read(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """Contiguous batches from ``start_offset``, never past the confirm offset."""
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            end_offset = min(end_offset, stream.confirm_offset)
+        if start_offset >= end_offset:
+            return []
+        cached = lc.read(self._cache, stream_id, start_offset, end_offset, max_bytes)
+        if cached:
+            return [self._as_batch(record) for record in cached]
+        first_cached = lc.first_cached_offset(self._cache, stream_id)
+        object_end = end_offset if first_cached is None else min(end_offset, first_cached)
+        found = await read_from_objects(
+            self._store,
+            self._namespace,
+            self._controller.image,
+            self._indexes,
+            stream_id,
+            start_offset,
+            object_end,
+            max_bytes,
+        )
+        spent = sum(len(batch.payload) for batch in found)
+        if found and found[-1].last_offset == first_cached and spent < max_bytes:
+            more = lc.read(self._cache, stream_id, first_cached, end_offset, max_bytes - spent)
+            found.extend(self._as_batch(record) for record in more)
+        return found
+
+    def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
+        epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
+        return StreamRecordBatch(
+            record.stream_id, epoch, record.base_offset, record.count, record.payload
+        )
+
+    async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int) -> None:
+        response = await self._controller.handle(
+            sm.TrimStream(self._node_id, self._node_epoch, stream_id, epoch, new_start_offset)
+        )
+        self._check(response, f"trim stream {stream_id}")
+
+    async def close_stream(self, stream_id: int, epoch: int) -> None:
+        """Upload everything of the stream, then close it in the controller."""
+        await self.force_upload(stream_id)
+        response = await self._controller.handle(
+            sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch)
+        )
+        self._check(response, f"close stream {stream_id}")
+        self._streams.pop(stream_id, None)
+
+    async def force_upload(self, stream_id: int) -> None:
+        """Seal the active block if it holds the stream and wait until it is committed."""
+        self._apply(lc.ForceUpload(stream_id, _now_ms()))
+        waits = [
+            self._committed_event(block.block_id).wait()
+            for block in lc.uncommitted_blocks(self._cache)
+            if stream_id == lc.ALL_STREAMS
+            or any(record.stream_id == stream_id for record in block.records)
+        ]
+        await asyncio.gather(*waits)
+        self._check_healthy()
+
+    async def shutdown(self) -> None:
+        """Upload everything, so that a restart recovers nothing, then close the WAL."""
+        await self.force_upload(lc.ALL_STREAMS)
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            await task
+        await self._wal.close()
+
+    # -------------------------------------------------------------------- effect execution
+
+    def _apply(self, event: lc.LogCacheEvent) -> None:
+        transition = lc.step(self._cache, event, self._params)
+        self._cache = transition.state
+        for effect in transition.effects:
+            task = asyncio.create_task(self._execute(effect))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _execute(self, effect: lc.LogCacheEffect) -> None:
+        try:
+            match effect:
+                case lc.PrepareObjects():
+                    response = await self._controller.handle(
+                        sm.PrepareObject(
+                            self._node_id, self._node_epoch, effect.count, OBJECT_TTL_MS, _now_ms()
+                        )
+                    )
+                    self._check(response, "prepare objects")
+                    assert response.first_object_id is not None
+                    self._apply(lc.ObjectsPrepared(effect.block_id, response.first_object_id))
+                case lc.UploadBlock():
+                    sizes = await upload_layout(
+                        self._store,
+                        self._namespace,
+                        effect.layout,
+                        effect.records,
+                        block_size_threshold_bytes=self._block_size_threshold_bytes,
+                    )
+                    self._sizes[effect.block_id] = sizes
+                    self._apply(lc.BlockUploaded(effect.block_id))
+                case lc.CommitBlock():
+                    await self._commit(effect)
+                case lc.TrimWal():
+                    if not self._recovering:
+                        await self._wal.trim(effect.wal_offset)
+        except Exception as error:
+            log.error("storage effect %s failed: %s", type(effect).__name__, error)
+            self._failure = error
+            for event in self._committed.values():
+                event.set()  # wake waiters: they see the failure
+
+    async def _commit(self, effect: lc.CommitBlock) -> None:
+        layout = effect.layout
+        sizes = self._sizes.pop(effect.block_id)
+        ranges = tuple(
+            sm.CommitRange(run.stream_id, sm.ANY_STREAM_EPOCH, run.start_offset, run.end_offset)
+            for run in layout.stream_set_runs
+        )
+        stream_objects = tuple(
+            sm.CommitStreamObjectEntry(
+                object_id, run.stream_id, run.start_offset, run.end_offset, sizes[object_id]
+            )
+            for object_id, run in layout.stream_objects
+        )
+        set_object_id = layout.stream_set_object_id if layout.stream_set_runs else sm.NO_OBJECT
+        response = await self._controller.handle(
+            sm.CommitStreamSetObject(
+                self._node_id,
+                self._node_epoch,
+                set_object_id,
+                sm.NO_OBJECT,
+                sizes.get(set_object_id, 0),
+                ranges,
+                stream_objects,
+                (),
+                False,
+                _now_ms(),
+            )
+        )
+        self._check(response, f"commit block {effect.block_id}")
+        self._apply(lc.BlockCommitted(effect.block_id))
+        self._committed_event(effect.block_id).set()
+
+    def _committed_event(self, block_id: int) -> asyncio.Event:
+        event = self._committed.get(block_id)
+        if event is None:
+            event = self._committed[block_id] = asyncio.Event()
+        return event
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(1)
+            self._apply(lc.Tick(_now_ms()))
+
+    def _check(self, response: sm.Response, what: str) -> None:
+        if response.ok:
+            return
+        if response.error in (sm.StreamErrorCode.STREAM_FENCED, sm.StreamErrorCode.NODE_FENCED):
+            raise StreamFencedError(f"{what}: {response.error.value}: {response.message}")
+        raise StorageError(f"{what}: {response.error.value}: {response.message}")
+
+    def _check_healthy(self) -> None:
+        if self._failure is not None:
+            raise StorageError(f"storage failed: {self._failure}") from self._failure
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
