@@ -31,13 +31,14 @@ from automq_ref.formats.stream_record_batch import decode as decode_stream_recor
 from automq_ref.io.controller import Controller
 from automq_ref.io.object_store import ObjectStore
 from automq_ref.io.stream_objects import ObjectIndexCache, read_from_objects, upload_layout
-from automq_ref.io.wal_block import BlockWal
+from automq_ref.io.wal_block import BlockWal, WalOverCapacityError
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
 
 OBJECT_TTL_MS = 60 * 60 * 1000
+WAL_FULL_RETRIES = 3
 
 
 class StorageError(Exception):
@@ -182,8 +183,19 @@ class S3Storage:
         base = stream.next_offset
         stream.next_offset += count
         batch = StreamRecordBatch(stream_id, epoch, base, count, payload)
+        encoded = batch.encode()
         try:
-            result = await self._wal.append(batch.encode())
+            for attempt in range(WAL_FULL_RETRIES):
+                try:
+                    result = await self._wal.append(encoded)
+                    break
+                except WalOverCapacityError:
+                    # The WAL is full of data not yet in objects: upload and commit it, which
+                    # trims the WAL, then try again (the record was not written).
+                    if attempt == WAL_FULL_RETRIES - 1:
+                        raise
+                    await self.force_upload(lc.ALL_STREAMS)
+                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
         except Exception as error:
             # Later offsets may already be assigned: the stream cannot continue without a gap.
             self._streams.pop(stream_id, None)
@@ -207,25 +219,36 @@ class S3Storage:
             end_offset = min(end_offset, stream.confirm_offset)
         if start_offset >= end_offset:
             return []
-        cached = lc.read(self._cache, stream_id, start_offset, end_offset, max_bytes)
-        if cached:
-            return [self._as_batch(record) for record in cached]
-        first_cached = lc.first_cached_offset(self._cache, stream_id)
-        object_end = end_offset if first_cached is None else min(end_offset, first_cached)
-        found = await read_from_objects(
-            self._store,
-            self._namespace,
-            self._controller.image,
-            self._indexes,
-            stream_id,
-            start_offset,
-            object_end,
-            max_bytes,
-        )
-        spent = sum(len(batch.payload) for batch in found)
-        if found and found[-1].last_offset == first_cached and spent < max_bytes:
-            more = lc.read(self._cache, stream_id, first_cached, end_offset, max_bytes - spent)
-            found.extend(self._as_batch(record) for record in more)
+        found: list[StreamRecordBatch] = []
+        cursor = start_offset
+        budget = max_bytes
+        # Alternate between the cache and objects: the cache holds a suffix of the stream, but
+        # a block read as "cached" a moment ago may be evicted (it was committed) while objects
+        # are read, so every turn looks again.
+        while cursor < end_offset and (not found or budget > 0):
+            cached = lc.read(self._cache, stream_id, cursor, end_offset, budget)
+            if cached:
+                batches = [self._as_batch(record) for record in cached]
+            else:
+                first_cached = lc.first_cached_offset(self._cache, stream_id)
+                object_end = end_offset
+                if first_cached is not None and first_cached > cursor:
+                    object_end = min(end_offset, first_cached)
+                batches = await read_from_objects(
+                    self._store,
+                    self._namespace,
+                    self._controller.image,
+                    self._indexes,
+                    stream_id,
+                    cursor,
+                    object_end,
+                    budget,
+                )
+            if not batches:
+                break
+            found.extend(batches)
+            budget -= sum(len(batch.payload) for batch in batches)
+            cursor = batches[-1].last_offset
         return found
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:

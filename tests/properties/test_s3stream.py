@@ -1,0 +1,177 @@
+"""S3StorageMachine: append / read / force upload / crash / restart against an atomic log model.
+
+The model is, per stream, the list of acknowledged appends (offset, payload). A crash kills the
+storage at an arbitrary point: effects in flight are cancelled (so a crash can fall between an
+upload and its commit), and the WAL device keeps a random subset of what it had not synced.
+After every restart, each acknowledged append must be readable exactly once, in order, at its
+offset; no read may return a record that was not acknowledged or that lies past the stream's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from automq_ref.io.controller import Controller
+from automq_ref.io.faults import MemoryBlockDevice
+from automq_ref.io.metadata_log import FileMetadataLog
+from automq_ref.io.object_store import LocalDirectoryObjectStore
+from automq_ref.io.s3stream import S3Storage, StorageError
+from automq_ref.io.wal_block import BlockWal
+from automq_ref.state_machines import log_cache as lc
+
+STREAMS = 2
+PARAMS = lc.LogCacheParams(
+    upload_threshold_bytes=2000,
+    upload_interval_ms=-1,
+    stream_object_split_bytes=1500,
+    capacity_bytes=6000,
+    max_blocks=4,
+)
+
+
+class S3StorageMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.directory = Path(tempfile.mkdtemp(prefix="s3storage-"))
+        self.device = MemoryBlockDevice(256 * 1024)
+        self.node_epoch = 0
+        self.stream_epoch = -1
+        self.serial = 0
+        self.acknowledged: dict[int, list[tuple[int, bytes]]] = {}
+        self.storage: S3Storage | None = None
+        self.metadata_log: FileMetadataLog | None = None
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    async def _start(self) -> None:
+        self.node_epoch += 1
+        self.metadata_log = await FileMetadataLog.open(self.directory / "meta")
+        controller = await Controller.open(self.metadata_log)
+        wal = await BlockWal.open(
+            self.device, node_id=1, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
+        )
+        self.storage = await S3Storage.start(
+            wal=wal,
+            store=LocalDirectoryObjectStore(self.directory / "objects", fsync=False),
+            controller=controller,
+            node_id=1,
+            node_epoch=self.node_epoch,
+            namespace="_kafka_test",
+            params=PARAMS,
+            block_size_threshold_bytes=512,
+        )
+        self.stream_epoch += 1
+        for stream_id in self.acknowledged:
+            _, next_offset = await self.storage.open_stream(stream_id, self.stream_epoch)
+            assert next_offset >= len(self.acknowledged[stream_id])
+
+    @initialize()
+    def start(self) -> None:
+        self.run(self._start())
+        assert self.storage is not None
+        for _ in range(STREAMS):
+            stream_id = self.run(self.storage.create_stream())
+            self.run(self.storage.open_stream(stream_id, self.stream_epoch))
+            self.acknowledged[stream_id] = []
+
+    @rule(
+        stream_id=st.integers(min_value=0, max_value=STREAMS - 1),
+        sizes=st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=6),
+    )
+    def append(self, stream_id: int, sizes: list[int]) -> None:
+        assert self.storage is not None
+        storage = self.storage
+
+        async def append_all() -> list[int]:
+            bases = []
+            for size in sizes:
+                self.serial += 1
+                data = self.serial.to_bytes(4, "big") * (size // 4 + 1)
+                base = await storage.append(stream_id, self.stream_epoch, data[:size], 1)
+                self.acknowledged[stream_id].append((base, data[:size]))
+                bases.append(base)
+            return bases
+
+        self.run(append_all())
+
+    @rule(
+        stream_id=st.integers(min_value=0, max_value=STREAMS - 1),
+        start=st.integers(min_value=0, max_value=40),
+        max_bytes=st.sampled_from([1, 500, 10**9]),
+    )
+    def read(self, stream_id: int, start: int, max_bytes: int) -> None:
+        assert self.storage is not None
+        expected = self.acknowledged[stream_id]
+        got = self.run(self.storage.read(stream_id, start, 10**9, max_bytes))
+        if start >= len(expected):
+            assert got == []
+            return
+        assert got, f"nothing read at {start} of {len(expected)}"
+        assert got[0].base_offset == start
+        for batch in got:
+            assert (batch.base_offset, bytes(batch.payload)) == expected[batch.base_offset]
+
+    @rule(stream_id=st.sampled_from([lc.ALL_STREAMS, 0, 1]))
+    def force_upload(self, stream_id: int) -> None:
+        assert self.storage is not None
+        self.run(self.storage.force_upload(stream_id))
+
+    @precondition(lambda self: self.storage is not None)
+    @rule(seed=st.integers(min_value=0, max_value=2**32), settle=st.booleans())
+    def crash_and_restart(self, seed: int, settle: bool) -> None:
+        """Kill the node (maybe while uploads or commits are in flight), then restart it."""
+        assert self.storage is not None and self.metadata_log is not None
+        if settle:
+            self.run(asyncio.sleep(0.01))  # let some effects run part of the way
+        self.run(self._kill(self.storage))
+        self.run(self.metadata_log.close())
+        self.device = self.device.crash(random.Random(seed))
+        self.run(self._start())
+
+    async def _kill(self, storage: S3Storage) -> None:
+        tasks = [*storage._tasks, *([storage._ticker] if storage._ticker else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self.device.crash_after_operations = 0
+        with contextlib.suppress(BaseException):
+            await storage._wal.close()
+
+    @invariant()
+    def every_acknowledged_append_reads_back_once_in_order(self) -> None:
+        if self.storage is None:
+            return
+        for stream_id, expected in self.acknowledged.items():
+            got = self.run(self.storage.read(stream_id, 0, 10**9, 10**9))
+            assert [(b.base_offset, bytes(b.payload)) for b in got] == expected
+
+    def teardown(self) -> None:
+        try:
+            if self.storage is not None:
+                with contextlib.suppress(StorageError):
+                    self.run(self._kill(self.storage))
+            if self.metadata_log is not None:
+                self.run(self.metadata_log.close())
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+S3StorageMachine.TestCase.settings = settings(
+    S3StorageMachine.TestCase.settings, max_examples=30, stateful_step_count=25
+)
+TestS3StorageMachine = S3StorageMachine.TestCase
