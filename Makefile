@@ -38,6 +38,7 @@ run: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench.wal_bench
 	$(BIN)/python -m bench.object_store_bench
+	$(BIN)/python -m bench.s3stream_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
