@@ -24,6 +24,8 @@ from automq_ref.formats.metadata_record import (
     encode_snapshot,
 )
 from automq_ref.io.metadata_log import LogIndexConflict, MetadataLog
+from automq_ref.io.object_store import ObjectStore
+from automq_ref.io.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
@@ -107,3 +109,23 @@ class Controller:
         async with self._lock:
             payload = encode_snapshot(sm.image_records(self._image))
             await self._log.install_snapshot(self._applied_index, payload)
+
+    async def run_object_lifecycle(
+        self, store: ObjectStore, namespace: str, now_ms: int, *, max_objects: int = 2000
+    ) -> tuple[int, int]:
+        """One round of the object lifecycle: prepared objects past their deadline become
+        MARK_DESTROYED (an upload whose commit never came: an orphan), and destroyed objects
+        past retention are deleted from storage, then forgotten. Returns (expired, removed)."""
+        expired = 0
+        for object_id in sm.expired_objects(self._image, now_ms)[:max_objects]:
+            if (await self.handle(sm.ExpireObject(object_id, now_ms))).ok:
+                expired += 1
+        removable = sm.removable_objects(self._image, now_ms, self._params)[:max_objects]
+        if removable:
+            # Delete first, forget second: a crash in between deletes again, never leaks.
+            await store.delete_many(object_key(namespace, object_id) for object_id in removable)
+        removed = 0
+        for object_id in removable:
+            if (await self.handle(sm.RemoveObject(object_id, now_ms))).ok:
+                removed += 1
+        return expired, removed

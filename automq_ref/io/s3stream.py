@@ -378,6 +378,10 @@ class S3Storage:
         while True:
             await asyncio.sleep(1)
             self._apply(lc.Tick(_now_ms()))
+            try:
+                await self._controller.run_object_lifecycle(self._store, self._namespace, _now_ms())
+            except Exception as error:  # the next round retries; nothing is lost meanwhile
+                log.warning("object lifecycle round failed: %s", error)
 
     def _check(self, response: sm.Response, what: str) -> None:
         if response.ok:

@@ -19,6 +19,8 @@ from automq_ref.formats.metadata_record import (
 )
 from automq_ref.io.controller import Controller
 from automq_ref.io.metadata_log import FileMetadataLog, LogIndexConflict
+from automq_ref.io.object_store import LocalDirectoryObjectStore
+from automq_ref.io.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import NO_OBJECT, CommitRange, StreamErrorCode
 
@@ -156,3 +158,28 @@ def test_snapshots_round_trip(batch: list[sm.MetadataRecord]) -> None:
 def test_malformed_records_are_refused(payload: bytes) -> None:
     with pytest.raises(InvalidFieldError):
         decode_record(payload)
+
+
+async def test_orphaned_objects_expire_and_are_deleted(tmp_path: Path) -> None:
+    params = sm.StreamMetadataParams(object_retention_ms=1_000)
+    async with (
+        FileMetadataLog(tmp_path / "meta") as metadata_log,
+        LocalDirectoryObjectStore(tmp_path / "objects") as store,
+    ):
+        controller = await Controller.open(metadata_log, params)
+        stream_id = await write_some(controller)
+        prepared = await controller.handle(sm.PrepareObject(1, 5, 1, 100, 2_000))
+        orphan = prepared.first_object_id
+        assert orphan is not None
+        # The upload happened, the commit never came (the node died in between).
+        await store.put(object_key("ns", orphan), b"orphan bytes")
+        assert await controller.run_object_lifecycle(store, "ns", 2_050) == (0, 0)
+        assert await controller.run_object_lifecycle(store, "ns", 2_101) == (1, 0)
+        error, slices = sm.get_objects(controller.image, stream_id, 0, 10, 10)
+        assert error is StreamErrorCode.NONE
+        assert orphan not in {s.object_id for s in slices}
+        assert await controller.run_object_lifecycle(store, "ns", 3_200) == (0, 1)
+        assert orphan not in controller.image.objects
+        assert [info.key for info in await store.list("")] == []
+        # Committed objects are untouched by the lifecycle.
+        assert controller.image.streams[stream_id].end_offset == 10
