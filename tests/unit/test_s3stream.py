@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,11 @@ import pytest
 from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import LocalDirectoryObjectStore
+from automq_ref.io.object_store import LocalDirectoryObjectStore, ObjectStore
 from automq_ref.io.s3stream import S3Storage, StreamFencedError
 from automq_ref.io.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
+from tests.unit.test_object_store import fresh_bucket, moto_store
 
 PARAMS = lc.LogCacheParams(
     upload_threshold_bytes=4000,
@@ -23,13 +25,30 @@ PARAMS = lc.LogCacheParams(
 )
 
 
+StoreFactory = Callable[[], Awaitable[ObjectStore]]
+
+
+@pytest.fixture(params=["local", "s3"])
+def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """Opens the same store (directory or bucket) again at every start."""
+    bucket = fresh_bucket()
+
+    async def local() -> ObjectStore:
+        return LocalDirectoryObjectStore(tmp_path / "objects")
+
+    async def s3() -> ObjectStore:
+        return await moto_store(request.getfixturevalue("moto_s3"), bucket)
+
+    return local if request.param == "local" else s3
+
+
 async def start(
-    device: MemoryBlockDevice, tmp_path: Path, node_epoch: int
+    device: MemoryBlockDevice, tmp_path: Path, node_epoch: int, open_store: StoreFactory
 ) -> tuple[S3Storage, FileMetadataLog]:
     metadata_log = await FileMetadataLog.open(tmp_path / "meta")
     controller = await Controller.open(metadata_log)
     wal = await BlockWal.open(device, node_id=1, node_epoch=node_epoch, max_write_bytes=64 * 1024)
-    store = LocalDirectoryObjectStore(tmp_path / "objects")
+    store = await open_store()
     storage = await S3Storage.start(
         wal=wal,
         store=store,
@@ -47,9 +66,11 @@ def payload(stream_id: int, offset: int) -> bytes:
     return f"{stream_id}:{offset}:".encode() * 20
 
 
-async def test_appends_survive_a_crash_and_read_back_from_objects(tmp_path: Path) -> None:
+async def test_appends_survive_a_crash_and_read_back_from_objects(
+    tmp_path: Path, open_store: StoreFactory
+) -> None:
     device = MemoryBlockDevice(1 << 20)
-    storage, metadata_log = await start(device, tmp_path, node_epoch=1)
+    storage, metadata_log = await start(device, tmp_path, 1, open_store)
     streams = [await storage.create_stream() for _ in range(2)]
     for stream_id in streams:
         assert await storage.open_stream(stream_id, 0) == (0, 0)
@@ -67,9 +88,12 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(tmp_path: Path
         await storage.append(streams[0], 5, b"x", 1)
 
     # Crash: the process dies; the WAL keeps what it synced; the metadata log is on disk.
+    if storage._ticker is not None:
+        storage._ticker.cancel()
     await metadata_log.close()
+    crashed_store = storage._store
     crashed = device.crash(random.Random(1))
-    storage, metadata_log = await start(crashed, tmp_path, node_epoch=2)
+    storage, metadata_log = await start(crashed, tmp_path, 2, open_store)
     for stream_id in streams:
         # Recovery committed the WAL tail and closed the stream: reopen at a newer epoch.
         start_offset, next_offset = await storage.open_stream(stream_id, 1)
@@ -80,10 +104,13 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(tmp_path: Path
         assert middle[0].base_offset == 30
     await storage.shutdown()
     await metadata_log.close()
+    await crashed_store.close()
+    await storage._store.close()
 
     # A graceful shutdown uploaded everything: the next start recovers nothing from the WAL.
-    storage, metadata_log = await start(crashed, tmp_path, node_epoch=3)
+    storage, metadata_log = await start(crashed, tmp_path, 3, open_store)
     for stream_id in streams:
         assert await storage.open_stream(stream_id, 2) == (0, 60)
     await storage.shutdown()
     await metadata_log.close()
+    await storage._store.close()
