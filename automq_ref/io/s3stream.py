@@ -49,6 +49,10 @@ class StreamFencedError(StorageError):
     """The stream is not open here at that epoch (or a newer owner took it)."""
 
 
+class OffsetOutOfRangeError(StorageError):
+    """A read below the stream's start offset (trimmed away)."""
+
+
 @dataclass(slots=True)
 class _OpenStream:
     epoch: int
@@ -216,6 +220,10 @@ class S3Storage:
         """Contiguous batches from ``start_offset``, never past the confirm offset."""
         stream = self._streams.get(stream_id)
         if stream is not None:
+            if start_offset < stream.start_offset:
+                raise OffsetOutOfRangeError(
+                    f"stream {stream_id}: {start_offset} is below the start {stream.start_offset}"
+                )
             end_offset = min(end_offset, stream.confirm_offset)
         if start_offset >= end_offset:
             return []
@@ -262,6 +270,9 @@ class S3Storage:
             sm.TrimStream(self._node_id, self._node_epoch, stream_id, epoch, new_start_offset)
         )
         self._check(response, f"trim stream {stream_id}")
+        stream = self._streams.get(stream_id)
+        if stream is not None:
+            stream.start_offset = max(stream.start_offset, new_start_offset)
 
     async def close_stream(self, stream_id: int, epoch: int) -> None:
         """Upload everything of the stream, then close it in the controller."""

@@ -1,10 +1,11 @@
-"""S3StorageMachine: append / read / force upload / crash / restart against an atomic log model.
+"""S3StorageMachine: append, read, trim, force upload, crash and restart against an atomic log.
 
 The model is, per stream, the list of acknowledged appends (offset, payload). A crash kills the
 storage at an arbitrary point: effects in flight are cancelled (so a crash can fall between an
 upload and its commit), and the WAL device keeps a random subset of what it had not synced.
 After every restart, each acknowledged append must be readable exactly once, in order, at its
-offset; no read may return a record that was not acknowledged or that lies past the stream's end.
+offset from the stream's start; no read may return a record that was not acknowledged or that lies
+past the stream's end, and a read below the start is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -25,7 +27,7 @@ from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata_log import FileMetadataLog
 from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.s3stream import S3Storage, StorageError
+from automq_ref.io.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
 from automq_ref.io.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 
@@ -49,6 +51,7 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.stream_epoch = -1
         self.serial = 0
         self.acknowledged: dict[int, list[tuple[int, bytes]]] = {}
+        self.start_offsets: dict[int, int] = {}
         self.storage: S3Storage | None = None
         self.metadata_log: FileMetadataLog | None = None
 
@@ -74,8 +77,9 @@ class S3StorageMachine(RuleBasedStateMachine):
         )
         self.stream_epoch += 1
         for stream_id in self.acknowledged:
-            _, next_offset = await self.storage.open_stream(stream_id, self.stream_epoch)
-            assert next_offset >= len(self.acknowledged[stream_id])
+            start, next_offset = await self.storage.open_stream(stream_id, self.stream_epoch)
+            assert next_offset == len(self.acknowledged[stream_id])
+            assert start == self.start_offsets[stream_id]
 
     @initialize()
     def start(self) -> None:
@@ -85,6 +89,7 @@ class S3StorageMachine(RuleBasedStateMachine):
             stream_id = self.run(self.storage.create_stream())
             self.run(self.storage.open_stream(stream_id, self.stream_epoch))
             self.acknowledged[stream_id] = []
+            self.start_offsets[stream_id] = 0
 
     @rule(
         stream_id=st.integers(min_value=0, max_value=STREAMS - 1),
@@ -114,6 +119,10 @@ class S3StorageMachine(RuleBasedStateMachine):
     def read(self, stream_id: int, start: int, max_bytes: int) -> None:
         assert self.storage is not None
         expected = self.acknowledged[stream_id]
+        if start < self.start_offsets[stream_id]:
+            with pytest.raises(OffsetOutOfRangeError):
+                self.run(self.storage.read(stream_id, start, 10**9, max_bytes))
+            return
         got = self.run(self.storage.read(stream_id, start, 10**9, max_bytes))
         if start >= len(expected):
             assert got == []
@@ -122,6 +131,14 @@ class S3StorageMachine(RuleBasedStateMachine):
         assert got[0].base_offset == start
         for batch in got:
             assert (batch.base_offset, bytes(batch.payload)) == expected[batch.base_offset]
+
+    @rule(stream_id=st.integers(min_value=0, max_value=STREAMS - 1), data=st.data())
+    def trim(self, stream_id: int, data: st.DataObject) -> None:
+        assert self.storage is not None
+        low = self.start_offsets[stream_id]
+        new_start = data.draw(st.integers(low, len(self.acknowledged[stream_id])))
+        self.run(self.storage.trim_stream(stream_id, self.stream_epoch, new_start))
+        self.start_offsets[stream_id] = new_start
 
     @rule(stream_id=st.sampled_from([lc.ALL_STREAMS, 0, 1]))
     def force_upload(self, stream_id: int) -> None:
@@ -156,8 +173,9 @@ class S3StorageMachine(RuleBasedStateMachine):
         if self.storage is None:
             return
         for stream_id, expected in self.acknowledged.items():
-            got = self.run(self.storage.read(stream_id, 0, 10**9, 10**9))
-            assert [(b.base_offset, bytes(b.payload)) for b in got] == expected
+            start = self.start_offsets[stream_id]
+            got = self.run(self.storage.read(stream_id, start, 10**9, 10**9))
+            assert [(b.base_offset, bytes(b.payload)) for b in got] == expected[start:]
 
     def teardown(self) -> None:
         try:
