@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from automq_ref.formats.errors import FormatError
@@ -30,7 +31,12 @@ from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
 from automq_ref.io.controller import Controller
 from automq_ref.io.object_store import ObjectStore
-from automq_ref.io.stream_objects import ObjectIndexCache, read_from_objects, upload_layout
+from automq_ref.io.stream_objects import (
+    DataBlockCache,
+    ObjectIndexCache,
+    read_from_objects,
+    upload_layout,
+)
 from automq_ref.io.wal_block import BlockWal, WalOverCapacityError
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -39,6 +45,7 @@ log = logging.getLogger(__name__)
 
 OBJECT_TTL_MS = 60 * 60 * 1000
 WAL_FULL_RETRIES = 3
+DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
 
 
 class StorageError(Exception):
@@ -73,6 +80,8 @@ class S3Storage:
         namespace: str,
         params: lc.LogCacheParams,
         block_size_threshold_bytes: int = 512 * 1024,
+        clock_ms: Callable[[], int] | None = None,
+        block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
     ) -> None:
         self._wal = wal
         self._store = store
@@ -82,9 +91,13 @@ class S3Storage:
         self._namespace = namespace
         self._params = params
         self._block_size_threshold_bytes = block_size_threshold_bytes
+        # Wall-clock milliseconds: object deadlines, upload intervals, lifecycle. Tests inject
+        # their own to move time past a deadline.
+        self._clock_ms = clock_ms or wall_clock_ms
         self._cache = lc.LogCacheState()
         self._streams: dict[int, _OpenStream] = {}
         self._indexes = ObjectIndexCache(store, namespace)
+        self._blocks = DataBlockCache(store, namespace, block_cache_bytes)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._failure: BaseException | None = None
@@ -108,6 +121,8 @@ class S3Storage:
         namespace: str,
         params: lc.LogCacheParams,
         block_size_threshold_bytes: int = 512 * 1024,
+        clock_ms: Callable[[], int] | None = None,
+        block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
     ) -> S3Storage:
         """Register the node, recover the WAL into objects, reset it, close recovered streams."""
         storage = cls(
@@ -119,6 +134,8 @@ class S3Storage:
             namespace=namespace,
             params=params,
             block_size_threshold_bytes=block_size_threshold_bytes,
+            clock_ms=clock_ms,
+            block_cache_bytes=block_cache_bytes,
         )
         registered = await controller.handle(sm.RegisterNode(node_id, node_epoch))
         if not registered.ok:
@@ -153,7 +170,10 @@ class S3Storage:
             )
             if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
                 raise StorageError(f"closing recovered stream {stream_id}: {closed.message}")
-        storage._cache = lc.LogCacheState()
+        # Start the live cache empty but keep numbering blocks after the recovered ones: a block
+        # id names one block for the storage's lifetime (commit waiters are keyed by it).
+        storage._cache = lc.LogCacheState(next_block_id=storage._cache.next_block_id)
+        storage._committed.clear()
         storage._ticker = asyncio.create_task(storage._tick_forever())
         return storage
 
@@ -212,7 +232,7 @@ class S3Storage:
         record = lc.CachedRecord(
             batch.stream_id, batch.base_offset, batch.count, bytes(batch.payload), wal_next_offset
         )
-        self._apply(lc.RecordAppended(record, _now_ms()))
+        self._apply(lc.RecordAppended(record, self._clock_ms()))
 
     async def read(
         self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
@@ -247,6 +267,7 @@ class S3Storage:
                     self._namespace,
                     self._controller.image,
                     self._indexes,
+                    self._blocks,
                     stream_id,
                     cursor,
                     object_end,
@@ -285,7 +306,7 @@ class S3Storage:
 
     async def force_upload(self, stream_id: int) -> None:
         """Seal the active block if it holds the stream and wait until it is committed."""
-        self._apply(lc.ForceUpload(stream_id, _now_ms()))
+        self._apply(lc.ForceUpload(stream_id, self._clock_ms()))
         waits = [
             self._committed_event(block.block_id).wait()
             for block in lc.uncommitted_blocks(self._cache)
@@ -320,7 +341,11 @@ class S3Storage:
                 case lc.PrepareObjects():
                     response = await self._controller.handle(
                         sm.PrepareObject(
-                            self._node_id, self._node_epoch, effect.count, OBJECT_TTL_MS, _now_ms()
+                            self._node_id,
+                            self._node_epoch,
+                            effect.count,
+                            OBJECT_TTL_MS,
+                            self._clock_ms(),
                         )
                     )
                     self._check(response, "prepare objects")
@@ -372,7 +397,7 @@ class S3Storage:
                 stream_objects,
                 (),
                 False,
-                _now_ms(),
+                self._clock_ms(),
             )
         )
         self._check(response, f"commit block {effect.block_id}")
@@ -388,11 +413,18 @@ class S3Storage:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(1)
-            self._apply(lc.Tick(_now_ms()))
+            self._apply(lc.Tick(self._clock_ms()))
             try:
-                await self._controller.run_object_lifecycle(self._store, self._namespace, _now_ms())
+                await self.run_object_lifecycle()
             except Exception as error:  # the next round retries; nothing is lost meanwhile
                 log.warning("object lifecycle round failed: %s", error)
+
+    async def run_object_lifecycle(self) -> tuple[int, int]:
+        """One lifecycle round now (the ticker runs one a second): orphans expire, destroyed
+        objects are deleted. Returns (expired, removed)."""
+        return await self._controller.run_object_lifecycle(
+            self._store, self._namespace, self._clock_ms()
+        )
 
     def _check(self, response: sm.Response, what: str) -> None:
         if response.ok:
@@ -406,5 +438,5 @@ class S3Storage:
             raise StorageError(f"storage failed: {self._failure}") from self._failure
 
 
-def _now_ms() -> int:
+def wall_clock_ms() -> int:
     return int(time.time() * 1000)

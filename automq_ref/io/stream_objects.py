@@ -10,7 +10,10 @@ Read: the metadata image says which objects hold ``[start, end)`` of a stream
 (``get_objects``); for each, one tail GET usually covers footer and index (a second GET when the
 index starts earlier), the index names the blocks to read, and whole blocks are fetched with
 ranged GETs and checked against their index entries. Indexes are kept in a small cache keyed by
-object id: the seam where the BlockCache (read windows, watch eviction, readahead) comes in.
+object id, and data blocks in a byte-bounded least-recently-used cache keyed by (object id, block
+position), so a consumer that reads a block in several small fetches GETs it once. These two
+classes are the seam where AutoMQ's BlockCache (read windows, watch-based eviction, readahead)
+would come in.
 """
 
 from __future__ import annotations
@@ -114,11 +117,49 @@ class ObjectIndexCache:
         return indexes
 
 
+class DataBlockCache:
+    """(object id, block start position) -> the block's bytes; least recently used out first,
+    never holding more than ``capacity_bytes`` (a block larger than that is not kept)."""
+
+    def __init__(self, store: ObjectStore, namespace: str, capacity_bytes: int) -> None:
+        self._store = store
+        self._namespace = namespace
+        self._capacity_bytes = capacity_bytes
+        self._blocks: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._size_bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    async def get(self, object_id: int, block: DataBlockIndex) -> bytes:
+        key = (object_id, block.start_position)
+        cached = self._blocks.get(key)
+        if cached is not None:
+            self._blocks.move_to_end(key)
+            self.hits += 1
+            return cached
+        self.misses += 1
+        data = await self._store.get_range(
+            object_key(self._namespace, object_id), block.start_position, block.end_position
+        )
+        if len(data) <= self._capacity_bytes and key not in self._blocks:
+            self._blocks[key] = data
+            self._size_bytes += len(data)
+            while self._size_bytes > self._capacity_bytes:
+                _, evicted = self._blocks.popitem(last=False)
+                self._size_bytes -= len(evicted)
+        return data
+
+
 async def read_from_objects(
     store: ObjectStore,
     namespace: str,
     image: sm.StreamMetadataImage,
     indexes: ObjectIndexCache,
+    blocks: DataBlockCache,
     stream_id: int,
     start_offset: int,
     end_offset: int,
@@ -140,14 +181,13 @@ async def read_from_objects(
         if s3_object is None:
             raise StreamReadError(f"object {object_slice.object_id} is not in the image")
         object_indexes = await indexes.get(object_slice.object_id, s3_object.object_size)
-        blocks = find(object_indexes, stream_id, cursor, end_offset, max(budget, 0))
-        if not blocks:
+        found_blocks = find(object_indexes, stream_id, cursor, end_offset, max(budget, 0))
+        if not found_blocks:
             raise StreamReadError(
                 f"object {object_slice.object_id} holds no block of stream {stream_id} at {cursor}"
             )
-        key = object_key(namespace, object_slice.object_id)
-        for block in blocks:
-            data = await store.get_range(key, block.start_position, block.end_position)
+        for block in found_blocks:
+            data = await blocks.get(object_slice.object_id, block)
             for batch in parse_data_block(data, block):
                 if batch.last_offset <= cursor:
                     continue

@@ -121,6 +121,10 @@ class LogCacheParams:
     stream_object_split_bytes: int = 8 * 1024 * 1024
     capacity_bytes: int = 1024 * 1024 * 1024
     max_blocks: int = 64
+    # At most this many stream objects per upload (the largest runs win); with the one stream
+    # set object, an upload is never more than this + 1 PUTs. Not an AutoMQ setting: see
+    # docs/machines/log_cache.md ("How many objects an upload writes").
+    max_stream_objects_per_upload: int = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,14 +310,18 @@ def _set_stage(
 
 
 def plan_layout(block: CacheBlock, first_object_id: int, params: LogCacheParams) -> UploadLayout:
-    """AutoMQ's split: one stream alone -> a stream object; otherwise runs of at least the split
-    size get their own stream object and the rest share one stream set object, which takes the
-    first id (stream objects follow in stream id order)."""
+    """AutoMQ's split, capped: one stream alone -> a stream object; otherwise runs of at least
+    the split size get their own stream object, but only the ``max_stream_objects_per_upload``
+    largest of them (ties: lower stream id first); every other run goes into the one stream set
+    object, which takes the first id (stream objects follow in stream id order)."""
     runs = block.runs()
     if len(runs) == 1:
         return UploadLayout(-1, (), ((first_object_id, runs[0]),))
-    own = [run for run in runs if run.size_bytes >= params.stream_object_split_bytes]
-    shared = tuple(run for run in runs if run.size_bytes < params.stream_object_split_bytes)
+    candidates = [run for run in runs if run.size_bytes >= params.stream_object_split_bytes]
+    candidates.sort(key=lambda run: (-run.size_bytes, run.stream_id))
+    chosen = {run.stream_id for run in candidates[: params.max_stream_objects_per_upload]}
+    own = [run for run in runs if run.stream_id in chosen]
+    shared = tuple(run for run in runs if run.stream_id not in chosen)
     next_id = first_object_id + (1 if shared else 0)
     stream_objects = tuple((next_id + index, run) for index, run in enumerate(own))
     return UploadLayout(first_object_id if shared else -1, shared, stream_objects)

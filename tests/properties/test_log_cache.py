@@ -39,6 +39,7 @@ PARAMS = LogCacheParams(
     stream_object_split_bytes=120,
     capacity_bytes=600,
     max_blocks=4,
+    max_stream_objects_per_upload=2,
 )
 STREAMS = (0, 1, 2)
 
@@ -67,6 +68,7 @@ class LogCacheMachine(RuleBasedStateMachine):
                     assert not self.pending_prepare, "a second prepare while one is in flight"
                     self.pending_prepare.append(effect)
                 case UploadBlock():
+                    self._check_layout(effect)
                     self.uploading.append(effect)
                 case CommitBlock():
                     assert not self.committing, "a second commit while one is in flight"
@@ -75,6 +77,20 @@ class LogCacheMachine(RuleBasedStateMachine):
                 case TrimWal():
                     assert effect.wal_offset > self.trimmed_to
                     self.trimmed_to = effect.wal_offset
+
+    def _check_layout(self, upload: UploadBlock) -> None:
+        """Every run of the block is in exactly one object; at most the cap of stream objects,
+        and a run of split size shares the stream set object only when the cap is reached."""
+        layout = upload.layout
+        own = [run for _, run in layout.stream_objects]
+        shared = list(layout.stream_set_runs)
+        assert len(own) <= PARAMS.max_stream_objects_per_upload
+        streams = sorted(run.stream_id for run in [*own, *shared])
+        assert streams == sorted({record.stream_id for record in upload.records})
+        if len(streams) > 1 and len(own) < PARAMS.max_stream_objects_per_upload:
+            assert all(run.size_bytes < PARAMS.stream_object_split_bytes for run in shared)
+        if shared and own:
+            assert min(run.size_bytes for run in own) >= max(run.size_bytes for run in shared)
 
     def _controller_continuity(self, commit: CommitBlock) -> None:
         runs = [*commit.layout.stream_set_runs, *(run for _, run in commit.layout.stream_objects)]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -27,11 +27,14 @@ from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata_log import FileMetadataLog
 from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.io.s3stream import OBJECT_TTL_MS, OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.io.stream_objects import object_key
 from automq_ref.io.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
+from automq_ref.state_machines import stream_metadata as sm
 
 STREAMS = 2
+NAMESPACE = "_kafka_test"
 PARAMS = lc.LogCacheParams(
     upload_threshold_bytes=2000,
     upload_interval_ms=-1,
@@ -39,6 +42,18 @@ PARAMS = lc.LogCacheParams(
     capacity_bytes=6000,
     max_blocks=4,
 )
+
+
+class HoldingController(Controller):
+    """A controller that can hold commits back (they wait forever), so that a crash lands
+    between an upload and its commit."""
+
+    hold_commits = False
+
+    async def handle(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        if self.hold_commits and isinstance(event, sm.CommitStreamSetObject):
+            await asyncio.Event().wait()
+        return await super().handle(event)
 
 
 class S3StorageMachine(RuleBasedStateMachine):
@@ -53,27 +68,36 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.acknowledged: dict[int, list[tuple[int, bytes]]] = {}
         self.start_offsets: dict[int, int] = {}
         self.storage: S3Storage | None = None
+        self.controller: HoldingController | None = None
         self.metadata_log: FileMetadataLog | None = None
+        self.store = LocalDirectoryObjectStore(self.directory / "objects", fsync=False)
+        # Appends since the last full upload or restart (a deterministic stand-in for "the
+        # cache holds something to upload": preconditions must not depend on task timing).
+        self.appended_since_upload = False
+        self.now_ms = 1_000_000_000  # the storage's clock: only the expire_orphans rule moves it
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
 
     async def _start(self) -> None:
+        self.appended_since_upload = False
         self.node_epoch += 1
         self.metadata_log = await FileMetadataLog.open(self.directory / "meta")
-        controller = await Controller.open(self.metadata_log)
+        controller = await HoldingController.open(self.metadata_log)
+        self.controller = controller
         wal = await BlockWal.open(
             self.device, node_id=1, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
         )
         self.storage = await S3Storage.start(
             wal=wal,
-            store=LocalDirectoryObjectStore(self.directory / "objects", fsync=False),
+            store=self.store,
             controller=controller,
             node_id=1,
             node_epoch=self.node_epoch,
-            namespace="_kafka_test",
+            namespace=NAMESPACE,
             params=PARAMS,
             block_size_threshold_bytes=512,
+            clock_ms=lambda: self.now_ms,
         )
         self.stream_epoch += 1
         for stream_id in self.acknowledged:
@@ -106,6 +130,7 @@ class S3StorageMachine(RuleBasedStateMachine):
                 data = self.serial.to_bytes(4, "big") * (size // 4 + 1)
                 base = await storage.append(stream_id, self.stream_epoch, data[:size], 1)
                 self.acknowledged[stream_id].append((base, data[:size]))
+                self.appended_since_upload = True
                 bases.append(base)
             return bases
 
@@ -144,6 +169,8 @@ class S3StorageMachine(RuleBasedStateMachine):
     def force_upload(self, stream_id: int) -> None:
         assert self.storage is not None
         self.run(self.storage.force_upload(stream_id))
+        if stream_id == lc.ALL_STREAMS:
+            self.appended_since_upload = False
 
     @precondition(lambda self: self.storage is not None)
     @rule(seed=st.integers(min_value=0, max_value=2**32), settle=st.booleans())
@@ -153,6 +180,58 @@ class S3StorageMachine(RuleBasedStateMachine):
         if settle:
             self.run(asyncio.sleep(0.01))  # let some effects run part of the way
         self.run(self._kill(self.storage))
+        self.run(self.metadata_log.close())
+        self.device = self.device.crash(random.Random(seed))
+        self.run(self._start())
+
+    @precondition(lambda self: self.storage is not None)
+    @rule()
+    def expire_orphans(self) -> None:
+        """Settle, move the clock past every deadline and the retention, run the lifecycle:
+        objects a crash left uploaded but uncommitted are expired and deleted; what remains in
+        the store is exactly the committed objects."""
+        assert self.storage is not None
+        storage = self.storage
+        self.run(storage.force_upload(lc.ALL_STREAMS))
+        self.appended_since_upload = False
+        self.now_ms += OBJECT_TTL_MS + 1
+        expired, _ = self.run(storage.run_object_lifecycle())
+        self.now_ms += sm.DEFAULT_PARAMS.object_retention_ms + 1
+        _, removed = self.run(storage.run_object_lifecycle())
+        assert removed >= expired
+        if expired:
+            event("orphaned objects expired and deleted")
+        image = storage._controller.image
+        committed = {
+            object_key(NAMESPACE, o.object_id)
+            for o in image.objects.values()
+            if o.state is sm.S3ObjectState.COMMITTED
+        }
+        stored = {info.key for info in self.run(self.store.list())}
+        assert stored == committed, (stored - committed, committed - stored)
+
+    @precondition(lambda self: self.storage is not None and self.appended_since_upload)
+    @rule(seed=st.integers(min_value=0, max_value=2**32))
+    def crash_between_upload_and_commit(self, seed: int) -> None:
+        """Hold commits, force an upload, crash once its objects are in the store, restart."""
+        assert self.storage is not None and self.controller is not None
+        assert self.metadata_log is not None
+        storage = self.storage
+        self.controller.hold_commits = True
+
+        async def upload_until_stored() -> None:
+            before = {info.key for info in await self.store.list()}
+            task = asyncio.ensure_future(storage.force_upload(lc.ALL_STREAMS))
+            for _ in range(200):
+                if task.done() or {info.key for info in await self.store.list()} - before:
+                    break
+                await asyncio.sleep(0.001)
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+        self.run(upload_until_stored())
+        self.run(self._kill(storage))
         self.run(self.metadata_log.close())
         self.device = self.device.crash(random.Random(seed))
         self.run(self._start())

@@ -102,6 +102,11 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
         assert [(b.base_offset, bytes(b.payload)) for b in got] == written[stream_id]
         middle = await storage.read(stream_id, 31, 1000, 10**9)
         assert middle[0].base_offset == 30
+    # After a recovery, a force upload still waits for its own commit (regression: block ids
+    # restarted at 0 after recovery and matched the recovered block's finished commit).
+    await storage.append(streams[0], 1, payload(streams[0], 60), 1)
+    await storage.force_upload(streams[0])
+    assert storage._controller.image.streams[streams[0]].end_offset == 61
     await storage.shutdown()
     await metadata_log.close()
     await crashed_store.close()
@@ -110,7 +115,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     # A graceful shutdown uploaded everything: the next start recovers nothing from the WAL.
     storage, metadata_log = await start(crashed, tmp_path, 3, open_store)
     for stream_id in streams:
-        assert await storage.open_stream(stream_id, 2) == (0, 60)
+        assert await storage.open_stream(stream_id, 2) == (0, 61 if stream_id == streams[0] else 60)
     await storage.shutdown()
     await metadata_log.close()
     await storage._store.close()

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.formats.object_file import DataBlockIndex
 from automq_ref.io.object_store import LocalDirectoryObjectStore
 from automq_ref.io.stream_objects import (
+    DataBlockCache,
     ObjectIndexCache,
     StreamReadError,
     object_key,
@@ -112,20 +114,45 @@ async def test_block_objects_round_trip_through_metadata(tmp_path: Path) -> None
             )
         )
         indexes = ObjectIndexCache(store, NAMESPACE)
+        blocks = DataBlockCache(store, NAMESPACE, 1 << 20)
         for stream_id, records in appended.items():
             end = records[-1].end_offset
             for start in (0, 1, 2, end - 1):
                 batches = await read_from_objects(
-                    store, NAMESPACE, image, indexes, stream_id, start, end, 10**9
+                    store, NAMESPACE, image, indexes, blocks, stream_id, start, end, 10**9
                 )
                 expected = [r for r in records if r.end_offset > start]
                 assert [(b.base_offset, bytes(b.payload)) for b in batches] == [
                     (r.base_offset, r.payload) for r in expected
                 ]
             # A small budget still returns the first batch, and only whole, contiguous batches.
-            few = await read_from_objects(store, NAMESPACE, image, indexes, stream_id, 3, end, 1)
+            few = await read_from_objects(
+                store, NAMESPACE, image, indexes, blocks, stream_id, 3, end, 1
+            )
             assert few[0].base_offset <= 3 < few[0].last_offset
             assert all(a.last_offset == b.base_offset for a, b in itertools.pairwise(few))
         with pytest.raises(StreamReadError, match="OFFSET_NOT_MATCHED"):
             apply(sm.TrimStream(1, 1, 1, 0, 4))
-            await read_from_objects(store, NAMESPACE, image, indexes, 1, 0, 10, 100)
+            await read_from_objects(store, NAMESPACE, image, indexes, blocks, 1, 0, 10, 100)
+
+
+async def test_data_block_cache_gets_a_block_once_and_stays_within_capacity(
+    tmp_path: Path,
+) -> None:
+    async with LocalDirectoryObjectStore(tmp_path) as store:
+        await store.put(object_key(NAMESPACE, 7), [bytes(range(256)) * 8])
+        first = DataBlockIndex(1, 0, 1, 1, start_position=0, block_size_bytes=400)
+        second = DataBlockIndex(1, 1, 1, 1, start_position=400, block_size_bytes=400)
+        huge = DataBlockIndex(1, 2, 1, 1, start_position=1024, block_size_bytes=1024)
+        blocks = DataBlockCache(store, NAMESPACE, capacity_bytes=600)
+        assert await blocks.get(7, first) == (bytes(range(256)) * 4)[:400]
+        assert await blocks.get(7, first) == (bytes(range(256)) * 4)[:400]
+        assert (blocks.hits, blocks.misses) == (1, 1)
+        # A second block does not fit beside the first: the least recently used one goes.
+        assert await blocks.get(7, second) == (bytes(range(256)) * 4)[400:800]
+        assert blocks.size_bytes == 400
+        await blocks.get(7, first)
+        assert (blocks.hits, blocks.misses) == (1, 3)
+        # A block larger than the whole cache is served but never kept.
+        assert len(await blocks.get(7, huge)) == 1024
+        assert blocks.size_bytes == 400
