@@ -21,10 +21,12 @@ committed; the WAL is reset; the recovered streams are closed so they can be reo
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
@@ -37,7 +39,7 @@ from automq_ref.io.stream_objects import (
     read_from_objects,
     upload_layout,
 )
-from automq_ref.io.wal_block import BlockWal, WalOverCapacityError
+from automq_ref.io.wal_block import AppendResult, BlockWal, WalOverCapacityError
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -58,6 +60,13 @@ class StreamFencedError(StorageError):
 
 class OffsetOutOfRangeError(StorageError):
     """A read below the stream's start offset (trimmed away)."""
+
+
+@dataclass(slots=True)
+class _PendingAppend:
+    batch: StreamRecordBatch
+    encoded: bytes
+    durable: asyncio.Future[None]
 
 
 @dataclass(slots=True)
@@ -100,6 +109,8 @@ class S3Storage:
         self._blocks = DataBlockCache(store, namespace, block_cache_bytes)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
+        self._last_wal_write: asyncio.Future[AppendResult] | None = None
         self._failure: BaseException | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._sizes: dict[int, dict[int, int]] = {}
@@ -196,8 +207,46 @@ class S3Storage:
         )
         return response.start_offset, response.next_offset
 
-    async def append(self, stream_id: int, epoch: int, payload: bytes, count: int) -> int:
+    def next_offset(self, stream_id: int, epoch: int) -> int:
+        """The offset the stream's next append will get (open streams only)."""
+        stream = self._streams.get(stream_id)
+        if stream is None or stream.epoch != epoch:
+            raise StreamFencedError(f"stream {stream_id} is not open here at epoch {epoch}")
+        return stream.next_offset
+
+    def confirm_offset(self, stream_id: int) -> int:
+        """The end of the stream's durable prefix: reads never pass it."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise StreamFencedError(f"stream {stream_id} is not open here")
+        return stream.confirm_offset
+
+    def start_offset(self, stream_id: int) -> int:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise StreamFencedError(f"stream {stream_id} is not open here")
+        return stream.start_offset
+
+    async def append(
+        self, stream_id: int, epoch: int, payload: bytes | memoryview, count: int
+    ) -> int:
         """Append ``count`` offsets carried by ``payload``; return the first, once durable."""
+        base, durable = self.append_nowait(stream_id, epoch, payload, count)
+        await durable
+        return base
+
+    def append_nowait(
+        self, stream_id: int, epoch: int, payload: bytes | memoryview, count: int
+    ) -> tuple[int, asyncio.Future[None]]:
+        """Assign the offsets and queue the WAL write now; return the first offset and a future
+        that completes once the append is durable (and readable).
+
+        Appends are written to the WAL in the order of these calls, even while the WAL is full
+        (they then queue behind each other until an upload has trimmed it), so each stream's
+        records reach the WAL, and so the LogCache, in offset order. A caller that must know the
+        offset before the payload is final (a Kafka batch carries its base offset) reads
+        ``next_offset`` and calls this without awaiting anything in between.
+        """
         self._check_healthy()
         stream = self._streams.get(stream_id)
         if stream is None or stream.epoch != epoch:
@@ -207,26 +256,83 @@ class S3Storage:
         base = stream.next_offset
         stream.next_offset += count
         batch = StreamRecordBatch(stream_id, epoch, base, count, payload)
-        encoded = batch.encode()
-        try:
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        pending = _PendingAppend(batch, batch.encode(), durable)
+        if not self._wal_backlog:
+            try:
+                self._submit(pending)
+                return base, durable
+            except WalOverCapacityError:
+                pass
+        # The WAL is full of data not yet in objects (or appends already wait for it): queue
+        # behind them; one task uploads, which trims the WAL, and submits them in order.
+        self._wal_backlog.append(pending)
+        if len(self._wal_backlog) == 1:
+            self._spawn(self._drain_wal_backlog())
+        return base, durable
+
+    def _submit(self, pending: _PendingAppend) -> None:
+        written = self._wal.submit(pending.encoded)
+        self._last_wal_write = written
+
+        def on_written(future: asyncio.Future[AppendResult]) -> None:
+            # Runs in WAL completion order (= submission order), unlike the coroutines awaiting.
+            batch = pending.batch
+            if future.cancelled() or future.exception() is not None:
+                error = future.exception() if not future.cancelled() else None
+                self._fail_stream(batch.stream_id, error)
+                if not pending.durable.done():
+                    pending.durable.set_exception(
+                        StorageError(f"stream {batch.stream_id}: WAL append failed: {error}")
+                    )
+                return
+            self._cache_record(batch, future.result().next_offset)
+            stream = self._streams.get(batch.stream_id)
+            if stream is not None and stream.epoch == batch.epoch:
+                stream.confirm_offset = max(stream.confirm_offset, batch.last_offset)
+            if not pending.durable.done():
+                pending.durable.set_result(None)
+
+        written.add_done_callback(on_written)
+
+    async def _drain_wal_backlog(self) -> None:
+        while self._wal_backlog:
+            pending = self._wal_backlog[0]
             for attempt in range(WAL_FULL_RETRIES):
                 try:
-                    result = await self._wal.append(encoded)
+                    self._submit(pending)
                     break
-                except WalOverCapacityError:
-                    # The WAL is full of data not yet in objects: upload and commit it, which
-                    # trims the WAL, then try again (the record was not written).
+                except WalOverCapacityError as error:
                     if attempt == WAL_FULL_RETRIES - 1:
-                        raise
+                        self._fail_backlog(error)
+                        return
+                    # Records still on their way to the disk are not in the cache yet: wait
+                    # for them, so that the upload covers everything the WAL holds.
+                    if self._last_wal_write is not None:
+                        await asyncio.wait([self._last_wal_write])
                     await self.force_upload(lc.ALL_STREAMS)
-                    await asyncio.gather(*list(self._tasks), return_exceptions=True)
-        except Exception as error:
-            # Later offsets may already be assigned: the stream cannot continue without a gap.
-            self._streams.pop(stream_id, None)
-            raise StorageError(f"stream {stream_id}: WAL append failed: {error}") from error
-        self._cache_record(batch, result.next_offset)
-        stream.confirm_offset = max(stream.confirm_offset, base + count)
-        return base
+                    # Let the trims that follow the commits run (not this task itself).
+                    current = asyncio.current_task()
+                    others = [task for task in self._tasks if task is not current]
+                    await asyncio.gather(*others, return_exceptions=True)
+                except Exception as error:
+                    self._fail_backlog(error)
+                    return
+            self._wal_backlog.popleft()
+
+    def _fail_backlog(self, error: BaseException) -> None:
+        while self._wal_backlog:
+            pending = self._wal_backlog.popleft()
+            self._fail_stream(pending.batch.stream_id, error)
+            if not pending.durable.done():
+                pending.durable.set_exception(
+                    StorageError(f"stream {pending.batch.stream_id}: WAL append failed: {error}")
+                )
+
+    def _fail_stream(self, stream_id: int, error: BaseException | None) -> None:
+        # Later offsets may already be assigned: the stream cannot continue without a gap.
+        if self._streams.pop(stream_id, None) is not None:
+            log.error("stream %d: WAL append failed, stream closed here: %s", stream_id, error)
 
     def _cache_record(self, batch: StreamRecordBatch, wal_next_offset: int) -> None:
         record = lc.CachedRecord(
@@ -331,9 +437,12 @@ class S3Storage:
         transition = lc.step(self._cache, event, self._params)
         self._cache = transition.state
         for effect in transition.effects:
-            task = asyncio.create_task(self._execute(effect))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._execute(effect))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, effect: lc.LogCacheEffect) -> None:
         try:

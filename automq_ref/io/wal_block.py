@@ -458,6 +458,11 @@ class BlockWal:
 
     async def append(self, body: Buffer) -> AppendResult:
         """Write one record; return once it is durable (after the fsync that covers it)."""
+        return await self.submit(body)
+
+    def submit(self, body: Buffer) -> asyncio.Future[AppendResult]:
+        """Queue one record now (records are written in submission order) and return the
+        future that completes once it is durable. Raises at once if it cannot be queued."""
         if self._state is not _State.READY:
             raise self._not_ready("append")
         size = len(body)
@@ -478,7 +483,7 @@ class BlockWal:
         self._pending_bytes += record_bytes
         assert self._wakeup is not None
         self._wakeup.set()
-        return await future
+        return future
 
     def _not_ready(self, operation: str) -> WalError:
         if self._state is _State.FAILED:

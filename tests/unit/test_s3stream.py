@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -119,3 +120,31 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     await storage.shutdown()
     await metadata_log.close()
     await storage._store.close()
+
+
+async def test_concurrent_appends_into_a_full_wal_keep_offset_order(tmp_path: Path) -> None:
+    """Appends issued together overflow a small WAL: they queue behind an upload, in order."""
+
+    async def local() -> ObjectStore:
+        return LocalDirectoryObjectStore(tmp_path / "objects")
+
+    device = MemoryBlockDevice(256 * 1024)
+    storage, metadata_log = await start(device, tmp_path, 1, local)
+    streams = [await storage.create_stream() for _ in range(2)]
+    for stream_id in streams:
+        await storage.open_stream(stream_id, 0)
+    appends = [
+        storage.append(streams[index % 2], 0, payload(streams[index % 2], index) * 40, 1)
+        for index in range(120)
+    ]
+    bases = await asyncio.gather(*appends)
+    assert bases == [index // 2 for index in range(120)]
+    for stream_id in streams:
+        got = await storage.read(stream_id, 0, 1000, 10**9)
+        assert [bytes(b.payload) for b in got] == [
+            payload(stream_id, index) * 40
+            for index in range(120)
+            if streams[index % 2] == stream_id
+        ]
+    await storage.shutdown()
+    await metadata_log.close()
