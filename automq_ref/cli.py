@@ -1,26 +1,79 @@
-"""The ``automq-ref`` command."""
+"""The ``automq-ref`` command: ``serve`` runs the broker in the foreground."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 import sys
+from pathlib import Path
 
 from automq_ref import __version__
+from automq_ref.config import BrokerConfig, ConfigError, load_config
+
+log = logging.getLogger("automq_ref")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="automq-ref", description=__doc__)
     parser.add_argument("--version", action="version", version=f"automq-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("serve", help="run the broker on its embedded default")
+    serve = commands.add_parser("serve", help="run the broker (embedded default: ./data, :9092)")
+    serve.add_argument("--config", type=Path, help="a properties file (AutoMQ/Kafka names)")
+    serve.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one property (repeatable), e.g. --override listeners=PLAINTEXT://127.0.0.1:0",
+    )
+    serve.add_argument("--log-level", default="INFO")
     arguments = parser.parse_args(argv)
     if arguments.command == "serve":
-        print(
-            "automq-ref serve: the Kafka protocol server is not built yet "
-            "(it arrives with the single-node broker milestone)",
-            file=sys.stderr,
+        logging.basicConfig(
+            level=arguments.log_level.upper(),
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
-        return 2
+        try:
+            config = load_config(arguments.config, arguments.override)
+        except (ConfigError, OSError) as error:
+            print(f"automq-ref serve: {error}", file=sys.stderr)
+            return 2
+        return _run(config)
+    return 0
+
+
+def _run(config: BrokerConfig) -> int:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio works too
+        return asyncio.run(_serve(config))
+    return uvloop.run(_serve(config))
+
+
+async def _serve(config: BrokerConfig) -> int:
+    from automq_ref.io.broker import Broker
+    from automq_ref.io.kafka_server import KafkaServer
+
+    broker = await Broker.start(config)
+    server = KafkaServer(broker, max_request_bytes=config.socket_request_max_bytes)
+    host, port = await server.start(config.host, config.port)
+    broker.advertised_host, broker.advertised_port = host, port
+    print(
+        f"automq-ref: serving Kafka on {host}:{port} (bootstrap.servers={host}:{port})", flush=True
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("shutting down: uploading the WAL's data, then closing")
+    await server.close()
+    await broker.shutdown()
+    print("automq-ref: stopped", flush=True)
     return 0
 
 

@@ -188,6 +188,18 @@ class S3Storage:
         storage._ticker = asyncio.create_task(storage._tick_forever())
         return storage
 
+    @property
+    def controller(self) -> Controller:
+        return self._controller
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    @property
+    def node_epoch(self) -> int:
+        return self._node_epoch
+
     # ------------------------------------------------------------------------------ streams
 
     async def create_stream(self) -> int:
@@ -409,6 +421,13 @@ class S3Storage:
         )
         self._check(response, f"close stream {stream_id}")
         self._streams.pop(stream_id, None)
+
+    async def delete_stream(self, stream_id: int, epoch: int) -> None:
+        """Delete a closed stream; its objects are destroyed by the controller's lifecycle."""
+        response = await self._controller.handle(
+            sm.DeleteStream(self._node_id, self._node_epoch, stream_id, epoch, self._clock_ms())
+        )
+        self._check(response, f"delete stream {stream_id}")
 
     async def force_upload(self, stream_id: int) -> None:
         """Seal the active block if it holds the stream and wait until it is committed."""

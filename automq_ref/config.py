@@ -1,0 +1,136 @@
+"""Broker settings, by AutoMQ's (and Kafka's) property names where they exist.
+
+Sources, later ones winning: the defaults below (the *embedded default*: everything local under
+``./data``, listening on 127.0.0.1:9092), a Java-style properties file (``--config``),
+environment variables (``AUTOMQ_`` + the name upper-cased with dots as underscores, e.g.
+``AUTOMQ_S3_DATA_BUCKETS``) and ``--override name=value`` flags. Unknown names are refused with
+a message naming them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or has a bad value."""
+
+
+class BrokerConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+    node_id: int = Field(0, alias="node.id", ge=0)
+    cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
+    listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
+    log_dirs: str = Field("./data", alias="log.dirs")
+    # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
+    s3_data_buckets: str = Field("", alias="s3.data.buckets")
+    # The WAL: a file path (created and preallocated) or AutoMQ's 0@file://PATH form.
+    s3_wal_path: str = Field("", alias="s3.wal.path")
+    s3_wal_capacity: int = Field(1024 * MIB, alias="s3.wal.capacity", ge=4 * MIB)
+    s3_wal_cache_size: int = Field(512 * MIB, alias="s3.wal.cache.size", ge=MIB)
+    s3_wal_upload_threshold: int = Field(-1, alias="s3.wal.upload.threshold")
+    s3_wal_upload_interval_ms: int = Field(60_000, alias="s3.wal.upload.interval.ms")
+    s3_stream_object_split_size: int = Field(8 * MIB, alias="s3.stream.object.split.size")
+    s3_block_cache_size: int = Field(128 * MIB, alias="s3.block.cache.size", ge=0)
+    num_partitions: int = Field(1, alias="num.partitions", ge=1)
+    auto_create_topics_enable: bool = Field(True, alias="auto.create.topics.enable")
+    message_max_bytes: int = Field(1_048_588, alias="message.max.bytes", ge=1)
+    socket_request_max_bytes: int = Field(100 * MIB, alias="socket.request.max.bytes", ge=1024)
+    group_initial_rebalance_delay_ms: int = Field(
+        3000, alias="group.initial.rebalance.delay.ms", ge=0
+    )
+    log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
+    log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
+    log_retention_check_interval_ms: int = Field(
+        300_000, alias="log.retention.check.interval.ms", ge=100
+    )
+
+    @field_validator("listeners")
+    @classmethod
+    def _one_plaintext_listener(cls, value: str) -> str:
+        if not value.startswith("PLAINTEXT://") or "," in value:
+            raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.listeners.removeprefix("PLAINTEXT://").rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        return int(self.listeners.rsplit(":", 1)[1])
+
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.log_dirs)
+
+    @property
+    def object_store_uri(self) -> str:
+        if self.s3_data_buckets:
+            return self.s3_data_buckets
+        return (self.data_dir / "objects").resolve().as_uri()
+
+    @property
+    def wal_file(self) -> Path:
+        raw = self.s3_wal_path
+        if not raw:
+            return self.data_dir / "wal"
+        raw = raw.split("@", 1)[1] if "@" in raw.split("/", 1)[0] else raw
+        raw = raw.removeprefix("file://").split("?", 1)[0]
+        return Path(raw)
+
+    @property
+    def upload_threshold_bytes(self) -> int:
+        if self.s3_wal_upload_threshold > 0:
+            return self.s3_wal_upload_threshold
+        return min(self.s3_wal_cache_size // 3, 500 * MIB)
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java-style ``name=value`` lines; ``#``/``!`` comments; ``:`` also separates."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line[0] in "#!":
+            continue
+        separator = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
+        if separator < 0:
+            raise ConfigError(f"line {number}: expected name=value, got {line!r}")
+        values[line[:separator].strip()] = line[separator + 1 :].strip()
+    return values
+
+
+def load_config(
+    properties_file: Path | None = None,
+    overrides: Iterable[str] = (),
+    environment: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    values: dict[str, Any] = {}
+    if properties_file is not None:
+        values.update(parse_properties(properties_file.read_text()))
+    names = {field.alias for field in BrokerConfig.model_fields.values() if field.alias}
+    env = os.environ if environment is None else environment
+    for name in names:
+        variable = "AUTOMQ_" + name.upper().replace(".", "_")
+        if variable in env:
+            values[name] = env[variable]
+    for override in overrides:
+        name, separator, value = override.partition("=")
+        if not separator:
+            raise ConfigError(f"--override {override!r}: expected name=value")
+        values[name.strip()] = value.strip()
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    try:
+        return BrokerConfig.model_validate(values)
+    except ValidationError as error:
+        raise ConfigError(str(error)) from error

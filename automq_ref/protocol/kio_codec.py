@@ -1,0 +1,177 @@
+"""Requests decoded and small responses encoded with kio, plus a builder for kio's dataclasses.
+
+kio (Kafka's message schemas as frozen dataclasses) decodes every request version a Kafka 4.0
+broker accepts. Its response classes want phantom types (``ErrorCode``, ``i32Timedelta``, ...);
+:func:`build` makes one from plain values (ints, lists of dicts), ignoring keys a version does
+not have and leaving out ones it does not need, so one dict serves every version of a response.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import struct
+import types
+import typing
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from kio.index import load_request_schema, load_response_schema
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i32, i32Timedelta, i64Timedelta
+
+from automq_ref.protocol.tagged_fields import strip_unknown_tagged_fields
+
+E = TypeVar("E")
+
+
+class RequestDecodeError(ValueError):
+    """The request cannot be decoded (unknown key/version, truncated, garbage)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RequestHeader:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+def peek_header(frame: bytes) -> tuple[int, int, int]:
+    """(api_key, api_version, correlation_id) of a request, without decoding the rest."""
+    if len(frame) < 8:
+        raise RequestDecodeError(f"a request of {len(frame)} bytes has no header")
+    api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame, 0)
+    return api_key, api_version, correlation_id
+
+
+_READERS: dict[Any, Any] = {}
+_WRITERS: dict[Any, Any] = {}
+_HINTS: dict[Any, dict[str, Any]] = {}
+
+
+def _reader(cls: Any) -> Any:
+    reader = _READERS.get(cls)
+    if reader is None:
+        reader = _READERS[cls] = entity_reader(cls)
+    return reader
+
+
+def _writer(cls: Any) -> Any:
+    writer = _WRITERS.get(cls)
+    if writer is None:
+        writer = _WRITERS[cls] = entity_writer(cls)
+    return writer
+
+
+def request_class(api_key: int, api_version: int) -> type[Any]:
+    try:
+        return typing.cast(type[Any], load_request_schema(api_key, api_version))
+    except Exception as error:
+        raise RequestDecodeError(f"api key {api_key} version {api_version}: {error}") from error
+
+
+def decode_request(frame: bytes) -> tuple[RequestHeader, Any]:
+    """Header and body of a request frame (the bytes after the size prefix)."""
+    api_key, api_version, _ = peek_header(frame)
+    cls = request_class(api_key, api_version)
+    try:
+        return _decode(cls, frame)
+    except KeyError as error:
+        if "tagged field" not in str(error):
+            raise RequestDecodeError(f"{cls.__name__} v{api_version}: {error}") from error
+    # A client sent tagged fields this schema does not declare: they must be skipped.
+    try:
+        return _decode(cls, strip_unknown_tagged_fields(cls, frame))
+    except Exception as error:
+        raise RequestDecodeError(f"{cls.__name__} v{api_version}: {error}") from error
+
+
+def _decode(cls: type[Any], frame: bytes) -> tuple[RequestHeader, Any]:
+    try:
+        header, offset = _reader(cls.__header_schema__)(frame, 0)
+        body, size = _reader(cls)(frame, offset)
+    except KeyError:
+        raise
+    except Exception as error:
+        raise RequestDecodeError(f"{cls.__name__}: {error}") from error
+    if offset + size != len(frame):
+        raise RequestDecodeError(
+            f"{cls.__name__}: {len(frame) - offset - size} bytes left after the request"
+        )
+    return (
+        RequestHeader(
+            int(header.request_api_key),
+            int(header.request_api_version),
+            int(header.correlation_id),
+            header.client_id,
+        ),
+        body,
+    )
+
+
+class _Chunks(list[bytes | memoryview]):
+    def write(self, chunk: bytes | memoryview) -> int:
+        self.append(chunk)
+        return len(chunk)
+
+
+def encode_response(
+    api_key: int, api_version: int, correlation_id: int, response: Any
+) -> list[bytes | memoryview]:
+    """Response header + body as chunks (no size prefix)."""
+    cls = load_response_schema(api_key, api_version)
+    header_cls = cls.__header_schema__
+    out = _Chunks()
+    _writer(header_cls)(out, header_cls(correlation_id=i32(correlation_id)))
+    _writer(cls)(out, response)
+    return out
+
+
+def response_class(api_key: int, api_version: int) -> type[Any]:
+    return typing.cast(type[Any], load_response_schema(api_key, api_version))
+
+
+def _hints(cls: Any) -> dict[str, Any]:
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def build(cls: type[E], values: Mapping[str, Any]) -> E:
+    """An instance of kio class ``cls`` from plain values; keys the class lacks are ignored."""
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if field.name not in values:
+            continue
+        kwargs[field.name] = _convert(hints[field.name], field, values[field.name])
+    return cls(**kwargs)
+
+
+def _convert(annotation: Any, field: dataclasses.Field[Any], value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        inner = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return _convert(inner[0], field, value)
+    if origin is tuple:
+        item = typing.get_args(annotation)[0]
+        return tuple(_convert(item, field, element) for element in value)
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        return build(annotation, value)
+    if annotation is ErrorCode:
+        return value if isinstance(value, ErrorCode) else ErrorCode(int(value))
+    if isinstance(annotation, type) and issubclass(annotation, i32Timedelta | i64Timedelta):
+        if isinstance(value, datetime.timedelta):
+            return value
+        return datetime.timedelta(milliseconds=int(value))
+    if annotation is uuid.UUID and not isinstance(value, uuid.UUID):
+        return uuid.UUID(int=int(value)) if isinstance(value, int) else uuid.UUID(str(value))
+    return value
