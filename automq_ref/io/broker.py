@@ -183,6 +183,7 @@ class Broker:
         try:
             header, body = decode_request(frame)
         except RequestDecodeError as error:
+            log.debug("undecodable frame: %s", frame[:256].hex())
             raise CloseConnection(f"undecodable request: {error}") from error
         request = _Request(api_key, api_version, correlation_id, header.client_id, body)
         handler = _HANDLERS.get(api_key)
