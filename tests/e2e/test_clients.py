@@ -42,7 +42,9 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> l
         if message is None:
             continue
         assert message.error() is None, message.error()
-        values.append(message.value())
+        value = message.value()
+        assert value is not None
+        values.append(value)
     consumer.close()
     return values
 
@@ -150,9 +152,7 @@ def test_admin_create_describe_alter_partitions_delete(broker: BrokerProcess) ->
         admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result()
     with pytest.raises(KafkaException, match="INVALID_REPLICATION_FACTOR"):
         name = unique("replicated")
-        admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=3)])[
-            name
-        ].result()
+        admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=3)])[name].result()
     resource = ConfigResource("topic", topic)
     described = admin.describe_configs([resource])[resource].result()
     assert described["retention.ms"].value == "60000"

@@ -1,0 +1,126 @@
+"""Broker restarts in the middle of a stream: nothing acknowledged is lost.
+
+A producer (acks=all, idempotent) writes while the broker is stopped gracefully or killed with
+SIGKILL and started again on the same data directory; every value whose delivery was
+acknowledged must be read back afterwards, at most once per acknowledgement and in order per
+partition.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from tests.e2e.conftest import BrokerProcess
+
+PARTITIONS = 3
+
+
+def read_everything(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, index, 0) for index in range(PARTITIONS)])
+    values: dict[int, list[bytes]] = {index: [] for index in range(PARTITIONS)}
+    at_end: set[int] = set()
+    deadline = time.monotonic() + 60
+    while len(at_end) < PARTITIONS and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is None:
+            continue
+        error = message.error()
+        partition = message.partition()
+        assert partition is not None
+        if error is not None:
+            if error.code() == -191:  # _PARTITION_EOF
+                at_end.add(partition)
+                continue
+            raise AssertionError(error)
+        value = message.value()
+        assert value is not None
+        values[partition].append(value)
+    consumer.close()
+    assert len(at_end) == PARTITIONS, "did not reach the end of every partition"
+    return values
+
+
+@pytest.mark.parametrize("how", ["graceful", "sigkill"])
+def test_no_acknowledged_record_is_lost_across_a_restart(tmp_path: Path, how: str) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    topic = f"restart-{how}"
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result()
+        acknowledged: dict[int, list[bytes]] = {index: [] for index in range(PARTITIONS)}
+        lock = threading.Lock()
+
+        def delivered(error: object, message: object) -> None:
+            if error is None:
+                with lock:
+                    acknowledged[message.partition()].append(message.value())  # type: ignore[attr-defined]
+
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 2,
+                "message.timeout.ms": 60000,
+                "reconnect.backoff.ms": 50,
+                "reconnect.backoff.max.ms": 500,
+            }
+        )
+        stop = threading.Event()
+
+        def produce() -> None:
+            index = 0
+            while not stop.is_set():
+                producer.produce(
+                    topic,
+                    value=f"value-{index}".encode(),
+                    partition=index % PARTITIONS,
+                    on_delivery=delivered,
+                )
+                producer.poll(0)
+                index += 1
+                if index % 200 == 0:
+                    time.sleep(0.01)
+
+        thread = threading.Thread(target=produce)
+        thread.start()
+        time.sleep(1.5)
+        if how == "graceful":
+            assert broker.stop() == 0
+        else:
+            broker.kill()
+        time.sleep(0.5)
+        broker.start()
+        time.sleep(1.5)
+        stop.set()
+        thread.join()
+        assert producer.flush(60) == 0
+        read = read_everything(broker.bootstrap, topic)
+        total = sum(len(values) for values in acknowledged.values())
+        assert total > 100, f"only {total} acknowledged: the test did not exercise much"
+        for index in range(PARTITIONS):
+            got = read[index]
+            missing = set(acknowledged[index]) - set(got)
+            assert not missing, f"partition {index}: {len(missing)} acknowledged values lost"
+            assert len(got) == len(set(got)), f"partition {index}: duplicates"
+            order = {value: position for position, value in enumerate(got)}
+            positions = [order[value] for value in acknowledged[index]]
+            assert positions == sorted(positions), f"partition {index}: out of order"
+    finally:
+        if broker.alive():
+            broker.stop()
