@@ -23,13 +23,14 @@ from typing import Any
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.errors import FormatError
 from automq_ref.formats.record_batch import iter_batches
 from automq_ref.io.controller import Controller
 from automq_ref.io.kafka_server import Chunks, CloseConnection, Peer, Reply
 from automq_ref.io.metadata_log import FileMetadataLog
 from automq_ref.io.object_store import ObjectStore, open_object_store
 from automq_ref.io.partition import Partition
-from automq_ref.io.s3stream import S3Storage, StorageError
+from automq_ref.io.s3stream import S3Storage, StorageError, StreamFencedError
 from automq_ref.io.topics import (
     TOPIC_CONFIG_DEFAULTS,
     Topic,
@@ -40,6 +41,14 @@ from automq_ref.io.topics import (
     topics_in,
 )
 from automq_ref.io.wal_block import BlockWal
+from automq_ref.protocol import (
+    PRODUCE_API_KEY,
+    PRODUCE_MIN_VERSION,
+    FetchableTopicResponse,
+    FetchPartitionData,
+    decode_produce_frame,
+    encode_fetch_response,
+)
 from automq_ref.protocol.kio_codec import (
     RequestDecodeError,
     build,
@@ -162,8 +171,9 @@ class Broker:
         for partition in self.partitions.values():
             partition.wake_waiters()
         try:
-            for partition in list(self.partitions.values()):
-                await partition.close()
+            # Together: the first close seals the block holding everyone's data, the others
+            # wait for that same upload.
+            await asyncio.gather(*(partition.close() for partition in self.partitions.values()))
             await self.storage.shutdown()
         finally:
             await self._metadata_log.close()
@@ -181,11 +191,17 @@ class Broker:
         if not supported[0] <= api_version <= supported[1]:
             raise CloseConnection(f"API key {api_key} version {api_version} is not supported")
         try:
-            header, body = decode_request(frame)
-        except RequestDecodeError as error:
+            if api_key == PRODUCE_API_KEY and api_version >= PRODUCE_MIN_VERSION:
+                # By hand: the records stay memoryview slices of the frame (no copy).
+                produce_header, body = decode_produce_frame(frame)
+                client_id = produce_header.client_id
+            else:
+                header, body = decode_request(frame)
+                client_id = header.client_id
+        except (RequestDecodeError, FormatError) as error:
             log.debug("undecodable frame: %s", frame[:256].hex())
             raise CloseConnection(f"undecodable request: {error}") from error
-        request = _Request(api_key, api_version, correlation_id, header.client_id, body)
+        request = _Request(api_key, api_version, correlation_id, client_id, body)
         handler = _HANDLERS.get(api_key)
         if handler is None:
             raise CloseConnection(f"API key {api_key} has no handler")
@@ -380,7 +396,7 @@ class Broker:
         body = request.body
         if request.api_version < 3:
             raise CloseConnection(f"Produce v{request.api_version} is not supported (v3+)")
-        acks = int(body.acks)
+        acks = body.acks
         outcomes: list[tuple[str, list[tuple[int, Any]]]] = []
         for topic_data in body.topic_data:
             results: list[tuple[int, Any]] = []
@@ -397,6 +413,12 @@ class Broker:
                     max_bytes = int(self.topic_config(topic, "max.message.bytes"))
                     try:
                         result = partition.append_nowait(partition_data.records, max_bytes)
+                    except StreamFencedError:
+                        # Closing (shutdown, deletion) or moved: the client refreshes and retries.
+                        results.append(
+                            (partition_data.index, KafkaErrorCode.NOT_LEADER_OR_FOLLOWER)
+                        )
+                        continue
                     except StorageError as error:
                         log.error("produce to %s: %s", partition.topic, error)
                         results.append((partition_data.index, KafkaErrorCode.KAFKA_STORAGE_ERROR))
@@ -478,66 +500,57 @@ class Broker:
             if not done:
                 responses, total, waits, errors = await self._fetch_once(body, wanted, by_id)
                 break
-        return self._respond(
-            request,
-            {
-                "throttle_time": 0,
-                "error_code": 0,
-                "session_id": 0,
-                "responses": responses,
-            },
-        )
+        chunks = encode_fetch_response(version, request.correlation_id, responses)
+        # The encoder's first chunk starts with the frame size; the listener writes its own.
+        return [memoryview(chunks[0])[4:], *chunks[1:]]
 
     async def _fetch_once(
         self, body: Any, wanted: list[tuple[Any, str | None, list[Any]]], by_id: bool
-    ) -> tuple[list[dict[str, Any]], int, list[Partition], bool]:
+    ) -> tuple[list[FetchableTopicResponse], int, list[Partition], bool]:
         budget = int(body.max_bytes)
         total = 0
         waits: list[Partition] = []
         errors = False
         responses = []
         for key, name, fetch_partitions in wanted:
-            partitions = []
+            partitions: list[FetchPartitionData] = []
             for fetch_partition in fetch_partitions:
                 index = int(fetch_partition.partition)
                 partition = self.partitions.get((name, index)) if name is not None else None
-                entry: dict[str, Any] = {
-                    "partition_index": index,
-                    "error_code": 0,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "aborted_transactions": None,
-                    "preferred_read_replica": -1,
-                    "records": b"",
-                }
                 if partition is None:
-                    entry["error_code"] = (
+                    code = (
                         KafkaErrorCode.UNKNOWN_TOPIC_ID
                         if by_id and name is None
                         else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     )
                     errors = True
-                    partitions.append(entry)
+                    partitions.append(FetchPartitionData(partition_index=index, error_code=code))
                     continue
                 code, chunks = await self._read_partition(
                     partition, fetch_partition, budget, first=(total == 0)
                 )
-                entry["error_code"] = code
-                entry["high_watermark"] = partition.high_watermark
-                entry["last_stable_offset"] = partition.high_watermark
-                entry["log_start_offset"] = partition.log_start_offset
                 if code is not KafkaErrorCode.NONE:
                     errors = True
                 size = sum(len(chunk) for chunk in chunks)
                 total += size
                 budget -= size
-                entry["records"] = b"".join(chunks)
                 if not chunks:
                     waits.append(partition)
-                partitions.append(entry)
-            topic_key_name = "topic_id" if by_id else "topic"
-            responses.append({topic_key_name: key, "partitions": partitions})
+                high_watermark = partition.high_watermark
+                partitions.append(
+                    FetchPartitionData(
+                        partition_index=index,
+                        error_code=code,
+                        high_watermark=high_watermark,
+                        last_stable_offset=high_watermark,
+                        log_start_offset=partition.log_start_offset,
+                        records=chunks,
+                    )
+                )
+            if by_id:
+                responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
+            else:
+                responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
         return responses, total, waits, errors
 
     async def _read_partition(

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 DEFAULT_MAX_IN_FLIGHT = 64
 
-Chunks = Sequence[bytes | memoryview]
+Chunks = Sequence[bytes | bytearray | memoryview]
 Reply = Chunks | None | Awaitable[Chunks | None]
 
 

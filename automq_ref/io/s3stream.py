@@ -75,6 +75,7 @@ class _OpenStream:
     start_offset: int
     next_offset: int
     confirm_offset: int
+    closing: bool = False
 
 
 class S3Storage:
@@ -261,7 +262,7 @@ class S3Storage:
         """
         self._check_healthy()
         stream = self._streams.get(stream_id)
-        if stream is None or stream.epoch != epoch:
+        if stream is None or stream.epoch != epoch or stream.closing:
             raise StreamFencedError(f"stream {stream_id} is not open here at epoch {epoch}")
         if count <= 0:
             raise ValueError(f"an append must cover at least one offset, not {count}")
@@ -414,7 +415,15 @@ class S3Storage:
             stream.start_offset = max(stream.start_offset, new_start_offset)
 
     async def close_stream(self, stream_id: int, epoch: int) -> None:
-        """Upload everything of the stream, then close it in the controller."""
+        """Refuse new appends, let the ones in flight become durable, upload everything of the
+        stream, then close it in the controller (a later block holding the stream's records
+        would otherwise be committed after the close, and refused)."""
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.epoch == epoch:
+            stream.closing = True
+            while stream.confirm_offset < stream.next_offset and stream_id in self._streams:
+                self._check_healthy()
+                await asyncio.sleep(0.001)
         await self.force_upload(stream_id)
         response = await self._controller.handle(
             sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch)
