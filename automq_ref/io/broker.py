@@ -85,7 +85,7 @@ API_VERSIONS: dict[int, tuple[int, int]] = {
     32: (1, 4),  # DescribeConfigs
     37: (0, 3),  # CreatePartitions
     44: (0, 1),  # IncrementalAlterConfigs
-    60: (0, 1),  # DescribeCluster
+    60: (0, 2),  # DescribeCluster
 }
 
 
@@ -913,6 +913,7 @@ class Broker:
                         "host": self.advertised_host,
                         "port": self.advertised_port,
                         "rack": None,
+                        "is_fenced": False,
                     }
                 ],
                 "cluster_authorized_operations": -2147483648,

@@ -175,3 +175,21 @@ def test_admin_create_describe_alter_partitions_delete(broker: BrokerProcess) ->
     assert len(metadata.topics[topic].partitions) == 3
     admin.delete_topics([topic])[topic].result()
     assert topic not in admin.list_topics(timeout=10).topics
+
+
+def test_describe_cluster_and_list_offsets_by_time(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    cluster = admin.describe_cluster().result()
+    assert [node.port for node in cluster.nodes] == [broker.port]
+    topic = unique("times")
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result()
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    for index in range(10):
+        producer.produce(topic, value=b"t", timestamp=1_000_000 + index * 1000)
+        producer.flush(10)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique("lo")})
+    found = consumer.offsets_for_times([TopicPartition(topic, 0, 1_004_500)], timeout=10)
+    assert found[0].offset == 5
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+    assert (low, high) == (0, 10)
+    consumer.close()

@@ -1,0 +1,22 @@
+"""The advertised ApiVersions table is Kafka 4.0's for every key the broker implements, and kio
+can decode every advertised version this broker serves."""
+
+from __future__ import annotations
+
+from kafka.protocol.broker_version_data import BROKER_API_VERSIONS
+from kio.index import load_request_schema
+
+from automq_ref.io.broker import API_VERSIONS
+
+
+def test_ranges_are_kafka_4_0s() -> None:
+    kafka_4_0 = BROKER_API_VERSIONS[(4, 0)]
+    for api_key, versions in API_VERSIONS.items():
+        assert kafka_4_0[api_key] == versions, f"API key {api_key}"
+
+
+def test_every_served_version_decodes() -> None:
+    for api_key, (low, high) in API_VERSIONS.items():
+        first = 3 if api_key == 0 else low  # Produce v0-2: advertised, refused (as Kafka 4.0)
+        for version in range(first, high + 1):
+            load_request_schema(api_key, version)
