@@ -26,6 +26,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.record_batch import iter_batches
 from automq_ref.io.controller import Controller
+from automq_ref.io.groups import GroupCoordinator
 from automq_ref.io.kafka_server import Chunks, CloseConnection, Peer, Reply
 from automq_ref.io.metadata_log import FileMetadataLog
 from automq_ref.io.object_store import ObjectStore, open_object_store
@@ -57,6 +58,7 @@ from automq_ref.protocol.kio_codec import (
     peek_header,
     response_class,
 )
+from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -76,6 +78,15 @@ API_VERSIONS: dict[int, tuple[int, int]] = {
     1: (4, 17),  # Fetch
     2: (1, 10),  # ListOffsets
     3: (0, 13),  # Metadata
+    8: (2, 9),  # OffsetCommit
+    9: (1, 9),  # OffsetFetch
+    10: (0, 6),  # FindCoordinator
+    11: (2, 9),  # JoinGroup
+    12: (0, 4),  # Heartbeat
+    13: (0, 5),  # LeaveGroup
+    14: (0, 5),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
+    16: (0, 5),  # ListGroups
     18: (0, 4),  # ApiVersions
     19: (2, 7),  # CreateTopics
     20: (1, 6),  # DeleteTopics
@@ -84,6 +95,7 @@ API_VERSIONS: dict[int, tuple[int, int]] = {
     23: (2, 4),  # OffsetForLeaderEpoch
     32: (1, 4),  # DescribeConfigs
     37: (0, 3),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
     44: (0, 1),  # IncrementalAlterConfigs
     60: (0, 2),  # DescribeCluster
 }
@@ -116,6 +128,7 @@ class Broker:
         self._next_producer_id = 0
         self._producer_id_limit = 0
         self._retention_task: asyncio.Task[None] | None = None
+        self.groups: GroupCoordinator | None = None
         self.advertised_host = config.host
         self.advertised_port = config.port
 
@@ -159,6 +172,9 @@ class Broker:
                 broker.partitions[(name, index)] = await Partition.open(
                     storage, name, topic.topic_id, index
                 )
+        broker.groups = await GroupCoordinator.open(
+            storage, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
+        )
         broker._retention_task = asyncio.create_task(broker._retention_forever())
         return broker
 
@@ -173,7 +189,10 @@ class Broker:
         try:
             # Together: the first close seals the block holding everyone's data, the others
             # wait for that same upload.
-            await asyncio.gather(*(partition.close() for partition in self.partitions.values()))
+            closing = [partition.close() for partition in self.partitions.values()]
+            if self.groups is not None:
+                closing.append(self.groups.close())
+            await asyncio.gather(*closing)
             await self.storage.shutdown()
         finally:
             await self._metadata_log.close()
@@ -947,6 +966,348 @@ class Broker:
             topics.append({"name": topic.name, "partitions": partitions})
         return self._respond(request, {"throttle_time": 0, "topics": topics})
 
+    # ------------------------------------------------------------------ consumer groups
+
+    async def _on_find_coordinator(self, request: _Request) -> Reply:
+        body = request.body
+        node = {
+            "node_id": self.config.node_id,
+            "host": self.advertised_host,
+            "port": self.advertised_port,
+        }
+        key_type = int(body.key_type) if request.api_version >= 1 else 0
+        error = KafkaErrorCode.NONE
+        message = None
+        if key_type != 0:
+            # Transactions are not supported, so there is no transaction coordinator.
+            error = KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+            message = "this broker has no transaction coordinator"
+        if request.api_version >= 4:
+            coordinators = [
+                {"key": key, **node, "error_code": error, "error_message": message}
+                for key in body.coordinator_keys
+            ]
+            return self._respond(request, {"throttle_time": 0, "coordinators": coordinators})
+        if error is not KafkaErrorCode.NONE:
+            node = {"node_id": -1, "host": "", "port": -1}
+        return self._respond(
+            request, {"throttle_time": 0, "error_code": error, "error_message": message, **node}
+        )
+
+    async def _group(self, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
+        assert self.groups is not None
+        return await self.groups.request(make_event)
+
+    async def _on_join_group(self, request: _Request) -> Reply:
+        body = request.body
+        version = request.api_version
+        session_ms = int(body.session_timeout.total_seconds() * 1000)
+        rebalance_ms = (
+            int(body.rebalance_timeout.total_seconds() * 1000) if version >= 1 else session_ms
+        )
+        protocols = tuple(gc.Protocol(p.name, bytes(p.metadata)) for p in body.protocols)
+
+        async def answer() -> Chunks:
+            response = await self._group(
+                lambda request_id, now: gc.JoinGroup(
+                    request_id,
+                    now,
+                    body.group_id,
+                    body.member_id,
+                    getattr(body, "group_instance_id", None),
+                    request.client_id or "",
+                    "/127.0.0.1",
+                    session_ms,
+                    rebalance_ms,
+                    body.protocol_type,
+                    protocols,
+                    version >= 4,
+                )
+            )
+            assert isinstance(response, gc.JoinGroupResponse)
+            return self._respond(
+                request,
+                {
+                    "throttle_time": 0,
+                    "error_code": response.error_code,
+                    "generation_id": response.generation_id,
+                    "protocol_type": response.protocol_type,
+                    "protocol_name": response.protocol_name or ("" if version < 7 else None),
+                    "leader": response.leader,
+                    "skip_assignment": False,
+                    "member_id": response.member_id,
+                    "members": [
+                        {
+                            "member_id": m.member_id,
+                            "group_instance_id": m.group_instance_id,
+                            "metadata": m.metadata,
+                        }
+                        for m in response.members
+                    ],
+                },
+            )
+
+        return answer()
+
+    async def _on_sync_group(self, request: _Request) -> Reply:
+        body = request.body
+        assignments = tuple(
+            gc.MemberAssignment(a.member_id, bytes(a.assignment)) for a in body.assignments
+        )
+
+        async def answer() -> Chunks:
+            response = await self._group(
+                lambda request_id, now: gc.SyncGroup(
+                    request_id,
+                    now,
+                    body.group_id,
+                    int(body.generation_id),
+                    body.member_id,
+                    getattr(body, "group_instance_id", None),
+                    assignments,
+                    getattr(body, "protocol_type", None),
+                    getattr(body, "protocol_name", None),
+                )
+            )
+            assert isinstance(response, gc.SyncGroupResponse)
+            return self._respond(
+                request,
+                {
+                    "throttle_time": 0,
+                    "error_code": response.error_code,
+                    "protocol_type": response.protocol_type,
+                    "protocol_name": response.protocol_name,
+                    "assignment": response.assignment,
+                },
+            )
+
+        return answer()
+
+    async def _on_heartbeat(self, request: _Request) -> Reply:
+        body = request.body
+        response = await self._group(
+            lambda request_id, now: gc.Heartbeat(
+                request_id,
+                now,
+                body.group_id,
+                int(body.generation_id),
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+            )
+        )
+        assert isinstance(response, gc.HeartbeatResponse)
+        return self._respond(request, {"throttle_time": 0, "error_code": response.error_code})
+
+    async def _on_leave_group(self, request: _Request) -> Reply:
+        body = request.body
+        if request.api_version >= 3:
+            members = tuple(
+                gc.LeavingMember(m.member_id, m.group_instance_id) for m in body.members
+            )
+        else:
+            members = (gc.LeavingMember(body.member_id),)
+        response = await self._group(
+            lambda request_id, now: gc.LeaveGroup(request_id, now, body.group_id, members)
+        )
+        assert isinstance(response, gc.LeaveGroupResponse)
+        error = response.error_code
+        if request.api_version < 3 and error is KafkaErrorCode.NONE and response.members:
+            error = response.members[0].error_code
+        return self._respond(
+            request,
+            {
+                "throttle_time": 0,
+                "error_code": error,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "group_instance_id": m.group_instance_id,
+                        "error_code": m.error_code,
+                    }
+                    for m in response.members
+                ],
+            },
+        )
+
+    async def _on_offset_commit(self, request: _Request) -> Reply:
+        body = request.body
+        unknown: list[tuple[str, int]] = []
+        entries: list[gc.OffsetCommitEntry] = []
+        for topic in body.topics:
+            for p in topic.partitions:
+                index = int(p.partition_index)
+                if (topic.name, index) not in self.partitions:
+                    unknown.append((topic.name, index))
+                    continue
+                entries.append(
+                    gc.OffsetCommitEntry(
+                        topic.name,
+                        index,
+                        int(p.committed_offset),
+                        int(getattr(p, "committed_leader_epoch", -1)),
+                        p.committed_metadata or "",
+                    )
+                )
+
+        async def answer() -> Chunks:
+            results: list[tuple[str, int, KafkaErrorCode]] = [
+                (name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for name, index in unknown
+            ]
+            if entries:
+                response = await self._group(
+                    lambda request_id, now: gc.OffsetCommit(
+                        request_id,
+                        now,
+                        body.group_id,
+                        int(body.generation_id_or_member_epoch),
+                        body.member_id,
+                        getattr(body, "group_instance_id", None),
+                        tuple(entries),
+                    )
+                )
+                assert isinstance(response, gc.OffsetCommitResponse)
+                results += [(r.topic, r.partition, r.error_code) for r in response.partitions]
+            by_topic: dict[str, list[dict[str, Any]]] = {}
+            for name, index, error in results:
+                by_topic.setdefault(name, []).append(
+                    {"partition_index": index, "error_code": error}
+                )
+            topics = [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
+            return self._respond(request, {"throttle_time": 0, "topics": topics})
+
+        return answer()
+
+    async def _on_offset_fetch(self, request: _Request) -> Reply:
+        body = request.body
+
+        def wanted(topics: Any) -> tuple[tuple[str, int], ...] | None:
+            if topics is None:
+                return None
+            return tuple((t.name, int(i)) for t in topics for i in t.partition_indexes)
+
+        if request.api_version >= 8:
+            groups = tuple(gc.OffsetFetchGroup(g.group_id, wanted(g.topics)) for g in body.groups)
+        else:
+            groups = (gc.OffsetFetchGroup(body.group_id, wanted(body.topics)),)
+        response = await self._group(
+            lambda request_id, now: gc.OffsetFetch(request_id, now, groups)
+        )
+        assert isinstance(response, gc.OffsetFetchResponse)
+
+        def topics_of(result: gc.OffsetFetchGroupResult) -> list[dict[str, Any]]:
+            by_topic: dict[str, list[dict[str, Any]]] = {}
+            for p in result.partitions:
+                by_topic.setdefault(p.topic, []).append(
+                    {
+                        "partition_index": p.partition,
+                        "committed_offset": p.offset,
+                        "committed_leader_epoch": p.leader_epoch,
+                        "metadata": p.metadata,
+                        "error_code": p.error_code,
+                    }
+                )
+            return [{"name": name, "partitions": parts} for name, parts in by_topic.items()]
+
+        if request.api_version >= 8:
+            return self._respond(
+                request,
+                {
+                    "throttle_time": 0,
+                    "groups": [
+                        {"group_id": g.group_id, "topics": topics_of(g), "error_code": g.error_code}
+                        for g in response.groups
+                    ],
+                },
+            )
+        first = response.groups[0]
+        return self._respond(
+            request,
+            {"throttle_time": 0, "topics": topics_of(first), "error_code": first.error_code},
+        )
+
+    async def _on_list_groups(self, request: _Request) -> Reply:
+        body = request.body
+        states = tuple(getattr(body, "states_filter", ()) or ())
+        types = tuple(getattr(body, "types_filter", ()) or ())
+        response = await self._group(
+            lambda request_id, now: gc.ListGroups(request_id, now, states, types)
+        )
+        assert isinstance(response, gc.ListGroupsResponse)
+        return self._respond(
+            request,
+            {
+                "throttle_time": 0,
+                "error_code": response.error_code,
+                "groups": [
+                    {
+                        "group_id": g.group_id,
+                        "protocol_type": g.protocol_type,
+                        "group_state": g.group_state,
+                        "group_type": g.group_type,
+                    }
+                    for g in response.groups
+                ],
+            },
+        )
+
+    async def _on_describe_groups(self, request: _Request) -> Reply:
+        body = request.body
+        group_ids = tuple(body.groups)
+        response = await self._group(
+            lambda request_id, now: gc.DescribeGroups(request_id, now, group_ids)
+        )
+        assert isinstance(response, gc.DescribeGroupsResponse)
+        described = []
+        for g in response.groups:
+            error = g.error_code
+            if request.api_version < 6 and error is KafkaErrorCode.GROUP_ID_NOT_FOUND:
+                error = KafkaErrorCode.NONE  # before v6 an unknown group is "Dead", no error
+            described.append(
+                {
+                    "error_code": error,
+                    "error_message": None,
+                    "group_id": g.group_id,
+                    "group_state": g.group_state,
+                    "protocol_type": g.protocol_type,
+                    "protocol_data": g.protocol_data,
+                    "members": [
+                        {
+                            "member_id": m.member_id,
+                            "group_instance_id": m.group_instance_id,
+                            "client_id": m.client_id,
+                            "client_host": m.client_host,
+                            "member_metadata": m.member_metadata,
+                            "member_assignment": m.member_assignment,
+                        }
+                        for m in g.members
+                    ],
+                    "authorized_operations": -2147483648,
+                }
+            )
+        return self._respond(request, {"throttle_time": 0, "groups": described})
+
+    async def _on_delete_groups(self, request: _Request) -> Reply:
+        body = request.body
+        group_ids = tuple(body.groups_names)
+
+        async def answer() -> Chunks:
+            response = await self._group(
+                lambda request_id, now: gc.DeleteGroups(request_id, now, group_ids)
+            )
+            assert isinstance(response, gc.DeleteGroupsResponse)
+            return self._respond(
+                request,
+                {
+                    "throttle_time": 0,
+                    "results": [
+                        {"group_id": r.group_id, "error_code": r.error_code}
+                        for r in response.results
+                    ],
+                },
+            )
+
+        return answer()
+
     # -------------------------------------------------------------------- InitProducerId
 
     async def _on_init_producer_id(self, request: _Request) -> Reply:
@@ -1008,6 +1369,16 @@ class Broker:
 
 _HANDLERS: dict[int, Callable[[Broker, _Request], Awaitable[Reply]]] = {
     0: Broker._on_produce,
+    8: Broker._on_offset_commit,
+    9: Broker._on_offset_fetch,
+    10: Broker._on_find_coordinator,
+    11: Broker._on_join_group,
+    12: Broker._on_heartbeat,
+    13: Broker._on_leave_group,
+    14: Broker._on_sync_group,
+    15: Broker._on_describe_groups,
+    16: Broker._on_list_groups,
+    42: Broker._on_delete_groups,
     1: Broker._on_fetch,
     2: Broker._on_list_offsets,
     3: Broker._on_metadata,

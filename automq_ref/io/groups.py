@@ -1,0 +1,179 @@
+"""The group coordinator's shell: the pure Group machine, its clock, and its offsets stream.
+
+Every group request becomes an event with a fresh request id; the caller awaits the answer,
+which the machine may give later (a JoinGroup waits for the rebalance). ``PersistOffsets`` and
+``PersistGroupDeletion`` effects are appended, in emission order, to one *offsets stream* (found
+in the controller's KV under ``groups/offsets-stream``; JSON records); when an append is durable
+the machine hears ``OffsetsPersisted`` and only then answers the commit and shows the offsets.
+At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
+members rejoin. Time is the wall clock in milliseconds, fed as ``Tick`` every 100 ms and stamped
+on every request.
+
+The stream only grows here; compacting it (rewriting the live offsets and trimming) is left for
+later, as AutoMQ does for its MetaStreams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from automq_ref.io.s3stream import S3Storage, StorageError
+from automq_ref.state_machines import group as gc
+from automq_ref.state_machines import stream_metadata as sm
+
+log = logging.getLogger(__name__)
+
+OFFSETS_STREAM_KEY = "groups/offsets-stream"
+TICK_INTERVAL_S = 0.1
+READ_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def encode_record(record: gc.DurableRecord) -> bytes:
+    document: dict[str, Any]
+    if isinstance(record, gc.PersistOffsets):
+        document = {
+            "type": "offsets",
+            "group": record.group_id,
+            "offsets": [
+                [o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms]
+                for o in record.offsets
+            ],
+        }
+    else:
+        document = {"type": "delete", "groups": list(record.group_ids)}
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def decode_record(payload: bytes) -> gc.DurableRecord:
+    document = json.loads(payload)
+    if document["type"] == "offsets":
+        return gc.PersistOffsets(
+            -1,
+            document["group"],
+            tuple(
+                gc.OffsetRecord(topic, int(partition), int(offset), int(epoch), metadata, int(ts))
+                for topic, partition, offset, epoch, metadata, ts in document["offsets"]
+            ),
+        )
+    if document["type"] == "delete":
+        return gc.PersistGroupDeletion(-1, tuple(document["groups"]))
+    raise ValueError(f"offsets stream: unknown record type {document['type']!r}")
+
+
+class GroupCoordinator:
+    def __init__(
+        self,
+        storage: S3Storage,
+        stream_id: int,
+        epoch: int,
+        params: gc.GroupParams,
+        state: gc.CoordinatorState,
+    ) -> None:
+        self._storage = storage
+        self._stream_id = stream_id
+        self._epoch = epoch
+        self._params = params
+        self._state = state
+        self._next_request_id = 0
+        self._answers: dict[int, asyncio.Future[gc.Response]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, storage: S3Storage, *, initial_rebalance_delay_ms: int) -> GroupCoordinator:
+        controller = storage.controller
+        raw = controller.image.kv.get(OFFSETS_STREAM_KEY)
+        records: list[gc.DurableRecord] = []
+        if raw is None:
+            stream_id = await storage.create_stream()
+            epoch = 0
+            await storage.open_stream(stream_id, epoch)
+            response = await controller.handle(
+                sm.PutKV(OFFSETS_STREAM_KEY, str(stream_id).encode(), False)
+            )
+            if not response.ok:
+                raise StorageError(f"offsets stream: {response.message}")
+        else:
+            stream_id = int(raw)
+            metadata = controller.image.streams[stream_id]
+            epoch = max(metadata.epoch, 0) + 1
+            start, end = await storage.open_stream(stream_id, epoch)
+            cursor = start
+            while cursor < end:
+                found = await storage.read(stream_id, cursor, end, READ_CHUNK_BYTES)
+                if not found:
+                    raise StorageError(f"offsets stream {stream_id}: nothing at {cursor}")
+                records.extend(decode_record(bytes(batch.payload)) for batch in found)
+                cursor = found[-1].last_offset
+        params = gc.GroupParams(
+            group_initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+            member_id_token=secrets.token_hex(4),
+        )
+        coordinator = cls(storage, stream_id, epoch, params, gc.recover(records))
+        coordinator._ticker = asyncio.create_task(coordinator._tick_forever())
+        return coordinator
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ticker
+        for answer in self._answers.values():
+            answer.cancel()
+        await self._storage.close_stream(self._stream_id, self._epoch)
+
+    async def request(self, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
+        """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
+        self._next_request_id += 1
+        request_id = self._next_request_id
+        answer: asyncio.Future[gc.Response] = asyncio.get_running_loop().create_future()
+        self._answers[request_id] = answer
+        self._step(make_event(request_id, now_ms()))
+        return await answer
+
+    def _step(self, event: gc.GroupEvent) -> None:
+        transition = gc.step(self._state, event, self._params)
+        self._state = transition.state
+        for effect in transition.effects:
+            if isinstance(effect, gc.Respond):
+                answer = self._answers.pop(effect.request_id, None)
+                if answer is not None and not answer.done():
+                    answer.set_result(effect.response)
+            else:
+                self._persist(effect)
+
+    def _persist(self, record: gc.DurableRecord) -> None:
+        request_id = record.request_id
+        try:
+            _, durable = self._storage.append_nowait(
+                self._stream_id, self._epoch, encode_record(record), 1
+            )
+        except StorageError as error:
+            log.error("offsets stream: append refused: %s", error)
+            self._step(gc.OffsetsPersistFailed(request_id))
+            return
+
+        def done(future: asyncio.Future[None]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                # The append may or may not be in the WAL: the storage has failed, the node
+                # restarts from what is durable.
+                log.error("offsets stream: append failed: %s", future.exception())
+                return
+            self._step(gc.OffsetsPersisted(request_id))
+
+        durable.add_done_callback(done)
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_INTERVAL_S)
+            self._step(gc.Tick(now_ms()))

@@ -1,0 +1,134 @@
+"""Classic consumer groups against a broker process: two members through a rebalance, committed
+offsets across a broker restart, admin listing and deletion of groups."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+
+from tests.e2e.conftest import BrokerProcess
+
+PARTITIONS = 4
+
+
+def produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1})
+    for index, value in enumerate(values):
+        producer.produce(topic, value=value, partition=index % PARTITIONS)
+    assert producer.flush(30) == 0
+
+
+def group_consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+        }
+    )
+
+
+def poll_into(consumer: Consumer, into: list[bytes], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        message = consumer.poll(0.2)
+        if message is None or message.error() is not None:
+            continue
+        value = message.value()
+        assert value is not None
+        into.append(value)
+        consumer.commit(message=message, asynchronous=False)
+
+
+def test_two_members_rebalance_commit_and_resume_after_restart(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        topic, group = "grouped", f"g-{uuid.uuid4().hex[:6]}"
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result()
+        values = [f"v{index}".encode() for index in range(400)]
+        produce(broker.bootstrap, topic, values)
+
+        first = group_consumer(broker.bootstrap, group)
+        first.subscribe([topic])
+        seen_first: list[bytes] = []
+        poll_into(first, seen_first, 4)
+        second = group_consumer(broker.bootstrap, group)
+        second.subscribe([topic])
+        seen_second: list[bytes] = []
+        deadline = time.monotonic() + 40
+        while len(set(seen_first) | set(seen_second)) < len(values):
+            assert time.monotonic() < deadline, "the group did not consume everything"
+            poll_into(first, seen_first, 0.5)
+            poll_into(second, seen_second, 0.5)
+        # After the rebalance both members own partitions.
+        assert first.assignment() and second.assignment()
+        assert len(first.assignment()) + len(second.assignment()) == PARTITIONS
+        listed = admin.list_consumer_groups().result()
+        assert group in {g.group_id for g in listed.valid}
+        first.close()
+        second.close()
+
+        assert broker.stop() == 0
+        broker.start()
+        more = [f"after-{index}".encode() for index in range(20)]
+        produce(broker.bootstrap, topic, more)
+        resumed = group_consumer(broker.bootstrap, group)
+        resumed.subscribe([topic])
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < len(more) and time.monotonic() < deadline:
+            poll_into(resumed, seen, 0.5)
+        poll_into(resumed, seen, 1)
+        # Committed offsets survived the restart: only the new records arrive.
+        assert sorted(seen) == sorted(more)
+        committed = resumed.committed(
+            [TopicPartition(topic, index) for index in range(PARTITIONS)], timeout=10
+        )
+        assert sum(tp.offset for tp in committed) == len(values) + len(more)
+        resumed.close()
+
+        deleted = admin.delete_consumer_groups([group])
+        deleted[group].result()
+        listed = admin.list_consumer_groups().result()
+        assert group not in {g.group_id for g in listed.valid}
+    finally:
+        if broker.alive():
+            broker.stop()
+
+
+def test_kafka_python_group_consumer_commits(broker: BrokerProcess) -> None:
+    topic, group = f"kp-group-{uuid.uuid4().hex[:6]}", f"kg-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result()
+    values = [f"k{index}".encode() for index in range(100)]
+    produce(broker.bootstrap, topic, values)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=8000,
+    )
+    got = []
+    for message in consumer:
+        got.append(message.value)
+        if len(got) == len(values):
+            break
+    consumer.commit()
+    consumer.close()
+    assert sorted(got) == sorted(values)
+    check = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+    committed = check.committed([TopicPartition(topic, i) for i in range(PARTITIONS)], timeout=10)
+    assert sum(tp.offset for tp in committed) == len(values)
+    check.close()
