@@ -23,11 +23,14 @@ Fields by version (Kafka's FetchResponse.json):
   12, by 16-byte ``topic_id`` from 13. Version 17 changed only the request; its response bytes
   are those of 16.
 
-Tagged fields are always written as an empty section: ``diverging_epoch``, ``current_leader`` and
-``snapshot_id`` (partition tags 0-2, used by replica fetchers, KIP-320/595/951) and
-``node_endpoints`` (top-level tag 0 of v16+, KIP-951) are omitted, which is what Kafka sends when
-they hold their defaults. A partition with no data has ``records`` empty (length 0), as Kafka
-sends (``MemoryRecords.EMPTY``); ``records=None`` writes a null instead.
+Tagged fields are always written as an empty section, which is what Kafka sends when they hold
+their defaults. Omitted: the partition tags ``diverging_epoch`` (0) and ``snapshot_id`` (2), which
+serve follower and KRaft fetchers (KIP-320, KIP-595), and ``current_leader`` (partition tag 1)
+with ``node_endpoints`` (top-level tag 0 of v16+), which tell a client the new leader along with
+NOT_LEADER_OR_FOLLOWER or FENCED_LEADER_EPOCH (KIP-951); clients fall back to a Metadata request.
+
+A partition with no data has ``records`` empty (length 0), as Kafka sends
+(``MemoryRecords.EMPTY``); ``records=None`` writes a null instead.
 """
 
 from __future__ import annotations

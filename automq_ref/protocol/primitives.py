@@ -54,6 +54,8 @@ class UnsupportedVersionError(MalformedRequestError):
 # --- encoding -----------------------------------------------------------------------------------
 
 _SMALL_UVARINTS: Final = tuple(bytes((value,)) for value in range(128))
+_TWO_BYTES: Final = struct.Struct("BB").pack
+_THREE_BYTES: Final = struct.Struct("BBB").pack
 
 
 def encode_uvarint(value: int) -> bytes:
@@ -62,10 +64,10 @@ def encode_uvarint(value: int) -> bytes:
         if value < 0:
             raise ValueError(f"unsigned varint of a negative number: {value}")
         return _SMALL_UVARINTS[value]
-    if value < 0x4000:  # records lengths up to 16 KiB: the common cases, unrolled
-        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if value < 0x4000:  # records lengths below 2 MiB: the common cases, unrolled
+        return _TWO_BYTES((value & 0x7F) | 0x80, value >> 7)
     if value < 0x200000:
-        return bytes(((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14))
+        return _THREE_BYTES((value & 0x7F) | 0x80, ((value >> 7) & 0x7F) | 0x80, value >> 14)
     out = bytearray()
     while value >= 0x80:
         out.append((value & 0x7F) | 0x80)

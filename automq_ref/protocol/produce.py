@@ -16,7 +16,9 @@ field, and bytes left over after the message are refused too.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -121,8 +123,16 @@ def decode_produce_request(
 
 
 # The partition loops run once per partition of every Produce request, so the common case is read
-# with local variables; anything unusual (a multi-byte varint, tagged fields, bad bytes) goes
-# through the Reader, which names the field in its errors.
+# with local variables; anything unusual (a varint of more than three bytes, tagged fields, bad
+# bytes) goes through the Reader, which names the field in its errors. PartitionProduceData is
+# built by setting its two slots directly: the frozen dataclass __init__ (object.__setattr__ per
+# field) costs more than the rest of the loop.
+_new_object = object.__new__
+_set_index: Callable[[object, int], None] = vars(PartitionProduceData)["index"].__set__
+_set_records: Callable[[object, memoryview | None], None] = vars(PartitionProduceData)[
+    "records"
+].__set__
+assert [field.name for field in dataclasses.fields(PartitionProduceData)] == ["index", "records"]
 
 
 def _read_legacy_partitions(reader: Reader, count: int) -> tuple[PartitionProduceData, ...]:
@@ -143,28 +153,16 @@ def _read_legacy_partitions(reader: Reader, count: int) -> tuple[PartitionProduc
             reader.position = position - 4
             records = reader.bytes_view(False, "records", nullable=True)
             position = reader.position
-        partitions.append(PartitionProduceData(index, records))
+        partition = _new_object(PartitionProduceData)
+        _set_index(partition, index)
+        _set_records(partition, records)
+        partitions.append(partition)
     reader.position = position
     return tuple(partitions)
 
 
 class _Unusual(Exception):
     """The fast path met something it leaves to the field-by-field Reader."""
-
-
-def _uvarint_at(view: memoryview, position: int) -> tuple[int, int]:
-    """An unsigned varint at ``position`` and the position after it; IndexError at the end."""
-    byte = view[position]
-    if byte < 0x80:
-        return byte, position + 1
-    value = byte & 0x7F
-    for shift in (7, 14, 21, 28):
-        position += 1
-        byte = view[position]
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position + 1
-    raise _Unusual
 
 
 def _read_flexible_partitions(reader: Reader, count: int) -> tuple[PartitionProduceData, ...]:
@@ -174,7 +172,18 @@ def _read_flexible_partitions(reader: Reader, count: int) -> tuple[PartitionProd
     for _ in range(count):
         try:  # index, compact records, an empty tagged-field section
             index = unpack_from(view, position)[0]
-            size, cursor = _uvarint_at(view, position + 4)
+            size = view[position + 4]
+            cursor = position + 5
+            if size >= 0x80:  # a varint of two or three bytes (lengths below 2 MiB)
+                byte = view[cursor]
+                cursor += 1
+                size = (size & 0x7F) | ((byte & 0x7F) << 7)
+                if byte >= 0x80:
+                    byte = view[cursor]
+                    cursor += 1
+                    if byte >= 0x80:
+                        raise _Unusual
+                    size |= byte << 14
             if size == 0:
                 records: memoryview | None = None
             else:
@@ -192,7 +201,10 @@ def _read_flexible_partitions(reader: Reader, count: int) -> tuple[PartitionProd
             records = reader.bytes_view(True, "records", nullable=True)
             reader.skip_tagged_fields("partition_data")
             position = reader.position
-        partitions.append(PartitionProduceData(index, records))
+        partition = _new_object(PartitionProduceData)
+        _set_index(partition, index)
+        _set_records(partition, records)
+        partitions.append(partition)
     reader.position = position
     return tuple(partitions)
 

@@ -15,7 +15,7 @@ import struct
 import sys
 import uuid
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
+from kio.serial.writers import write_unsigned_varint
+from kio.static.primitive import uvarint
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError, TruncatedError
@@ -387,9 +389,15 @@ def test_produce_truncated_frames_raise(case: tuple[int, Any, Any], data: st.Dat
         decode_produce_frame(frame[:cut])
 
 
-@pytest.mark.parametrize("records_size", [5, 126, 127, 20_000])
-def test_produce_every_prefix_of_a_frame_raises_truncated(records_size: int) -> None:
-    batch = bytes(range(256)) * (records_size // 256) + bytes(records_size % 256)
+@pytest.mark.parametrize("fill", ["ramp", "zeros"])
+@pytest.mark.parametrize("records_size", [5, 126, 127, 16_383, 20_000, 2_100_000])
+def test_produce_every_prefix_of_a_frame_raises_truncated(records_size: int, fill: str) -> None:
+    # Zero-filled records make a misread length land on a zero "tag count" byte, so a wrong
+    # length is not rescued by the careful path; a ramp makes it land on a non-zero byte.
+    if fill == "zeros":
+        batch = bytes(records_size)
+    else:
+        batch = bytes(range(256)) * (records_size // 256) + bytes(records_size % 256)
     for version in PRODUCE_VERSIONS:
         request_class: Any = load_request_schema(0, version)
         module = sys.modules[request_class.__module__]
@@ -576,3 +584,10 @@ def test_produce_truncated_tag_raises(version: int) -> None:
     frame = struct.pack(">hhih", 0, version, 1, -1) + tag_section([(9, b"abcdef")])
     with pytest.raises(TruncatedRequestError, match="request header tagged field"):
         decode_produce_frame(frame[:-2])
+
+
+@given(st.integers(0, 2**35 - 1) | st.integers(0, 2**15))
+def test_encode_uvarint_matches_kio(value: int) -> None:
+    out = ChunkList()
+    write_unsigned_varint(cast(Any, out), uvarint(value))
+    assert encode_uvarint(value) == b"".join(out)
