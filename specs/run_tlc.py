@@ -37,6 +37,9 @@ EXIT_OK = 0
 EXIT_DEADLOCK = 11
 EXIT_SAFETY = 12
 EXIT_TEMPORAL = 13
+# TLC 2.15 does not name a violated liveness property ("Error: Temporal properties were
+# violated."): such a must-fail model expects the name "Temporal properties".
+TEMPORAL = "Temporal properties"
 EXIT_TIMEOUT = -1  # our own marker: TLC did not finish within the model's timeout
 
 
@@ -155,9 +158,128 @@ MODELS: tuple[Model, ...] = (
         1200,
         tier="nightly",
     ),
+    Model("MCRouteEpoch.tla", "MCRouteEpoch.cfg", EXIT_OK, None, 120),
+    Model("MCRouteEpoch.tla", "MCRouteEpochCrash.cfg", EXIT_OK, None, 90),
+    Model("MCRouteEpoch.tla", "MCRouteEpochGap1.cfg", EXIT_OK, None, 120),
+    Model(
+        "MCRouteEpoch.tla",
+        "MCRouteEpochGap1Reject.cfg",
+        EXIT_TEMPORAL,
+        "NoRejectionWithinOneBump",
+        60,
+    ),
+    Model("MCRouteEpoch.tla", "MCRouteEpochReach.cfg", EXIT_SAFETY, "NoCommittedDataTrimmed", 60),
+    Model(
+        "MCRouteEpoch.tla",
+        "MCRouteEpochReachFailover.cfg",
+        EXIT_SAFETY,
+        "NoTrimAfterFailover",
+        60,
+    ),
+    Model("MCRouteEpoch.tla", "MCRouteEpochReachReject.cfg", EXIT_SAFETY, "NoRequestRejected", 60),
+    Model("MCRouteEpoch.tla", "MCRouteEpochNoFenceCheck.cfg", EXIT_SAFETY, "TrimSafe", 60),
+    Model(
+        "MCRouteEpoch.tla",
+        "MCRouteEpochNoFenceCheckAccept.cfg",
+        EXIT_TEMPORAL,
+        "NoAppendAtOrBelowFenced",
+        60,
+    ),
+    Model("MCRouteEpoch.tla", "MCRouteEpochNoWaitEarlier.cfg", EXIT_SAFETY, "TrimSafe", 180),
+    Model("MCRouteEpoch.tla", "MCRouteEpochCountUpOnly.cfg", EXIT_SAFETY, "TrimSafe", 60),
+    Model("MCRouteEpoch.tla", "MCRouteEpochNoRestartCatchUp.cfg", EXIT_SAFETY, "TrimSafe", 60),
+    Model(
+        "MCRouteEpoch.tla",
+        "MCRouteEpochCommittedRegress.cfg",
+        EXIT_TEMPORAL,
+        "EpochsNeverDecrease",
+        60,
+    ),
+    Model("MCRouteEpoch.tla", "MCRouteEpochLive.cfg", EXIT_OK, None, 180),
+    # Liveness mutation: CommittedAdvances is violated (TLC does not name it).
+    Model("MCRouteEpoch.tla", "MCRouteEpochLiveCountAll.cfg", EXIT_TEMPORAL, TEMPORAL, 90),
+    Model(
+        "MCRouteEpoch.tla",
+        "MCRouteEpochLarge.cfg",
+        EXIT_OK,
+        None,
+        1800,
+        tier="nightly",
+    ),
+    Model("MCConfirmWal.tla", "MCConfirmWal.cfg", EXIT_OK, None, 180),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalReach.cfg",
+        EXIT_SAFETY,
+        "NoResolvedLinkServed",
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalReachRestart.cfg",
+        EXIT_SAFETY,
+        "NoServeOfReassignedOffset",
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalReplayToWalEnd.cfg",
+        EXIT_SAFETY,
+        "NoReadBeyondConfirm",
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalReplayAppends.cfg",
+        EXIT_SAFETY,
+        "ReplayIdempotent",
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalResolveLocal.cfg",
+        EXIT_SAFETY,
+        "ResolvedDataMatches",
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalAdvanceBeforeReplay.cfg",
+        EXIT_SAFETY,
+        "SnapshotsConverge",
+        120,
+    ),
+    Model("MCConfirmWal.tla", "MCConfirmWalLive.cfg", EXIT_OK, None, 120),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalLiveAdvanceBeforeReplay.cfg",
+        EXIT_TEMPORAL,
+        TEMPORAL,
+        120,
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalLarge.cfg",
+        EXIT_OK,
+        None,
+        1800,
+        tier="nightly",
+    ),
+    Model(
+        "MCConfirmWal.tla",
+        "MCConfirmWalLiveLarge.cfg",
+        EXIT_OK,
+        None,
+        600,
+        tier="nightly",
+    ),
 )
 
-VIOLATED_RE = re.compile(r"^Error: (?:Invariant|Action property) (\S+) is violated\.", re.M)
+VIOLATED_RE = re.compile(
+    r"^Error: (?:(?:Invariant|Action property) (\S+) is violated"
+    r"|(Temporal properties) were violated)\.",
+    re.M,
+)
 # TLC's last statistics line: "N states generated, M distinct states found, K states left ..."
 DISTINCT_RE = re.compile(r"([\d,]+) distinct states found")
 
@@ -244,7 +366,7 @@ def run_model(java: str, jar: Path, model: Model, workers: int) -> Result:
             exit_code = EXIT_TIMEOUT
             output = _text(expired.stdout) + _text(expired.stderr)
         seconds = time.monotonic() - started
-    violated = VIOLATED_RE.findall(output)
+    violated = [named or temporal for named, temporal in VIOLATED_RE.findall(output)]
     distinct = DISTINCT_RE.findall(output)
     return Result(
         model=model,

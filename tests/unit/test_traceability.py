@@ -1,22 +1,55 @@
-"""docs/traceability.md stays true: spec actions, events, handlers and rules line up by name."""
+"""docs/traceability.md stays true: for every protocol machine, spec actions, events, handlers
+and rules line up by name, and so do spec invariants, checkers and hypothesis invariants."""
 
 from __future__ import annotations
 
+import importlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
-from automq_ref.state_machines import stream_metadata
-from tests.properties.test_stream_metadata import StreamMetadataMachine
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACEABILITY = ROOT / "docs" / "traceability.md"
-SPEC = ROOT / "specs" / "StreamMetadata.tla"
+# Checker cells that name no function: checked between steps, or a liveness property.
+NOT_A_FUNCTION = {"(transition)", "(liveness)"}
+
+
+@dataclass(frozen=True)
+class Trio:
+    name: str  # the one CapWords name: spec, section, event union prefix, property machine
+    module: str  # automq_ref.state_machines.<module>
+
+    @property
+    def spec(self) -> Path:
+        return ROOT / "specs" / f"{self.name}.tla"
+
+    def machine(self) -> ModuleType:
+        return importlib.import_module(f"automq_ref.state_machines.{self.module}")
+
+    def properties(self) -> type:
+        tests = importlib.import_module(f"tests.properties.test_{self.module}")
+        machine = getattr(tests, f"{self.name}Machine")
+        assert isinstance(machine, type)
+        return machine
+
+
+TRIOS = [
+    Trio("StreamMetadata", "stream_metadata"),
+    Trio("RouteEpoch", "route_epoch"),
+    Trio("ConfirmWal", "confirm_wal"),
+    Trio("Failover", "failover"),
+]
+PRESENT = [trio for trio in TRIOS if trio.spec.exists()]
 
 
 def table_rows(section: str, first_header: str) -> list[list[str]]:
     """Rows of the table under ``section`` whose header starts with ``first_header``."""
     text = TRACEABILITY.read_text()
-    body = text.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    assert f"## {section}\n" in text, f"docs/traceability.md has no section {section}"
+    body = text.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
     rows: list[list[str]] = []
     in_table = False
     for line in body.splitlines():
@@ -33,35 +66,48 @@ def table_rows(section: str, first_header: str) -> list[list[str]]:
     return rows
 
 
-def spec_definitions() -> set[str]:
-    return set(re.findall(r"^([A-Z][A-Za-z]*)\s*(?:\(|==)", SPEC.read_text(), re.MULTILINE))
+def spec_definitions(trio: Trio) -> set[str]:
+    return set(re.findall(r"^([A-Z][A-Za-z]*)\s*(?:\(|==)", trio.spec.read_text(), re.MULTILINE))
 
 
-def spec_actions() -> set[str]:
-    return set(re.findall(r"\\\* ACTION: ([A-Z][A-Za-z]*)\(", SPEC.read_text()))
+def spec_actions(trio: Trio) -> set[str]:
+    return set(re.findall(r"\\\* ACTION: ([A-Z][A-Za-z]*)\b", trio.spec.read_text()))
 
 
-def test_action_table_matches_spec_machine_and_rules() -> None:
-    rows = table_rows("StreamMetadata", "TLA+ action")
-    definitions = spec_definitions()
+@pytest.mark.parametrize("trio", PRESENT, ids=lambda trio: trio.name)
+def test_action_table_matches_spec_machine_and_rules(trio: Trio) -> None:
+    machine, properties = trio.machine(), trio.properties()
+    rows = table_rows(trio.name, "TLA+ action")
+    definitions = spec_definitions(trio)
     for action, event, handler, rule in rows:
         if action != "-":
             assert action == event, f"{action} and {event} must share one name"
-            assert action in definitions, f"{action} is not defined in {SPEC.name}"
-        assert isinstance(getattr(stream_metadata, event), type), event
-        assert callable(getattr(stream_metadata, handler)), handler
-        assert callable(getattr(StreamMetadataMachine, rule)), rule
+            assert action in definitions, f"{action} is not defined in {trio.spec.name}"
+        assert isinstance(getattr(machine, event), type), event
+        assert callable(getattr(machine, handler)), handler
+        assert callable(getattr(properties, rule)), rule
     table_actions = {row[0] for row in rows if row[0] != "-"}
-    assert table_actions == spec_actions(), "spec ACTION headers and the table differ"
-    events = {cls.__name__ for cls in stream_metadata.StreamMetadataEvent.__args__}
+    assert table_actions == spec_actions(trio), "spec ACTION headers and the table differ"
+    events = {cls.__name__ for cls in getattr(machine, f"{trio.name}Event").__args__}
     assert {row[1] for row in rows} == events, "every event class needs a row"
 
 
-def test_invariant_table_matches_spec_machine_and_properties() -> None:
-    definitions = spec_definitions()
-    for invariant, checker, hypothesis_invariant in table_rows("StreamMetadata", "TLA+ invariant"):
-        assert invariant in definitions, f"{invariant} is not defined in {SPEC.name}"
-        if checker != "(transition)":
-            assert callable(getattr(stream_metadata, checker)), checker
-            assert checker in {f.__name__ for f in stream_metadata.INVARIANTS}, checker
-        assert callable(getattr(StreamMetadataMachine, hypothesis_invariant))
+@pytest.mark.parametrize("trio", PRESENT, ids=lambda trio: trio.name)
+def test_invariant_table_matches_spec_machine_and_properties(trio: Trio) -> None:
+    machine, properties = trio.machine(), trio.properties()
+    definitions = spec_definitions(trio)
+    rows = table_rows(trio.name, "TLA+ invariant")
+    for invariant, checker, hypothesis_invariant in rows:
+        assert invariant in definitions, f"{invariant} is not defined in {trio.spec.name}"
+        if checker not in NOT_A_FUNCTION:
+            assert checker.startswith("inv_") and callable(getattr(machine, checker)), checker
+        assert callable(getattr(properties, hypothesis_invariant)), hypothesis_invariant
+    listed = {row[1] for row in rows}
+    for checker in machine.INVARIANTS:
+        assert checker.__name__ in listed, f"{checker.__name__} has no row"
+
+
+def test_every_spec_is_traced() -> None:
+    specs = {path.stem for path in (ROOT / "specs").glob("*.tla")}
+    protocols = {name for name in specs if not name.startswith(("MC", "Trace"))}
+    assert protocols <= {trio.name for trio in TRIOS}, protocols
