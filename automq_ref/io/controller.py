@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Self
 
 from automq_ref.formats.metadata_record import (
     decode_record,
@@ -56,7 +57,7 @@ class Controller:
         cls,
         metadata_log: MetadataLog,
         params: sm.StreamMetadataParams = sm.DEFAULT_PARAMS,
-    ) -> Controller:
+    ) -> Self:
         image = sm.EMPTY_IMAGE
         index = metadata_log.first_index
         snapshot = await metadata_log.snapshot()

@@ -66,7 +66,13 @@ def test_two_members_rebalance_commit_and_resume_after_restart(tmp_path: Path) -
         second.subscribe([topic])
         seen_second: list[bytes] = []
         deadline = time.monotonic() + 40
-        while len(set(seen_first) | set(seen_second)) < len(values):
+        # Poll both until the second has joined (the first may have read everything already)
+        # and everything has been read.
+        while (
+            len(set(seen_first) | set(seen_second)) < len(values)
+            or not first.assignment()
+            or not second.assignment()
+        ):
             assert time.monotonic() < deadline, "the group did not consume everything"
             poll_into(first, seen_first, 0.5)
             poll_into(second, seen_second, 0.5)
