@@ -445,7 +445,7 @@ class S3Storage:
             self._committed_event(block.block_id).wait()
             for block in lc.uncommitted_blocks(self._cache)
             if stream_id == lc.ALL_STREAMS
-            or any(record.stream_id == stream_id for record in block.records)
+            or stream_id in block.by_stream
         ]
         await asyncio.gather(*waits)
         self._check_healthy()

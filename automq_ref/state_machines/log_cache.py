@@ -33,10 +33,13 @@ Time arrives as events (``Tick``), I/O results as events (``ObjectsPrepared``,
 
 from __future__ import annotations
 
+import bisect
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
+
+from automq_ref.state_machines.append_only import AppendOnly
 
 ALL_STREAMS: Final = -1
 
@@ -90,19 +93,20 @@ class CacheBlock:
     block_id: int
     created_ms: int
     stage: BlockStage = BlockStage.ACTIVE
-    records: tuple[CachedRecord, ...] = ()
+    # In WAL completion order, and per stream (in offset order): both grow by one record per
+    # append in O(1) (AppendOnly), and reads find a stream's records without a scan.
+    records: AppendOnly[CachedRecord] = field(default_factory=AppendOnly)
+    by_stream: Mapping[int, AppendOnly[CachedRecord]] = field(default_factory=dict)
     size_bytes: int = 0
     layout: UploadLayout | None = None
 
     @property
     def wal_end_offset(self) -> int:
-        return max((record.wal_next_offset for record in self.records), default=-1)
+        """The WAL offset after the block's last record (records arrive in WAL order)."""
+        return self.records[-1].wal_next_offset if self.records else -1
 
     def runs(self) -> list[StreamRun]:
         """Per stream, in stream id order, the block's contiguous run of offsets."""
-        by_stream: dict[int, list[CachedRecord]] = {}
-        for record in self.records:
-            by_stream.setdefault(record.stream_id, []).append(record)
         return [
             StreamRun(
                 stream_id,
@@ -110,7 +114,7 @@ class CacheBlock:
                 records[-1].end_offset,
                 sum(record.size_bytes for record in records),
             )
-            for stream_id, records in sorted(by_stream.items())
+            for stream_id, records in sorted(self.by_stream.items())
         ]
 
 
@@ -195,7 +199,7 @@ class UploadBlock:
 
     block_id: int
     layout: UploadLayout
-    records: tuple[CachedRecord, ...]
+    records: Sequence[CachedRecord]
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,10 +240,7 @@ def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> 
         case ForceUpload():
             state = _seal_active_if(
                 state,
-                lambda block: (
-                    event.stream_id == ALL_STREAMS
-                    or any(record.stream_id == event.stream_id for record in block.records)
-                ),
+                lambda block: event.stream_id == ALL_STREAMS or event.stream_id in block.by_stream,
             )
         case ObjectsPrepared():
             return _on_objects_prepared(state, event, params)
@@ -267,9 +268,12 @@ def _on_record_appended(
         blocks.append(CacheBlock(next_block_id, event.now_ms))
         next_block_id += 1
     active = blocks[-1]
+    stream_records = active.by_stream.get(record.stream_id)
+    stream_records = (stream_records or AppendOnly()).appended(record)
     active = replace(
         active,
-        records=(*active.records, record),
+        records=active.records.appended(record),
+        by_stream={**active.by_stream, record.stream_id: stream_records},
         size_bytes=active.size_bytes + record.size_bytes,
     )
     if active.size_bytes >= params.upload_threshold_bytes:
@@ -409,23 +413,25 @@ def read(
     """Cached records of ``stream_id`` from ``start_offset``: contiguous, whole records, until
     ``end_offset`` or until ``max_bytes`` is spent (the first record always counts). Empty when
     the cache does not hold ``start_offset``: the caller reads that part from objects."""
-    records = [
-        record
-        for block in state.blocks
-        for record in block.records
-        if record.stream_id == stream_id and record.end_offset > start_offset
-    ]
     found: list[CachedRecord] = []
     cursor = start_offset
     budget = max_bytes
-    for record in records:
-        if record.base_offset > cursor or cursor >= end_offset:
-            break
-        if found and budget <= 0:
-            break
-        found.append(record)
-        budget -= record.size_bytes
-        cursor = record.end_offset
+    for block in state.blocks:
+        records = block.by_stream.get(stream_id)
+        if not records or records[-1].end_offset <= cursor:
+            continue
+        first = bisect.bisect_right(records, cursor, key=lambda record: record.end_offset)
+        for position in range(first, len(records)):
+            record = records[position]
+            if record.base_offset > cursor or cursor >= end_offset or (found and budget <= 0):
+                return _contiguous_from(found, start_offset)
+            found.append(record)
+            budget -= record.size_bytes
+            cursor = record.end_offset
+    return _contiguous_from(found, start_offset)
+
+
+def _contiguous_from(found: list[CachedRecord], start_offset: int) -> list[CachedRecord]:
     if found and found[0].base_offset > start_offset:
         return []
     return found
@@ -433,9 +439,9 @@ def read(
 
 def first_cached_offset(state: LogCacheState, stream_id: int) -> int | None:
     for block in state.blocks:
-        for record in block.records:
-            if record.stream_id == stream_id:
-                return record.base_offset
+        records = block.by_stream.get(stream_id)
+        if records:
+            return records[0].base_offset
     return None
 
 
