@@ -38,6 +38,8 @@ from automq_ref.io.object_store import ObjectStore
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
 
+READAHEAD_BYTES = 4 * 1024 * 1024
+
 
 class StreamReadError(Exception):
     """Objects named by the metadata do not hold the offsets they should."""
@@ -134,24 +136,51 @@ class DataBlockCache:
     def size_bytes(self) -> int:
         return self._size_bytes
 
+    async def get_many(self, object_id: int, blocks: Sequence[DataBlockIndex]) -> list[bytes]:
+        """The bytes of each block; the ones not cached are fetched with one ranged GET per run
+        of adjacent blocks (a read and its readahead cost one request)."""
+        found: dict[int, bytes] = {}
+        run: list[DataBlockIndex] = []
+        runs: list[list[DataBlockIndex]] = []
+        for block in blocks:
+            cached = self._blocks.get((object_id, block.start_position))
+            if cached is not None:
+                self._blocks.move_to_end((object_id, block.start_position))
+                self.hits += 1
+                found[block.start_position] = cached
+                continue
+            if run and run[-1].end_position != block.start_position:
+                runs.append(run)
+                run = []
+            run.append(block)
+        if run:
+            runs.append(run)
+        key = object_key(self._namespace, object_id)
+        for adjacent in runs:
+            self.misses += len(adjacent)
+            data = await self._store.get_range(
+                key, adjacent[0].start_position, adjacent[-1].end_position
+            )
+            view = memoryview(data)
+            for block in adjacent:
+                offset = block.start_position - adjacent[0].start_position
+                # A copy: a cached block must not pin the whole readahead buffer.
+                piece = bytes(view[offset : offset + block.end_position - block.start_position])
+                found[block.start_position] = piece
+                self._remember((object_id, block.start_position), piece)
+        return [found[block.start_position] for block in blocks]
+
+    def _remember(self, key: tuple[int, int], data: bytes) -> None:
+        if len(data) > self._capacity_bytes or key in self._blocks:
+            return
+        self._blocks[key] = data
+        self._size_bytes += len(data)
+        while self._size_bytes > self._capacity_bytes:
+            _, evicted = self._blocks.popitem(last=False)
+            self._size_bytes -= len(evicted)
+
     async def get(self, object_id: int, block: DataBlockIndex) -> bytes:
-        key = (object_id, block.start_position)
-        cached = self._blocks.get(key)
-        if cached is not None:
-            self._blocks.move_to_end(key)
-            self.hits += 1
-            return cached
-        self.misses += 1
-        data = await self._store.get_range(
-            object_key(self._namespace, object_id), block.start_position, block.end_position
-        )
-        if len(data) <= self._capacity_bytes and key not in self._blocks:
-            self._blocks[key] = data
-            self._size_bytes += len(data)
-            while self._size_bytes > self._capacity_bytes:
-                _, evicted = self._blocks.popitem(last=False)
-                self._size_bytes -= len(evicted)
-        return data
+        return (await self.get_many(object_id, [block]))[0]
 
 
 async def read_from_objects(
@@ -181,13 +210,17 @@ async def read_from_objects(
         if s3_object is None:
             raise StreamReadError(f"object {object_slice.object_id} is not in the image")
         object_indexes = await indexes.get(object_slice.object_id, s3_object.object_size)
-        found_blocks = find(object_indexes, stream_id, cursor, end_offset, max(budget, 0))
+        # Readahead: the blocks past the budget come in the same GET and wait in the cache for
+        # the next read of this stream (a consumer reads on from here).
+        found_blocks = find(
+            object_indexes, stream_id, cursor, end_offset, max(budget, 0) + READAHEAD_BYTES
+        )
         if not found_blocks:
             raise StreamReadError(
                 f"object {object_slice.object_id} holds no block of stream {stream_id} at {cursor}"
             )
-        for block in found_blocks:
-            data = await blocks.get(object_slice.object_id, block)
+        contents = await blocks.get_many(object_slice.object_id, found_blocks)
+        for block, data in zip(found_blocks, contents, strict=True):
             for batch in parse_data_block(data, block):
                 if batch.last_offset <= cursor:
                     continue
