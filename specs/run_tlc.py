@@ -273,6 +273,26 @@ MODELS: tuple[Model, ...] = (
         600,
         tier="nightly",
     ),
+    Model("MCFailover.tla", "MCFailover.cfg", EXIT_OK, None, 120),
+    Model("MCFailover.tla", "MCFailoverReach.cfg", EXIT_SAFETY, "NoFailoverHandOff", 120),
+    Model(
+        "MCFailover.tla", "MCFailoverReachZombie.cfg", EXIT_SAFETY, "NoZombieAppendAfterFence", 120
+    ),
+    Model("MCFailover.tla", "MCFailoverReachShutdown.cfg", EXIT_SAFETY, "NoShutdownHandOff", 120),
+    Model("MCFailover.tla", "MCFailoverReachOverlap.cfg", EXIT_SAFETY, "NoRecoverersOverlap", 120),
+    Model("MCFailover.tla", "MCFailoverNoFence.cfg", EXIT_SAFETY, "NoAckedRecordLost", 120),
+    Model("MCFailover.tla", "MCFailoverNoVerify.cfg", EXIT_SAFETY, "ZombieNeverAcked", 120),
+    Model("MCFailover.tla", "MCFailoverNoVerifyLost.cfg", EXIT_SAFETY, "NoAckedRecordLost", 120),
+    Model(
+        "MCFailover.tla", "MCFailoverNoVerifyDurable.cfg", EXIT_SAFETY, "AckedRecordDurable", 120
+    ),
+    Model("MCFailover.tla", "MCFailoverNoEpochBump.cfg", EXIT_SAFETY, "SingleOpenerPerEpoch", 120),
+    Model(
+        "MCFailover.tla", "MCFailoverNoUploadBeforeClose.cfg", EXIT_SAFETY, "NoAckedRecordLost", 120
+    ),
+    Model("MCFailover.tla", "MCFailoverTwoInFlight.cfg", EXIT_SAFETY, "OneFailoverInFlight", 120),
+    Model("MCFailover.tla", "MCFailoverLiveness.cfg", EXIT_OK, None, 600, tier="nightly"),
+    Model("MCFailover.tla", "MCFailoverLarge.cfg", EXIT_OK, None, 1200, tier="nightly"),
 )
 
 VIOLATED_RE = re.compile(

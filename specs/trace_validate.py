@@ -24,7 +24,8 @@ records (``TraceLogs``) plus a trace spec:
 
 Variables a line does not mention are free: TLC computes them from the actions. A variable listed
 as *partial* is a function compared only on the keys the line gives. The cfg sets the spec's
-constants from the trace (a ``TraceSpec``'s ``constants``), checks the spec's invariants and,
+constants from the trace (a ``TraceSpec``'s ``constants``; a constant given as the model value of
+its own name, like ConfirmWal's ``NoNode``, is set to itself), checks the spec's invariants and,
 last, ``TraceNotFinished == traceIndex < Len(trace)``. Verdict: TLC exits 12 naming
 ``TraceNotFinished`` -- a behaviour of the spec reached the end of the trace -- means ACCEPTED;
 anything else is REJECTED. On a rejection the longest matched prefix is read from the invariant
@@ -331,7 +332,14 @@ def build_module(
     assert observed is not None
     models: set[str] = set()
     every_line = [line for lines in traces for line in lines]
-    constants = {name: to_tla(value, models) for name, value in spec.constants(every_line).items()}
+    values = spec.constants(every_line)
+    # A constant that is a model value of its own name (``NoNode = NoNode``) is declared by the
+    # spec already: the cfg sets it as such, and the trace names it without declaring it again.
+    own = {const for const, value in values.items() if value == {"model": const}}
+    own -= set(overrides or {})
+    constants = {
+        const: to_tla(value, models) for const, value in values.items() if const not in own
+    }
     constants.update(overrides or {})
     named = {line.action for line in every_line}
     used = sorted(set(actions) & named)
@@ -369,8 +377,9 @@ def build_module(
         f"EXTENDS {spec.module}, Integers, Sequences, TLC",
         "",
     ]
-    if models:
-        out += ["CONSTANTS " + ", ".join(sorted(models)) + "  \\* model values of the trace", ""]
+    declared = sorted(models - own)
+    if declared:
+        out += ["CONSTANTS " + ", ".join(declared) + "  \\* model values of the trace", ""]
     out += [
         "VARIABLES",
         f"    {TRACE_ID},     \\* which trace this behaviour follows",
@@ -425,7 +434,7 @@ def build_module(
         "",
     ]
     cfg = ["CONSTANTS"]
-    cfg += [f"    {model} = {model}" for model in sorted(models)]
+    cfg += [f"    {model} = {model}" for model in sorted(models | own)]
     cfg += [f"    {const} <- TraceConst_{const}" for const in constants]
     cfg += ["INIT TraceInit", "NEXT TraceNext", "INVARIANTS", f"    {PROGRESS}"]
     cfg += [f"    {invariant}" for invariant in spec.invariants]
@@ -739,6 +748,16 @@ def fn_keys(lines: Sequence[TraceLine], variable: str) -> list[object]:
     return keys
 
 
+def seq_lengths(lines: Sequence[TraceLine], variable: str) -> list[int]:
+    """The length of sequence ``variable`` on every line that has it."""
+    found = []
+    for line in lines:
+        body = line.state.get(variable)
+        if isinstance(body, dict) and isinstance(body.get("seq"), list):
+            found.append(len(body["seq"]))
+    return found
+
+
 def int_set(count: int) -> dict[str, object]:
     """{0, ..., count - 1}."""
     return {"set": list(range(count))}
@@ -809,8 +828,155 @@ STREAM_METADATA = TraceSpec(
     unmodelled=frozenset({"PutKV", "DeleteKV"}),  # the KV store is not in the spec
 )
 
+
+def _initial_lines(lines: Sequence[TraceLine]) -> list[TraceLine]:
+    """Line 1 of every trace (the constants see the lines of all traces of a batch)."""
+    return [line for line in lines if line.action == "Init"]
+
+
+def _route_epoch_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
+    """Nodes, bounds just large enough for the trace, the fence gap of line 1; the protocol's
+    switches (every check on, AutoMQ's count rule)."""
+    gaps = set()
+    for line in _initial_lines(lines):
+        route, fenced = line.state.get("route"), line.state.get("fenced")
+        if isinstance(route, int) and isinstance(fenced, int):
+            gaps.add(route - fenced)
+    if len(gaps) != 1:
+        raise TraceError(f"the traces must start with one fence gap (route - fenced), not {gaps}")
+    (gap,) = gaps
+    return {
+        "Nodes": {"set": fn_keys(lines, "up")},
+        "MaxEpoch": max([0, *ints_of(lines, "route")]),
+        "MaxWrites": max([0, *seq_lengths(lines, "reqs")]),
+        "MaxCrashes": max([0, *ints_of(lines, "crashes")]),
+        "FenceGap": gap,
+        **dict.fromkeys(
+            ("CheckFence", "WaitEarlierEpochs", "CommittedMonotone", "RestartCatchesUp"), True
+        ),
+        "CountRule": "UpOrOpenStreams",
+    }
+
+
+ROUTE_EPOCH = TraceSpec(
+    name="RouteEpoch",
+    module="MCRouteEpoch",
+    constants=_route_epoch_constants,
+    invariants=("TypeOK", "TrimSafe", "EpochsOrdered"),
+)
+
+
+def _confirm_wal_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
+    """The sources of ``channel`` (the first is the Reader, which only a mutation reads), bounds
+    just large enough for the trace, every switch on (the real spec)."""
+    sources = fn_keys(lines, "channel")
+    if not sources:
+        raise TraceError("channel names no source")
+    return {
+        "Sources": {"set": sources},
+        "NoNode": {"model": "NoNode"},  # the spec's own model value
+        "Reader": sources[0],
+        "MaxProduces": max([1, *ints_of(lines, "nextProduce")]) - 1,
+        "MaxWal": max([0, *seq_lengths(lines, "wal")]),
+        "MaxRestarts": max([0, *ints_of(lines, "restarts")]),
+        **dict.fromkeys(
+            (
+                "ReportConfirmed",
+                "ReplayAtPartitionOffset",
+                "ResolveViaSource",
+                "ReplayBeforeAdvance",
+            ),
+            True,
+        ),
+    }
+
+
+CONFIRM_WAL = TraceSpec(
+    name="ConfirmWal",
+    module="MCConfirmWal",
+    constants=_confirm_wal_constants,
+    invariants=(
+        "TypeOK",
+        "NoReadBeyondConfirm",
+        "ReplayIdempotent",
+        "ResolvedDataMatches",
+        "SnapshotsConverge",
+        "ExposedReadable",
+    ),
+)
+
+
+def _fn_values(lines: Sequence[TraceLine], *variables: str) -> list[int]:
+    """The integers among the values (not the keys) of functions, functions of functions
+    included, of the named variables on every line."""
+
+    def values(value: object) -> Iterator[int]:
+        if isinstance(value, dict) and isinstance(value.get("fn"), list):
+            for pair in value["fn"]:
+                if isinstance(pair, list) and len(pair) == 2:
+                    yield from values(pair[1])
+        elif isinstance(value, int) and not isinstance(value, bool):
+            yield value
+
+    return [v for line in lines for name in variables for v in values(line.state.get(name))]
+
+
+def _failover_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
+    """Nodes and streams of the trace; bounds just large enough for it (the ghost variables
+    ``crashes`` and ``perturbed`` are not traced: every Crash line may count, every node may be
+    perturbed); one failover in flight and every switch on (the protocol)."""
+    nodes = fn_keys(lines, "phase")
+    node_epochs = ints_of(lines, "nodeEpoch") + [
+        v
+        for var, names in (
+            ("reservation", ("epoch",)),
+            ("acked", ("nepoch",)),
+            ("contexts", ("epoch",)),
+            ("task", ("epoch",)),
+            ("completed", ("epoch",)),
+        )
+        for v in fields_of(lines, var, *names)
+        if isinstance(v, int)
+    ]
+    stream_epochs = _fn_values(lines, "streamEpoch", "leads") + [
+        v
+        for var in ("wal", "pending", "acked")
+        for v in fields_of(lines, var, "sepoch")
+        if isinstance(v, int)
+    ]
+    return {
+        "Nodes": {"set": nodes},
+        "Streams": {"set": fn_keys(lines, "streamState")},
+        "MaxRecords": max([1, *ints_of(lines, "nextRecord")]) - 1,
+        "MaxNodeEpoch": max([0, *node_epochs]),
+        "MaxStreamEpoch": max([0, *stream_epochs]),
+        "MaxCrashes": sum(line.action == "Crash" for line in lines),
+        "MaxPerturbed": len(nodes),
+        "MaxInFlight": 1,
+        **dict.fromkeys(
+            ("FenceBeforeRead", "VerifyReservation", "OpenBumpsEpoch", "UploadBeforeClose"), True
+        ),
+    }
+
+
+FAILOVER = TraceSpec(
+    name="Failover",
+    module="MCFailover",
+    constants=_failover_constants,
+    invariants=(
+        "TypeOK",
+        "NoAckedRecordLost",
+        "AckedRecordDurable",
+        "ZombieNeverAcked",
+        "SingleOpenerPerEpoch",
+        "OneFailoverInFlight",
+    ),
+)
+
 # THE table of machines whose traces can be validated; add one TraceSpec per spec.
-TRACE_SPECS: dict[str, TraceSpec] = {spec.name: spec for spec in (STREAM_METADATA,)}
+TRACE_SPECS: dict[str, TraceSpec] = {
+    spec.name: spec for spec in (STREAM_METADATA, ROUTE_EPOCH, CONFIRM_WAL, FAILOVER)
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,250 @@
+"""Trace validation of Failover: runs of the Python machine are behaviours of the TLA+ spec.
+
+Events go through the real ``step``; each run is recorded as a trace (``tla_state`` after every
+event, labelled with the event's class name, which is its TLA+ action; a refused event is a
+stutter), and TLC checks, through specs/trace_validate.py, that some behaviour of
+specs/Failover.tla produces exactly those states with exactly those actions. Every variable is
+observed but the model's bounds ``crashes`` and ``perturbed``, which TLC computes. A scripted
+scenario, the runs of a few hypothesis examples of ``FailoverMachine`` and two broken traces, each
+of which must be rejected at the line that breaks it, go to TLC in one batch (one JVM start); a
+second run checks the run of the machine without the reservation check against the spec with the
+same mutation. docs/trace_validation.md explains the method and the mapping.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from automq_ref.state_machines import failover as fo
+from automq_ref.state_machines.failover import (
+    AckAppend,
+    AppendRecord,
+    AssignFailover,
+    BeginShutdown,
+    CloseFailedStreams,
+    CloseStream,
+    Crash,
+    DetectFence,
+    EndGrace,
+    ExpireSession,
+    FailoverError,
+    FailoverEvent,
+    FailoverParams,
+    FailoverState,
+    FenceWal,
+    FinishShutdown,
+    Heartbeat,
+    OpenStream,
+    RecoverFailedWal,
+    RecoverOwnWal,
+    Restart,
+    UploadWal,
+)
+from tests.properties.test_failover import NODES, STREAMS, FailoverMachine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
+import trace_validate as tv
+
+pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
+
+SPEC = "Failover"
+E = FailoverError
+
+
+class Recorder:
+    """Drives ``step`` and keeps the trace: the Init line, then one line per event."""
+
+    def __init__(self, params: FailoverParams = fo.DEFAULT_PARAMS) -> None:
+        self.params = params
+        self.state: FailoverState = fo.initial_state(NODES, STREAMS)
+        self.lines = [tv.TraceLine("Init", fo.tla_state(self.state))]
+
+    def apply(self, event: FailoverEvent) -> fo.Transition:
+        transition = fo.step(self.state, event, self.params)
+        self.state = transition.state
+        self.lines.append(tv.TraceLine(type(event).__name__, fo.tla_state(self.state)))
+        return transition
+
+    def ok(self, *events: FailoverEvent) -> None:
+        for event in events:
+            transition = self.apply(event)
+            assert transition.ok, (event, transition.error)
+
+    def refused(self, event: FailoverEvent, error: FailoverError) -> None:
+        """The event is refused with ``error`` and changes nothing: a stutter."""
+        before = self.state
+        transition = self.apply(event)
+        assert transition.error is error, (event, transition.error)
+        assert self.state == before
+
+
+# ================================================================================= scenarios
+
+
+def takeovers() -> list[tv.TraceLine]:
+    """Node 1 acknowledges a record and crashes; node 2 fences, recovers and closes its streams
+    and reopens the stream; node 1 restarts. Node 3 shuts down gracefully (its close refused until
+    it uploaded). Node 2 loses its session while running: node 1 takes it over, node 2's
+    append lands in its fenced WAL, is refused, and node 2 halts. Refused requests are
+    stutters."""
+    r = Recorder()
+    r.ok(OpenStream(1, 0), AppendRecord(1, 0), AckAppend(1, 1), OpenStream(3, 1))
+    r.refused(OpenStream(2, 0), E.STREAM_NOT_CLOSED)
+    r.ok(Crash(1))
+    r.refused(AssignFailover(1, 2), E.NOT_A_CANDIDATE)  # its session is still ACTIVE
+    r.ok(ExpireSession(1), AssignFailover(1, 2), FenceWal(2), RecoverFailedWal(2))
+    r.ok(CloseFailedStreams(2), OpenStream(2, 0))
+    r.ok(Restart(1), RecoverOwnWal(1), Heartbeat(1), EndGrace(1))
+    r.ok(AppendRecord(3, 1), AckAppend(3, 2), BeginShutdown(3))
+    r.refused(CloseStream(3, 1), E.RECORDS_NOT_UPLOADED)
+    r.ok(UploadWal(3), CloseStream(3, 1), FinishShutdown(3))
+    r.ok(ExpireSession(2), AssignFailover(2, 1), FenceWal(1), RecoverFailedWal(1))
+    r.ok(AppendRecord(2, 0))
+    r.refused(AckAppend(2, 3), E.WAL_FENCED)
+    r.ok(DetectFence(2), CloseFailedStreams(1), OpenStream(1, 0))
+    r.refused(Heartbeat(3), E.NODE_NOT_RUNNING)
+    return r.lines
+
+
+def zombie_acked() -> list[tv.TraceLine]:
+    """MCFailoverNoVerify.cfg's counterexample on the machine with that mutation: node 1 loses
+    its session, node 2 fences and reads its WAL, and node 1 acknowledges a record it appended
+    to the fenced WAL (the writer does not verify its reservation)."""
+    r = Recorder(FailoverParams(verify_reservation=False))
+    r.ok(OpenStream(1, 0), ExpireSession(1), AssignFailover(1, 2), FenceWal(2))
+    r.ok(RecoverFailedWal(2), AppendRecord(1, 0), AckAppend(1, 1))
+    with pytest.raises(fo.InvariantViolation):
+        fo.inv_zombie_never_acked(r.state)
+    return r.lines
+
+
+# ============================================================================ broken traces
+
+
+def relabelled(lines: Sequence[tv.TraceLine], number: int, action: str) -> list[tv.TraceLine]:
+    broken = list(lines)
+    broken[number - 1] = tv.TraceLine(action, lines[number - 1].state)
+    return broken
+
+
+def line_of(lines: Sequence[tv.TraceLine], action: str, nth: int = 1) -> int:
+    """The 1-based number of the nth line labelled ``action`` that changes the state."""
+    found = [
+        number
+        for number in range(2, len(lines) + 1)
+        if lines[number - 1].action == action and lines[number - 1].state != lines[number - 2].state
+    ]
+    return found[nth - 1]
+
+
+def broken_cases() -> dict[str, tuple[list[tv.TraceLine], int]]:
+    """Name -> (a broken trace, the line where it must be rejected)."""
+    good = takeovers()
+    fence = line_of(good, "FenceWal")
+    zombie = zombie_acked()
+    return {
+        # The target's fencing of the failed node's WAL reported as its recovery.
+        "relabelled": (relabelled(good, fence, "RecoverFailedWal"), fence),
+        # The zombie's acknowledgement: the protocol's writer refuses it.
+        "zombie acked": (zombie, len(zombie)),
+    }
+
+
+def to_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
+    """The property machine's trace (plain dicts) as trace lines."""
+    lines = []
+    for entry in recorded:
+        action, state = entry["action"], entry["state"]
+        assert isinstance(action, str) and isinstance(state, dict)
+        lines.append(tv.TraceLine(action, state))
+    return lines
+
+
+def generated_runs(examples: int = 8, steps: int = 30) -> list[list[tv.TraceLine]]:
+    """The traces of a few hypothesis runs of the property test's machine, its healing at the
+    end included: three nodes, two streams, up to six records and two crashes."""
+    traces: list[list[tv.TraceLine]] = []
+
+    class Recorded(FailoverMachine):
+        def teardown(self) -> None:
+            super().teardown()
+            traces.append(to_lines(self.trace))
+
+    run_state_machine_as_test(
+        Recorded, settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None)
+    )
+    return traces
+
+
+# ================================================================= one TLC run for the batch
+
+
+Batch = dict[str, tuple[list[tv.TraceLine], tv.Verdict]]
+
+
+@pytest.fixture(scope="module")
+def batch() -> Batch:
+    """Every trace of this file but the mutation's, validated in one TLC run."""
+    traces = {"takeovers": takeovers()}
+    traces.update(
+        (f"generated {number}", lines) for number, lines in enumerate(generated_runs(), start=1)
+    )
+    traces.update((name, lines) for name, (lines, _) in broken_cases().items())
+    verdicts = tv.validate_many(list(traces.values()), SPEC)
+    return {
+        name: (lines, verdict)
+        for (name, lines), verdict in zip(traces.items(), verdicts, strict=True)
+    }
+
+
+def ndjson(lines: Sequence[tv.TraceLine]) -> str:
+    return "".join(line.to_json() + "\n" for line in lines)
+
+
+def stutters(lines: Sequence[tv.TraceLine]) -> int:
+    return sum(a.state == b.state for a, b in itertools.pairwise(lines))
+
+
+def test_the_scenario_is_a_behaviour_of_the_spec(batch: Batch) -> None:
+    lines, verdict = batch["takeovers"]
+    assert stutters(lines) >= 5
+    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{ndjson(lines)}"
+    assert verdict.matched == len(lines)
+
+
+def test_generated_runs_are_behaviours_of_the_spec(batch: Batch) -> None:
+    generated = [(lines, v) for name, (lines, v) in batch.items() if name.startswith("generated")]
+    assert len(generated) >= 8
+    rejected = [(lines, v) for lines, v in generated if not v.accepted]
+    if rejected:
+        lines, verdict = rejected[0]
+        pytest.fail(
+            f"{len(rejected)} of {len(generated)} rejected; first: {verdict}\n{ndjson(lines)}"
+        )
+
+
+def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
+    for name, (_, broken_at) in broken_cases().items():
+        lines, verdict = batch[name]
+        assert not verdict.accepted, (name, str(verdict))
+        assert verdict.violated is None, (name, str(verdict))
+        assert verdict.matched == broken_at - 1, (name, str(verdict))
+        assert f"line {broken_at} ({lines[broken_at - 1].action})" in verdict.message
+
+
+def test_the_zombie_ack_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:
+    """With VerifyReservation = FALSE (MCFailoverNoVerify.cfg) every step of the mutated
+    machine's run is a step of the spec, and TLC reports ZombieNeverAcked on its last state."""
+    lines = zombie_acked()
+    verdict = tv.validate(lines, SPEC, overrides={"VerifyReservation": "FALSE"})
+    assert not verdict.accepted
+    assert verdict.violated == "ZombieNeverAcked", f"{verdict}\n{verdict.log_tail}"
+    assert verdict.matched == len(lines)
