@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.wal_bench
 	$(BIN)/python -m bench.object_store_bench
 	$(BIN)/python -m bench.s3stream_bench
+	$(BIN)/python -m bench.broker_bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
