@@ -58,6 +58,10 @@ from automq_ref.protocol.kio_codec import (
     peek_header,
     response_class,
 )
+from automq_ref.protocol.produce_response import (
+    ProducePartitionAnswer,
+    encode_produce_response,
+)
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -451,38 +455,34 @@ class Broker:
     async def _produce_response(
         self, request: _Request, outcomes: list[tuple[str, list[tuple[int, Any]]]]
     ) -> Chunks:
-        topics = []
+        topics: list[tuple[str, list[ProducePartitionAnswer]]] = []
         for name, results in outcomes:
-            partitions = []
+            answers = []
             for index, outcome in results:
-                entry: dict[str, Any] = {
-                    "index": index,
-                    "base_offset": -1,
-                    "log_append_time": None,
-                    "log_start_offset": -1,
-                    "record_errors": [],
-                    "error_message": None,
-                }
                 if isinstance(outcome, KafkaErrorCode):
-                    entry["error_code"] = outcome
-                else:
-                    partition, result = outcome
-                    code = result.error
-                    if code is KafkaErrorCode.NONE and result.durable is not None:
-                        try:
-                            await result.durable
-                        except StorageError as error:
-                            log.error("produce to %s: %s", name, error)
-                            code = KafkaErrorCode.KAFKA_STORAGE_ERROR
-                    entry["error_code"] = code
-                    entry["error_message"] = result.message
-                    if code is KafkaErrorCode.NONE:
-                        entry["base_offset"] = result.base_offset
-                        with contextlib.suppress(StorageError):
-                            entry["log_start_offset"] = partition.log_start_offset
-                partitions.append(entry)
-            topics.append({"name": name, "partition_responses": partitions})
-        return self._respond(request, {"responses": topics, "throttle_time": 0})
+                    answers.append(ProducePartitionAnswer(index, outcome.value))
+                    continue
+                partition, result = outcome
+                code = result.error
+                if code is KafkaErrorCode.NONE and result.durable is not None:
+                    try:
+                        await result.durable
+                    except StorageError as error:
+                        log.error("produce to %s: %s", name, error)
+                        code = KafkaErrorCode.KAFKA_STORAGE_ERROR
+                if code is not KafkaErrorCode.NONE:
+                    answers.append(
+                        ProducePartitionAnswer(index, code.value, -1, -1, -1, result.message)
+                    )
+                    continue
+                try:
+                    log_start = partition.log_start_offset
+                except StorageError:
+                    log_start = -1
+                answers.append(ProducePartitionAnswer(index, 0, result.base_offset, -1, log_start))
+            topics.append((name, answers))
+        # By hand: the busiest response; kio's dataclasses cost a tenth of the loop at 1,000/s.
+        return [encode_produce_response(request.api_version, request.correlation_id, topics)]
 
     # ------------------------------------------------------------------------------ Fetch
 

@@ -444,8 +444,7 @@ class S3Storage:
         waits = [
             self._committed_event(block.block_id).wait()
             for block in lc.uncommitted_blocks(self._cache)
-            if stream_id == lc.ALL_STREAMS
-            or stream_id in block.by_stream
+            if stream_id == lc.ALL_STREAMS or stream_id in block.by_stream
         ]
         await asyncio.gather(*waits)
         self._check_healthy()

@@ -26,6 +26,7 @@ from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
     DataBlockIndex,
     ObjectWriter,
+    WrittenObject,
     find,
     parse_data_block,
     parse_footer,
@@ -76,11 +77,17 @@ async def upload_layout(
     if layout.stream_set_runs:
         objects.append((layout.stream_set_object_id, layout.stream_set_runs))
 
-    async def put(object_id: int, runs: Sequence[StreamRun]) -> tuple[int, int]:
+    def build(runs: Sequence[StreamRun]) -> WrittenObject:
         writer = ObjectWriter(block_size_threshold_bytes)
         for batch in _batches(records, runs):
             writer.write(batch)
-        written = writer.close()
+        return writer.close()
+
+    async def put(object_id: int, runs: Sequence[StreamRun]) -> tuple[int, int]:
+        # Sorting a block's records and encoding them takes long enough (hundreds of ms for a
+        # large block) to stall every connection if done on the event loop; in a thread the
+        # interpreter switches back to the loop every few milliseconds.
+        written = await asyncio.to_thread(build, runs)
         await store.put(object_key(namespace, object_id), written.chunks)
         return object_id, written.size_bytes
 

@@ -66,11 +66,19 @@ def _writer(cls: Any) -> Any:
     return writer
 
 
+_REQUEST_CLASSES: dict[tuple[int, int], type[Any]] = {}
+
+
 def request_class(api_key: int, api_version: int) -> type[Any]:
+    cls = _REQUEST_CLASSES.get((api_key, api_version))
+    if cls is not None:
+        return cls
     try:
-        return typing.cast(type[Any], load_request_schema(api_key, api_version))
+        cls = typing.cast(type[Any], load_request_schema(api_key, api_version))
     except Exception as error:
         raise RequestDecodeError(f"api key {api_key} version {api_version}: {error}") from error
+    _REQUEST_CLASSES[(api_key, api_version)] = cls
+    return cls
 
 
 def decode_request(frame: bytes) -> tuple[RequestHeader, Any]:
@@ -120,7 +128,7 @@ def encode_response(
     api_key: int, api_version: int, correlation_id: int, response: Any
 ) -> list[bytes | memoryview]:
     """Response header + body as chunks (no size prefix)."""
-    cls = load_response_schema(api_key, api_version)
+    cls = response_class(api_key, api_version)
     header_cls = cls.__header_schema__
     out = _Chunks()
     _writer(header_cls)(out, header_cls(correlation_id=i32(correlation_id)))
@@ -128,8 +136,16 @@ def encode_response(
     return out
 
 
+_RESPONSE_CLASSES: dict[tuple[int, int], type[Any]] = {}
+
+
 def response_class(api_key: int, api_version: int) -> type[Any]:
-    return typing.cast(type[Any], load_response_schema(api_key, api_version))
+    cls = _RESPONSE_CLASSES.get((api_key, api_version))
+    if cls is None:  # kio resolves the schema module on every call: keep the answer
+        cls = _RESPONSE_CLASSES[(api_key, api_version)] = typing.cast(
+            type[Any], load_response_schema(api_key, api_version)
+        )
+    return cls
 
 
 def _hints(cls: Any) -> dict[str, Any]:
