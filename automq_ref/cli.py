@@ -30,7 +30,24 @@ def main(argv: list[str] | None = None) -> int:
         help="set one property (repeatable), e.g. --override listeners=PLAINTEXT://127.0.0.1:0",
     )
     serve.add_argument("--log-level", default="INFO")
+    check = commands.add_parser(
+        "check", help="run real clients against a broker process under faults and check them"
+    )
+    check.add_argument("--nemesis", default="kill,pause", help="comma-separated: kill, pause")
+    check.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
+    check.add_argument("--seed", type=int, default=None, help="fault schedule seed")
+    check.add_argument("--partitions", type=int, default=3)
+    check.add_argument("--out", type=Path, default=Path("check-out"), help="report directory")
+    check.add_argument(
+        "--broker-override",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a property for the broker under test (e.g. a test-only broken mode)",
+    )
     arguments = parser.parse_args(argv)
+    if arguments.command == "check":
+        return _check(arguments)
     if arguments.command == "serve":
         logging.basicConfig(
             level=arguments.log_level.upper(),
@@ -43,6 +60,25 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return _run(config)
     return 0
+
+
+def _check(arguments: argparse.Namespace) -> int:
+    import random
+
+    from automq_ref.checker.run import run_check
+    from automq_ref.checker.workload import WorkloadSettings
+
+    logging.basicConfig(level="WARNING")
+    seed = arguments.seed if arguments.seed is not None else random.randrange(2**31)
+    nemeses = tuple(name for name in arguments.nemesis.split(",") if name)
+    settings = WorkloadSettings(
+        partitions=arguments.partitions,
+        duration_s=arguments.duration,
+        nemeses=nemeses,
+        seed=seed,
+    )
+    outcome = run_check(arguments.out, settings, tuple(arguments.broker_override))
+    return 0 if outcome.valid else 1
 
 
 def _run(config: BrokerConfig) -> int:

@@ -52,6 +52,10 @@ class BrokerConfig(BaseModel):
     log_retention_check_interval_ms: int = Field(
         300_000, alias="log.retention.check.interval.ms", ge=100
     )
+    # Test only: a deliberately broken broker for the history checker to catch. It throws
+    # its WAL away at start-up, so what was acknowledged but not yet uploaded is lost after a
+    # crash. Never set it for real data.
+    test_discard_wal_at_start: bool = Field(False, alias="automq.ref.test.discard.wal.at.start")
 
     @field_validator("listeners")
     @classmethod

@@ -145,6 +145,9 @@ class Broker:
         metadata_log = await FileMetadataLog.open(data_dir / "metadata")
         controller = await Controller.open(metadata_log)
         node_epoch = int(time.time() * 1000)
+        if config.test_discard_wal_at_start:
+            log.warning("automq.ref.test.discard.wal.at.start: discarding the WAL (test only)")
+            config.wal_file.unlink(missing_ok=True)
         wal = await BlockWal.open_file(
             config.wal_file,
             node_id=config.node_id,
@@ -285,6 +288,9 @@ class Broker:
                 self.partitions[(name, index)] = await Partition.create(
                     self.storage, name, topic.topic_id, index
                 )
+            # The partitions' MetaStream records go to objects now rather than at the next
+            # upload: a topic's skeleton then never depends on the WAL.
+            await self.storage.force_upload(lc.ALL_STREAMS)
             await self._put_topic(topic)
             self.topics[name] = topic
             return topic

@@ -1,0 +1,94 @@
+"""A broker process for tests and checks: ``automq-ref serve`` on a free port, data in a directory.
+
+``BrokerProcess`` starts the command, waits for its "serving Kafka on HOST:PORT" line, and can
+stop it gracefully (SIGTERM), kill it (SIGKILL), pause and resume it (SIGSTOP / SIGCONT) and start
+it again on the same data directory and port.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SERVING = re.compile(r"serving Kafka on ([\d.]+):(\d+)")
+START_TIMEOUT_S = 60
+
+
+class BrokerProcess:
+    def __init__(self, data_dir: Path, *overrides: str) -> None:
+        self.data_dir = data_dir
+        self.overrides = overrides
+        self.process: subprocess.Popen[str] | None = None
+        self.port = 0
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        # The port is kept across restarts so clients' bootstrap addresses stay valid.
+        listener = f"listeners=PLAINTEXT://127.0.0.1:{self.port}"
+        command = [
+            sys.executable,
+            "-m",
+            "automq_ref.cli",
+            "serve",
+            "--override",
+            listener,
+            "--override",
+            f"log.dirs={self.data_dir}",
+            "--override",
+            "s3.wal.capacity=67108864",
+            "--override",
+            "group.initial.rebalance.delay.ms=0",
+        ]
+        for override in self.overrides:
+            command += ["--override", override]
+        log_file = self.log_path.open("a")
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=log_file, text=True, env={**os.environ}
+        )
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if not line:
+                break
+            match = SERVING.search(line)
+            if match:
+                self.port = int(match.group(2))
+                return
+        raise RuntimeError(
+            f"broker did not start; see {self.log_path}:\n{self.log_path.read_text()}"
+        )
+
+    def stop(self) -> int:
+        """Graceful: SIGTERM, wait for the upload and exit."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=30)
+        self.process = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def pause(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)

@@ -1,0 +1,260 @@
+"""The Kafka queue workload: real clients against a broker process while faults are injected.
+
+Producers (confluent-kafka, idempotent, acks=all) send unique values round-robin over the
+partitions; consumers ``assign`` every partition from offset 0 and poll. Every operation is
+recorded (``automq_ref.checker.history``): a send is invoked when handed to the client and
+completes ``ok`` with its offset on a delivery report, ``info`` on any delivery error (a timeout
+or a broker that died may or may not have stored it: never ``fail``). A nemesis thread injects
+faults on a seeded schedule and heals each one: ``kill`` (SIGKILL, then start again on the same
+data) and ``pause`` (SIGSTOP, then SIGCONT). After the faults, producers flush, and a final phase
+reads every partition from its start to its end with a fresh consumer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from automq_ref.checker.cluster import BrokerProcess
+from automq_ref.checker.history import Op, Recorder
+
+log = logging.getLogger(__name__)
+
+NEMESES = ("kill", "pause")
+
+
+@dataclass
+class WorkloadSettings:
+    partitions: int = 3
+    producers: int = 2
+    consumers: int = 2
+    duration_s: float = 30.0
+    nemeses: tuple[str, ...] = NEMESES
+    fault_interval_s: float = 6.0  # a fault starts about this often
+    fault_length_s: float = 1.5  # how long a pause lasts / a killed broker stays down
+    seed: int = 0
+    send_interval_s: float = 0.002  # per producer
+
+
+@dataclass
+class FaultWindow:
+    kind: str
+    start_ns: int
+    end_ns: int
+
+
+@dataclass
+class WorkloadResult:
+    ops: list[Op]
+    faults: list[FaultWindow] = field(default_factory=list)
+    topic: str = ""
+
+
+class _History:
+    """The shared recorder, behind one lock (client callbacks run on their threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recorder = Recorder()
+
+    def add(self, process: int, type_: str, f: str, value: dict[str, object]) -> None:
+        with self._lock:
+            self._recorder.add(process, type_, f, time.monotonic_ns(), value)  # type: ignore[arg-type]
+
+    @property
+    def ops(self) -> list[Op]:
+        with self._lock:
+            return list(self._recorder.ops)
+
+
+def run_workload(broker: BrokerProcess, settings: WorkloadSettings) -> WorkloadResult:
+    topic = f"checked-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=settings.partitions)])[topic].result()
+    history = _History()
+    stop = threading.Event()
+    faults: list[FaultWindow] = []
+    threads = [
+        threading.Thread(target=_produce, args=(broker, topic, settings, p, history, stop))
+        for p in range(settings.producers)
+    ]
+    threads += [
+        threading.Thread(target=_consume, args=(broker, topic, settings, 100 + c, history, stop))
+        for c in range(settings.consumers)
+    ]
+    for thread in threads:
+        thread.start()
+    _nemesis(broker, settings, faults, stop)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    _final_read(broker, topic, settings, history)
+    return WorkloadResult(history.ops, faults, topic)
+
+
+def _nemesis(
+    broker: BrokerProcess,
+    settings: WorkloadSettings,
+    faults: list[FaultWindow],
+    stop: threading.Event,
+) -> None:
+    rng = random.Random(settings.seed)
+    deadline = time.monotonic() + settings.duration_s
+    while True:
+        wait = rng.uniform(0.5, 1.5) * settings.fault_interval_s
+        if time.monotonic() + wait + settings.fault_length_s + 2 > deadline or not settings.nemeses:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return
+        time.sleep(wait)
+        kind = rng.choice(settings.nemeses)
+        start = time.monotonic_ns()
+        log.info("nemesis: %s", kind)
+        if kind == "kill":
+            broker.kill()
+            time.sleep(settings.fault_length_s)
+            broker.start()
+        elif kind == "pause":
+            broker.pause()
+            time.sleep(settings.fault_length_s)
+            broker.resume()
+        else:
+            raise ValueError(f"unknown nemesis {kind!r} (known: {', '.join(NEMESES)})")
+        faults.append(FaultWindow(kind, start, time.monotonic_ns()))
+
+
+def _produce(
+    broker: BrokerProcess,
+    topic: str,
+    settings: WorkloadSettings,
+    process: int,
+    history: _History,
+    stop: threading.Event,
+) -> None:
+    producer = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 2,
+            "message.timeout.ms": 30000,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
+    count = 0
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        try:
+            value = (message.value() or b"").decode()
+            sent = {"partition": message.partition(), "value": value}
+            if error is None:
+                history.add(process, "ok", "send", {**sent, "offset": message.offset()})
+            else:  # a timeout or a lost connection: it may have been stored
+                history.add(process, "info", "send", {**sent, "error": str(error)})
+        except Exception:  # an exception must not escape into librdkafka's callback
+            log.exception("recording a delivery report")
+
+    # One operation at a time per process, as the history format requires: a process waits
+    # for each send's outcome before the next (several processes give concurrency).
+    while not stop.is_set():
+        partition = count % settings.partitions
+        value = f"{process}-{count}"
+        history.add(process, "invoke", "send", {"partition": partition, "value": value})
+        try:
+            producer.produce(topic, value.encode(), partition=partition, on_delivery=delivered)
+            while producer.flush(0.5) > 0:
+                if stop.is_set() and producer.flush(30) > 0:
+                    break
+        except KafkaException as error:
+            # A fatal producer error (e.g. a broker that lost acknowledged data breaks the
+            # idempotence sequence): this process stops; its open send stays unknown.
+            log.warning("producer %d stops: %s", process, error)
+            return
+        count += 1
+        time.sleep(settings.send_interval_s)
+    producer.flush(30)
+
+
+def _consume(
+    broker: BrokerProcess,
+    topic: str,
+    settings: WorkloadSettings,
+    process: int,
+    history: _History,
+    stop: threading.Event,
+) -> None:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"checker-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "reconnect.backoff.ms": 50,
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
+    partitions = list(range(settings.partitions))
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    try:
+        while not stop.is_set():
+            history.add(process, "invoke", "poll", {"partitions": partitions})
+            records = []
+            for message in consumer.consume(num_messages=200, timeout=0.2):
+                if message.error() is not None:
+                    continue
+                value = (message.value() or b"").decode()
+                records.append([message.partition(), message.offset(), value])
+            history.add(process, "ok", "poll", {"records": records})
+    finally:
+        consumer.close()
+
+
+def _final_read(
+    broker: BrokerProcess, topic: str, settings: WorkloadSettings, history: _History
+) -> None:
+    """Every partition from its start to its end, recorded as one final poll per partition."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"final-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+        }
+    )
+    process = 1000
+    try:
+        for partition in range(settings.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
+            history.add(process, "invoke", "poll", {"partitions": [partition], "final": True})
+            consumer.assign([TopicPartition(topic, partition, low)])
+            records: list[list[object]] = []
+            deadline = time.monotonic() + 60
+            position = low
+            while position < high and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=1000, timeout=0.5):
+                    if message.error() is not None:
+                        continue
+                    offset = message.offset()
+                    assert offset is not None
+                    records.append([partition, offset, (message.value() or b"").decode()])
+                    position = offset + 1
+            history.add(
+                process,
+                "ok",
+                "poll",
+                {"records": records, "final": True, "log_start": {str(partition): low}},
+            )
+    finally:
+        consumer.close()
