@@ -12,6 +12,8 @@ reads every partition from its start to its end with a fresh consumer.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import random
 import threading
@@ -65,20 +67,25 @@ class WorkloadResult:
 
 
 class _History:
-    """The shared recorder, behind one lock (client callbacks run on their threads)."""
+    """Entries appended from client threads and librdkafka callbacks without a lock: a callback
+    must not block on (or die holding) a lock, so each entry takes a number from a shared
+    counter (atomic under the GIL) and goes into a deque; ``ops`` orders them by that number."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._recorder = Recorder()
+        self._numbers = itertools.count()
+        self._entries: collections.deque[tuple[int, int, int, str, str, dict[str, object]]] = (
+            collections.deque()
+        )
 
     def add(self, process: int, type_: str, f: str, value: dict[str, object]) -> None:
-        with self._lock:
-            self._recorder.add(process, type_, f, time.monotonic_ns(), value)  # type: ignore[arg-type]
+        self._entries.append((next(self._numbers), time.monotonic_ns(), process, type_, f, value))
 
     @property
     def ops(self) -> list[Op]:
-        with self._lock:
-            return list(self._recorder.ops)
+        recorder = Recorder()
+        for _, time_ns, process, type_, f, value in sorted(self._entries, key=lambda e: e[0]):
+            recorder.add(process, type_, f, time_ns, value)  # type: ignore[arg-type]
+        return recorder.ops
 
 
 def run_workload(broker: BrokerProcess, settings: WorkloadSettings) -> WorkloadResult:

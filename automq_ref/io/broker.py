@@ -131,6 +131,7 @@ class Broker:
         self._topic_lock = asyncio.Lock()
         self._next_producer_id = 0
         self._producer_id_limit = 0
+        self._producer_id_lock = asyncio.Lock()
         self._retention_task: asyncio.Task[None] | None = None
         self.groups: GroupCoordinator | None = None
         self.advertised_host = config.host
@@ -1332,6 +1333,13 @@ class Broker:
         return self._respond(request, values)
 
     async def _allocate_producer_id(self) -> int:
+        # One at a time: two InitProducerId requests that both found the block used up would
+        # otherwise both take the new block's first id (the history checker caught two
+        # producers sharing an id, the second one's batches answered as duplicates).
+        async with self._producer_id_lock:
+            return await self._allocate_producer_id_locked()
+
+    async def _allocate_producer_id_locked(self) -> int:
         if self._next_producer_id >= self._producer_id_limit:
             controller = self.storage.controller
             current = controller.image.kv.get(PRODUCER_ID_KEY)
