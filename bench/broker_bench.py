@@ -45,6 +45,7 @@ the disk's own latency at that moment (the machine is shared; a WAL cannot beat 
 
 from __future__ import annotations
 
+import abc
 import argparse
 import contextlib
 import json
@@ -233,14 +234,14 @@ class CountingMoto:
 # ------------------------------------------------------------------------------------ brokers
 
 
-class Target:
+class Target(abc.ABC):
     """One broker under test: start it, settle its data, count its object writes, stop it."""
 
     name = ""
 
+    @abc.abstractmethod
     def start(self) -> str:
         """Start the broker; return its bootstrap address."""
-        raise NotImplementedError
 
     def settle(self) -> float | None:
         """Make the produced data durable in its final home; the seconds it took, if anything."""
@@ -250,8 +251,9 @@ class Target:
         """Requests seen by its object store so far, by method; None without S3."""
         return None
 
+    @abc.abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop the broker and whatever it started."""
 
 
 class OursTarget(Target):

@@ -14,15 +14,12 @@ explains the method and the mapping.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from automq_ref.state_machines import confirm_wal as cw
 from automq_ref.state_machines.confirm_wal import (
@@ -48,6 +45,17 @@ from tests.properties.test_confirm_wal import SOURCES, ConfirmWalMachine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
+
+from tests.properties.trace_batches import (
+    Batch,
+    assert_generated_accepted,
+    assert_rejected_where_broken,
+    assert_scenario_accepted,
+    line_of,
+    recorded_runs,
+    relabelled,
+    validate_batch,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
 
@@ -131,22 +139,6 @@ def changed(
     return broken
 
 
-def relabelled(lines: Sequence[tv.TraceLine], number: int, action: str) -> list[tv.TraceLine]:
-    broken = list(lines)
-    broken[number - 1] = tv.TraceLine(action, lines[number - 1].state)
-    return broken
-
-
-def line_of(lines: Sequence[tv.TraceLine], action: str, nth: int = 1) -> int:
-    """The 1-based number of the nth line labelled ``action`` that changes the state."""
-    found = [
-        number
-        for number in range(2, len(lines) + 1)
-        if lines[number - 1].action == action and lines[number - 1].state != lines[number - 2].state
-    ]
-    return found[nth - 1]
-
-
 def resolved_locally() -> list[tv.TraceLine]:
     """The scenario up to its first ResolveLink, whose link of source 2's channel offset 0 is
     read from the reading proxy's own channel (source 1's produce 1 instead of produce 2), as a
@@ -199,73 +191,29 @@ def generated_runs(examples: int = 8, steps: int = 60) -> list[list[tv.TraceLine
     """The traces of a few hypothesis runs of the property test's machine (up to 60 steps): two
     sources, up to eight produces and six WAL records, crashes of the main, stale and duplicated
     answers."""
-    traces: list[list[tv.TraceLine]] = []
-
-    class Recorded(ConfirmWalMachine):
-        def teardown(self) -> None:
-            super().teardown()
-            traces.append(to_lines(self.trace))
-
-    run_state_machine_as_test(
-        Recorded, settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None)
+    return recorded_runs(
+        ConfirmWalMachine, lambda run: to_lines(run.trace), examples=examples, steps=steps
     )
-    return traces
-
-
-# ================================================================= one TLC run for the batch
-
-
-Batch = dict[str, tuple[list[tv.TraceLine], tv.Verdict]]
 
 
 @pytest.fixture(scope="module")
 def batch() -> Batch:
     """Every trace of this file but the mutation's, validated in one TLC run."""
-    traces = {"replay and restart": replay_and_restart()}
-    traces.update(
-        (f"generated {number}", lines) for number, lines in enumerate(generated_runs(), start=1)
+    return validate_batch(
+        ("replay and restart", replay_and_restart()), generated_runs(), broken_cases(), SPEC
     )
-    traces.update((name, lines) for name, (lines, _) in broken_cases().items())
-    verdicts = tv.validate_many(list(traces.values()), SPEC)
-    return {
-        name: (lines, verdict)
-        for (name, lines), verdict in zip(traces.items(), verdicts, strict=True)
-    }
-
-
-def ndjson(lines: Sequence[tv.TraceLine]) -> str:
-    return "".join(line.to_json() + "\n" for line in lines)
-
-
-def stutters(lines: Sequence[tv.TraceLine]) -> int:
-    return sum(a.state == b.state for a, b in itertools.pairwise(lines))
 
 
 def test_the_scenario_is_a_behaviour_of_the_spec(batch: Batch) -> None:
-    lines, verdict = batch["replay and restart"]
-    assert stutters(lines) >= 10
-    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{ndjson(lines)}"
-    assert verdict.matched == len(lines)
+    assert_scenario_accepted(batch, "replay and restart", min_stutters=10)
 
 
 def test_generated_runs_are_behaviours_of_the_spec(batch: Batch) -> None:
-    generated = [(lines, v) for name, (lines, v) in batch.items() if name.startswith("generated")]
-    assert len(generated) >= 8
-    rejected = [(lines, v) for lines, v in generated if not v.accepted]
-    if rejected:
-        lines, verdict = rejected[0]
-        pytest.fail(
-            f"{len(rejected)} of {len(generated)} rejected; first: {verdict}\n{ndjson(lines)}"
-        )
+    assert_generated_accepted(batch)
 
 
 def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
-    for name, (_, broken_at) in broken_cases().items():
-        lines, verdict = batch[name]
-        assert not verdict.accepted, (name, str(verdict))
-        assert verdict.violated is None, (name, str(verdict))
-        assert verdict.matched == broken_at - 1, (name, str(verdict))
-        assert f"line {broken_at} ({lines[broken_at - 1].action})" in verdict.message
+    assert_rejected_where_broken(batch, broken_cases())
 
 
 def test_the_local_resolution_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:

@@ -13,15 +13,12 @@ same mutation. docs/trace_validation.md explains the method and the mapping.
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines.failover import (
@@ -52,6 +49,17 @@ from tests.properties.test_failover import NODES, STREAMS, FailoverMachine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
+
+from tests.properties.trace_batches import (
+    Batch,
+    assert_generated_accepted,
+    assert_rejected_where_broken,
+    assert_scenario_accepted,
+    line_of,
+    recorded_runs,
+    relabelled,
+    validate_batch,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
 
@@ -129,22 +137,6 @@ def zombie_acked() -> list[tv.TraceLine]:
 # ============================================================================ broken traces
 
 
-def relabelled(lines: Sequence[tv.TraceLine], number: int, action: str) -> list[tv.TraceLine]:
-    broken = list(lines)
-    broken[number - 1] = tv.TraceLine(action, lines[number - 1].state)
-    return broken
-
-
-def line_of(lines: Sequence[tv.TraceLine], action: str, nth: int = 1) -> int:
-    """The 1-based number of the nth line labelled ``action`` that changes the state."""
-    found = [
-        number
-        for number in range(2, len(lines) + 1)
-        if lines[number - 1].action == action and lines[number - 1].state != lines[number - 2].state
-    ]
-    return found[nth - 1]
-
-
 def broken_cases() -> dict[str, tuple[list[tv.TraceLine], int]]:
     """Name -> (a broken trace, the line where it must be rejected)."""
     good = takeovers()
@@ -171,73 +163,27 @@ def to_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
 def generated_runs(examples: int = 8, steps: int = 30) -> list[list[tv.TraceLine]]:
     """The traces of a few hypothesis runs of the property test's machine, its healing at the
     end included: three nodes, two streams, up to six records and two crashes."""
-    traces: list[list[tv.TraceLine]] = []
-
-    class Recorded(FailoverMachine):
-        def teardown(self) -> None:
-            super().teardown()
-            traces.append(to_lines(self.trace))
-
-    run_state_machine_as_test(
-        Recorded, settings=settings(max_examples=examples, stateful_step_count=steps, deadline=None)
+    return recorded_runs(
+        FailoverMachine, lambda run: to_lines(run.trace), examples=examples, steps=steps
     )
-    return traces
-
-
-# ================================================================= one TLC run for the batch
-
-
-Batch = dict[str, tuple[list[tv.TraceLine], tv.Verdict]]
 
 
 @pytest.fixture(scope="module")
 def batch() -> Batch:
     """Every trace of this file but the mutation's, validated in one TLC run."""
-    traces = {"takeovers": takeovers()}
-    traces.update(
-        (f"generated {number}", lines) for number, lines in enumerate(generated_runs(), start=1)
-    )
-    traces.update((name, lines) for name, (lines, _) in broken_cases().items())
-    verdicts = tv.validate_many(list(traces.values()), SPEC)
-    return {
-        name: (lines, verdict)
-        for (name, lines), verdict in zip(traces.items(), verdicts, strict=True)
-    }
-
-
-def ndjson(lines: Sequence[tv.TraceLine]) -> str:
-    return "".join(line.to_json() + "\n" for line in lines)
-
-
-def stutters(lines: Sequence[tv.TraceLine]) -> int:
-    return sum(a.state == b.state for a, b in itertools.pairwise(lines))
+    return validate_batch(("takeovers", takeovers()), generated_runs(), broken_cases(), SPEC)
 
 
 def test_the_scenario_is_a_behaviour_of_the_spec(batch: Batch) -> None:
-    lines, verdict = batch["takeovers"]
-    assert stutters(lines) >= 5
-    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{ndjson(lines)}"
-    assert verdict.matched == len(lines)
+    assert_scenario_accepted(batch, "takeovers", min_stutters=5)
 
 
 def test_generated_runs_are_behaviours_of_the_spec(batch: Batch) -> None:
-    generated = [(lines, v) for name, (lines, v) in batch.items() if name.startswith("generated")]
-    assert len(generated) >= 8
-    rejected = [(lines, v) for lines, v in generated if not v.accepted]
-    if rejected:
-        lines, verdict = rejected[0]
-        pytest.fail(
-            f"{len(rejected)} of {len(generated)} rejected; first: {verdict}\n{ndjson(lines)}"
-        )
+    assert_generated_accepted(batch)
 
 
 def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
-    for name, (_, broken_at) in broken_cases().items():
-        lines, verdict = batch[name]
-        assert not verdict.accepted, (name, str(verdict))
-        assert verdict.violated is None, (name, str(verdict))
-        assert verdict.matched == broken_at - 1, (name, str(verdict))
-        assert f"line {broken_at} ({lines[broken_at - 1].action})" in verdict.message
+    assert_rejected_where_broken(batch, broken_cases())
 
 
 def test_the_zombie_ack_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:

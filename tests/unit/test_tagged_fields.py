@@ -104,7 +104,7 @@ def random_primitive(kafka_type: str, rng: random.Random) -> object:
         return "".join(rng.choice(_ALPHABET) for _ in range(length))
     if kafka_type in ("bytes", "records"):
         return rng.randbytes(length)
-    raise NotImplementedError(kafka_type)
+    raise ValueError(f"no generator for kafka_type {kafka_type!r}")
 
 
 def nullable_at_top(field: dataclasses.Field[Any]) -> bool:
