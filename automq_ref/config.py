@@ -29,6 +29,9 @@ class BrokerConfig(BaseModel):
     node_id: int = Field(0, alias="node.id", ge=0)
     cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
     listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
+    # What Metadata/FindCoordinator/DescribeCluster hand to clients; empty means the bound
+    # listener. Set it when clients reach the broker through a proxy.
+    advertised_listeners: str = Field("", alias="advertised.listeners")
     log_dirs: str = Field("./data", alias="log.dirs")
     # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
     s3_data_buckets: str = Field("", alias="s3.data.buckets")
@@ -56,11 +59,21 @@ class BrokerConfig(BaseModel):
     # its WAL away at start-up, so what was acknowledged but not yet uploaded is lost after a
     # crash. Never set it for real data.
     test_discard_wal_at_start: bool = Field(False, alias="automq.ref.test.discard.wal.at.start")
+    # Test only, never for real data: journal, beside the WAL file (``<wal>.undo``), the bytes
+    # each WAL write overwrites until the next fsync, so that a checker can throw away what was
+    # not fsynced after it kills the process (``automq_ref.io.faults.lose_unsynced_tail``).
+    test_wal_undo_journal: bool = Field(False, alias="automq.ref.test.wal.undo.journal")
+    # Test only, never for real data: a deliberately broken broker for the checker to catch.
+    # The WAL acknowledges a group as soon as it is written and fsyncs at most once a second
+    # (and with each header write), so losing the un-fsynced tail loses acknowledged records.
+    test_ack_before_fsync: bool = Field(False, alias="automq.ref.test.ack.before.fsync")
 
-    @field_validator("listeners")
+    @field_validator("listeners", "advertised_listeners")
     @classmethod
     def _one_plaintext_listener(cls, value: str) -> str:
-        if not value.startswith("PLAINTEXT://") or "," in value:
+        if value == "":
+            return value
+        if not value.startswith("PLAINTEXT://") or "," in value or ":" not in value[12:]:
             raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
         return value
 
@@ -71,6 +84,13 @@ class BrokerConfig(BaseModel):
     @property
     def port(self) -> int:
         return int(self.listeners.rsplit(":", 1)[1])
+
+    @property
+    def advertised_address(self) -> tuple[str, int] | None:
+        if not self.advertised_listeners:
+            return None
+        host, port = self.advertised_listeners.removeprefix("PLAINTEXT://").rsplit(":", 1)
+        return host, int(port)
 
     @property
     def data_dir(self) -> Path:

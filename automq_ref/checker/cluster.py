@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,13 +20,29 @@ SERVING = re.compile(r"serving Kafka on ([\d.]+):(\d+)")
 START_TIMEOUT_S = 60
 
 
+def free_port() -> int:
+    """A port nothing listens on right now (to fix a broker's port before its first start)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 class BrokerProcess:
-    def __init__(self, data_dir: Path, *overrides: str) -> None:
+    def __init__(
+        self, data_dir: Path, *overrides: str, env: dict[str, str] | None = None, port: int = 0
+    ) -> None:
         self.data_dir = data_dir
         self.overrides = overrides
+        self.env = env or {}
         self.process: subprocess.Popen[str] | None = None
-        self.port = 0
+        self.port = port
         self.log_path = data_dir.parent / f"{data_dir.name}.log"
+
+    @property
+    def wal_path(self) -> Path:
+        """The WAL file (the default ``s3.wal.path``: ``log.dirs``/wal)."""
+        return self.data_dir / "wal"
 
     @property
     def bootstrap(self) -> str:
@@ -52,7 +69,11 @@ class BrokerProcess:
             command += ["--override", override]
         log_file = self.log_path.open("a")
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=log_file, text=True, env={**os.environ}
+            command,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            text=True,
+            env={**os.environ, **self.env},
         )
         assert self.process.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -7,6 +7,10 @@ marked ``"final": true``). This module reads two optional fields that the format
   partition's log start offset as the broker reported it with that answer (JSON turns the
   partition into a string key; both spellings are accepted). With it the checker can judge
   trimming; without it every log is taken to start at offset 0.
+- ``"log_end": {partition: offset}`` on the completion value of a *final* read: the partition's
+  end (high watermark, exclusive) that the final read read up to, given only when it got there.
+  With it an acked offset at or past the end is a lost write (the log got shorter than an
+  acknowledgement); without it such offsets can only be ``unseen``.
 - ``"seek": {partition: offset}`` on the *invoke* value of a poll: the consumer moved its
   position on that partition to that offset just before this poll. ``"mode": "subscribe"`` on the
   invoke value marks a poll by a group-managed consumer; such polls are exempt from the
@@ -30,8 +34,9 @@ From them:
 - *duplicate*: one value read at two places in the log. Acks do not count here: an ack naming
   another offset than the one the value is read at is an ``offset-mismatch``, not a second copy.
 - *lost-write*: the final read covers an acked offset (it lies between the final log start and
-  the last offset read) but the value is not in it; or a sent value that some poll read within
-  that range is missing from the final read.
+  the last offset read, or the log end it reports) but the value is not in it; or a sent value
+  that some poll read within that range is missing from the final read; or an acked or read
+  offset lies at or past the log end the final read reports.
 - *aborted-read* (Elle's G1a): a read of a value whose send definitely failed.
 - *poll-skip* / *nonmonotonic-poll*: per consumer process and partition, each record read must
   be the next record of the log after the previous one the process read (or after its seek). The
@@ -133,6 +138,7 @@ class Poll:
     seek: Mapping[int, int]
     records: tuple[Read, ...]
     log_start: Mapping[int, int]
+    log_end: Mapping[int, int]
     invoke_index: int
     completion_index: int | None
 
@@ -149,6 +155,8 @@ class QueueHistory:
     final_values: Mapping[Hashable, tuple[int, int]]
     final_ops: tuple[int, ...]
     final_range: Mapping[int, tuple[int, int]]
+    # per partition the log end (exclusive) the final read reached, where it reports one
+    final_log_end: Mapping[int, int]
     # every offset any read returned, sorted, per partition
     read_offsets: Mapping[int, Sequence[int]]
 
@@ -175,6 +183,7 @@ class QueueHistory:
         final_ops: list[int] = []
         final_start: dict[int, int] = {}
         final_end: dict[int, int] = {}
+        final_log_end: dict[int, int] = {}
         offsets: dict[int, set[int]] = defaultdict(set)
         for poll in polls:
             for read in poll.records:
@@ -184,6 +193,9 @@ class QueueHistory:
             final_ops.append(poll.op)
             for partition, start in poll.log_start.items():
                 final_start[partition] = max(final_start.get(partition, 0), start)
+            for partition, end in poll.log_end.items():
+                final_log_end[partition] = end
+                final_end[partition] = max(final_end.get(partition, -1), end - 1)
             for read in poll.records:
                 final.setdefault((read.partition, read.offset), read.value)
                 final_values.setdefault(read.value, (read.partition, read.offset))
@@ -197,12 +209,18 @@ class QueueHistory:
             final_values,
             tuple(final_ops),
             final_range,
+            final_log_end,
             {p: sorted(found) for p, found in offsets.items()},
         )
 
     def final_covers(self, partition: int, offset: int) -> bool:
         span = self.final_range.get(partition)
         return span is not None and span[0] <= offset <= span[1]
+
+    def past_final_end(self, partition: int, offset: int) -> bool:
+        """The offset is at or past the log end the final read reached (when it reports one)."""
+        end = self.final_log_end.get(partition)
+        return end is not None and offset >= end
 
     def final_start(self, partition: int) -> int:
         span = self.final_range.get(partition)
@@ -253,6 +271,7 @@ def _poll(operation: Operation) -> Poll:
         seek=_partition_map(invoke.value.get("seek"), invoke.index, "seek"),
         records=records,
         log_start=_partition_map(done_value.get("log_start"), invoke.index, "log_start"),
+        log_end=_partition_map(done_value.get("log_end"), invoke.index, "log_end"),
         invoke_index=invoke.index,
         completion_index=None if done is None else done.index,
     )
@@ -321,14 +340,17 @@ def check_duplicates(history: QueueHistory) -> list[Anomaly]:
 
 
 def check_lost_writes(history: QueueHistory) -> list[Anomaly]:
-    """Acked or read values missing from the final read where it covers them (Jepsen
-    ``:lost-write``)."""
+    """Acked or read values missing from the final read where it covers them, or at offsets
+    past the end it reached (Jepsen ``:lost-write``)."""
     missing: dict[Hashable, tuple[int, int, list[int], str]] = {}
     for send in history.sends:
         if (
             send.offset is not None
             and send.value not in history.final_values
-            and history.final_covers(send.partition, send.offset)
+            and (
+                history.final_covers(send.partition, send.offset)
+                or history.past_final_end(send.partition, send.offset)
+            )
         ):
             missing[send.value] = (send.partition, send.offset, [send.op], "acked")
     for poll in history.polls:
@@ -340,7 +362,10 @@ def check_lost_writes(history: QueueHistory) -> list[Anomaly]:
                 sent is None
                 or sent.outcome == "fail"
                 or read.value in history.final_values
-                or not history.final_covers(read.partition, read.offset)
+                or not (
+                    history.final_covers(read.partition, read.offset)
+                    or history.past_final_end(read.partition, read.offset)
+                )
             ):
                 continue
             entry = missing.setdefault(read.value, (read.partition, read.offset, [sent.op], "read"))
@@ -353,7 +378,11 @@ def check_lost_writes(history: QueueHistory) -> list[Anomaly]:
             (value,),
             _ops([*ops, *history.final_ops]),
             f"value {value!r} was {how} at offset {offset} of partition {partition}, "
-            "which the final read covers, but the final read lacks it",
+            + (
+                f"but after the faults the partition ends at {history.final_log_end[partition]}"
+                if history.past_final_end(partition, offset)
+                else "which the final read covers, but the final read lacks it"
+            ),
         )
         for value, (partition, offset, ops, how) in missing.items()
     ]
@@ -498,6 +527,7 @@ def check_unseen(history: QueueHistory) -> list[Anomaly]:
         if send.offset is not None
         and send.value not in read_values
         and not history.final_covers(send.partition, send.offset)
+        and not history.past_final_end(send.partition, send.offset)
         and send.offset >= history.final_start(send.partition)
     ]
 

@@ -1,8 +1,9 @@
 """``automq-ref check``: a broker process, the queue workload under faults, both checkers, a report.
 
 The report (``report.json`` and ``report.txt`` in the output directory, beside
-``history.jsonl``) gives the verdict, the count of every anomaly kind with examples, the
-linearizability verdict per partition, the operation counts and the fault windows. The seed is
+``history.jsonl`` and ``plot.png``) gives the verdict, the count of every anomaly kind with
+examples, the linearizability verdict per partition, the operation counts and the fault windows;
+the plot shows throughput and latency over time with the fault windows shaded. The seed is
 printed and recorded: the same seed gives the same fault schedule.
 """
 
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from automq_ref.checker import linearizability, queue
-from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.checker.history import pair, write_history
+from automq_ref.checker.nemesis import Environment
 from automq_ref.checker.workload import WorkloadSettings, run_workload
 
 log = logging.getLogger(__name__)
@@ -42,13 +43,13 @@ def run_check(
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}")
-    broker = BrokerProcess(out_dir / "data", *broker_overrides)
-    broker.start()
+    env = Environment.start(
+        out_dir / "data", settings.nemeses, broker_overrides, seed=settings.seed
+    )
     try:
-        result = run_workload(broker, settings)
+        result = run_workload(env, settings)
     finally:
-        if broker.alive():
-            broker.stop()
+        env.close()
     write_history(out_dir / "history.jsonl", result.ops)
     queue_report = queue.check_all(result.ops)
     linear = linearizability.check_history(result.ops)
@@ -75,10 +76,27 @@ def run_check(
         "anomaly_examples": examples,
         "linearizability": linear.describe(),
     }
+    first_ns = result.ops[0].time_ns if result.ops else 0
+    try:
+        from automq_ref.checker.plot import plot_history
+
+        plot_history(
+            result.ops,
+            result.faults,
+            out_dir / "plot.png",
+            f"automq-ref check, seed {settings.seed}",
+        )
+    except ImportError as error:  # matplotlib is in the test extra, not a runtime dependency
+        log.warning("no plot: %s", error)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
     lines = [
         f"verdict: {'VALID' if outcome.valid else 'INVALID'}",
         f"seed {outcome.seed}; faults: {', '.join(outcome.faults) or 'none'}",
+        *(
+            f"  {(fault.start_ns - first_ns) / 1e9:7.1f}s-{(fault.end_ns - first_ns) / 1e9:.1f}s "
+            f"{fault.kind}: {fault.detail}"
+            for fault in result.faults
+        ),
         f"operations: {dict(sorted(outcome.operations.items()))}",
         f"queue anomalies: {outcome.anomalies or 'none'}",
         f"linearizable: {outcome.linearizable}",

@@ -4,10 +4,10 @@ Producers (confluent-kafka, idempotent, acks=all) send unique values round-robin
 partitions; consumers ``assign`` every partition from offset 0 and poll. Every operation is
 recorded (``automq_ref.checker.history``): a send is invoked when handed to the client and
 completes ``ok`` with its offset on a delivery report, ``info`` on any delivery error (a timeout
-or a broker that died may or may not have stored it: never ``fail``). A nemesis thread injects
-faults on a seeded schedule and heals each one: ``kill`` (SIGKILL, then start again on the same
-data) and ``pause`` (SIGSTOP, then SIGCONT). After the faults, producers flush, and a final phase
-reads every partition from its start to its end with a fresh consumer.
+or a broker that died may or may not have stored it: never ``fail``). The nemesis loop (this
+thread) injects faults on a seeded schedule and heals each one (``automq_ref.checker.nemesis``
+lists them). After the faults, producers flush, and a final phase reads every partition from its
+start to its end with a fresh consumer.
 """
 
 from __future__ import annotations
@@ -20,23 +20,25 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import (
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.checker.history import Op, Recorder
+from automq_ref.checker.nemesis import NEMESES, Environment
 
 log = logging.getLogger(__name__)
-
-NEMESES = ("kill", "pause")
+# librdkafka's own log lines (connection refused while the broker is down, ...) go here instead
+# of stderr; the history records every outcome the clients saw. Lower the level to see them.
+CLIENT_LOG = logging.getLogger("automq_ref.checker.librdkafka")
+CLIENT_LOG.setLevel(logging.CRITICAL)
 
 
 @dataclass
@@ -45,7 +47,7 @@ class WorkloadSettings:
     producers: int = 2
     consumers: int = 2
     duration_s: float = 30.0
-    nemeses: tuple[str, ...] = NEMESES
+    nemeses: tuple[str, ...] = ("kill", "pause")
     fault_interval_s: float = 6.0  # a fault starts about this often
     fault_length_s: float = 1.5  # how long a pause lasts / a killed broker stays down
     seed: int = 0
@@ -57,6 +59,7 @@ class FaultWindow:
     kind: str
     start_ns: int
     end_ns: int
+    detail: str = ""
 
 
 @dataclass
@@ -88,37 +91,36 @@ class _History:
         return recorder.ops
 
 
-def run_workload(broker: BrokerProcess, settings: WorkloadSettings) -> WorkloadResult:
+def run_workload(env: Environment, settings: WorkloadSettings) -> WorkloadResult:
     topic = f"checked-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    bootstrap = env.bootstrap
+    admin_config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": CLIENT_LOG}
+    admin = AdminClient(admin_config)
     admin.create_topics([NewTopic(topic, num_partitions=settings.partitions)])[topic].result()
     history = _History()
     stop = threading.Event()
     faults: list[FaultWindow] = []
     threads = [
-        threading.Thread(target=_produce, args=(broker, topic, settings, p, history, stop))
+        threading.Thread(target=_produce, args=(bootstrap, topic, settings, p, history, stop))
         for p in range(settings.producers)
     ]
     threads += [
-        threading.Thread(target=_consume, args=(broker, topic, settings, 100 + c, history, stop))
+        threading.Thread(target=_consume, args=(bootstrap, topic, settings, 100 + c, history, stop))
         for c in range(settings.consumers)
     ]
     for thread in threads:
         thread.start()
-    _nemesis(broker, settings, faults, stop)
-    stop.set()
-    for thread in threads:
-        thread.join()
-    _final_read(broker, topic, settings, history)
+    try:
+        _nemesis(env, settings, faults)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    _final_read(bootstrap, topic, settings, history)
     return WorkloadResult(history.ops, faults, topic)
 
 
-def _nemesis(
-    broker: BrokerProcess,
-    settings: WorkloadSettings,
-    faults: list[FaultWindow],
-    stop: threading.Event,
-) -> None:
+def _nemesis(env: Environment, settings: WorkloadSettings, faults: list[FaultWindow]) -> None:
     rng = random.Random(settings.seed)
     deadline = time.monotonic() + settings.duration_s
     while True:
@@ -127,24 +129,39 @@ def _nemesis(
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
         time.sleep(wait)
-        kind = rng.choice(settings.nemeses)
+        nemesis = NEMESES[rng.choice(settings.nemeses)]
         start = time.monotonic_ns()
-        log.info("nemesis: %s", kind)
-        if kind == "kill":
-            broker.kill()
+        detail = nemesis.inject(env, rng)
+        log.info("nemesis %s: %s", nemesis.name, detail)
+        try:
             time.sleep(settings.fault_length_s)
-            broker.start()
-        elif kind == "pause":
-            broker.pause()
-            time.sleep(settings.fault_length_s)
-            broker.resume()
-        else:
-            raise ValueError(f"unknown nemesis {kind!r} (known: {', '.join(NEMESES)})")
-        faults.append(FaultWindow(kind, start, time.monotonic_ns()))
+        finally:
+            nemesis.heal(env)
+        faults.append(FaultWindow(nemesis.name, start, time.monotonic_ns(), detail))
 
 
 def _produce(
-    broker: BrokerProcess,
+    bootstrap: str,
+    topic: str,
+    settings: WorkloadSettings,
+    process: int,
+    history: _History,
+    stop: threading.Event,
+) -> None:
+    """One producer thread. A fatal producer error (a broker that lost acknowledged data breaks
+    the idempotence sequence) ends that client: its open send stays unknown, and a new client
+    under a new process number (``process + 10,000 x generation``) carries on, so writes after
+    the fault still happen and land on the offsets the lost records had."""
+    generation = 0
+    while not stop.is_set():
+        _produce_until_fatal(
+            bootstrap, topic, settings, process + 10_000 * generation, history, stop
+        )
+        generation += 1
+
+
+def _produce_until_fatal(
+    bootstrap: str,
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -153,11 +170,14 @@ def _produce(
 ) -> None:
     producer = Producer(
         {
-            "bootstrap.servers": broker.bootstrap,
+            "bootstrap.servers": bootstrap,
+            "logger": CLIENT_LOG,
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 2,
             "message.timeout.ms": 30000,
+            "request.timeout.ms": 10000,
+            "socket.timeout.ms": 10000,
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 500,
         }
@@ -186,10 +206,8 @@ def _produce(
             while producer.flush(0.5) > 0:
                 if stop.is_set() and producer.flush(30) > 0:
                     break
-        except KafkaException as error:
-            # A fatal producer error (e.g. a broker that lost acknowledged data breaks the
-            # idempotence sequence): this process stops; its open send stays unknown.
-            log.warning("producer %d stops: %s", process, error)
+        except Exception as error:  # KafkaException, or a SystemError out of a callback
+            log.warning("producer %d ends: %s", process, error)
             return
         count += 1
         time.sleep(settings.send_interval_s)
@@ -197,7 +215,7 @@ def _produce(
 
 
 def _consume(
-    broker: BrokerProcess,
+    bootstrap: str,
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -206,8 +224,10 @@ def _consume(
 ) -> None:
     consumer = Consumer(
         {
-            "bootstrap.servers": broker.bootstrap,
+            "bootstrap.servers": bootstrap,
+            "logger": CLIENT_LOG,
             "group.id": f"checker-{uuid.uuid4().hex[:6]}",
+            "socket.timeout.ms": 10000,
             "enable.auto.commit": False,
             "reconnect.backoff.ms": 50,
             "reconnect.backoff.max.ms": 500,
@@ -229,13 +249,12 @@ def _consume(
         consumer.close()
 
 
-def _final_read(
-    broker: BrokerProcess, topic: str, settings: WorkloadSettings, history: _History
-) -> None:
+def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history: _History) -> None:
     """Every partition from its start to its end, recorded as one final poll per partition."""
     consumer = Consumer(
         {
-            "bootstrap.servers": broker.bootstrap,
+            "bootstrap.servers": bootstrap,
+            "logger": CLIENT_LOG,
             "group.id": f"final-{uuid.uuid4().hex[:6]}",
             "enable.auto.commit": False,
         }
@@ -257,11 +276,13 @@ def _final_read(
                     assert offset is not None
                     records.append([partition, offset, (message.value() or b"").decode()])
                     position = offset + 1
-            history.add(
-                process,
-                "ok",
-                "poll",
-                {"records": records, "final": True, "log_start": {str(partition): low}},
-            )
+            result: dict[str, object] = {
+                "records": records,
+                "final": True,
+                "log_start": {str(partition): low},
+            }
+            if position >= high:  # it got to the end: anything acked past it was lost
+                result["log_end"] = {str(partition): high}
+            history.add(process, "ok", "poll", result)
     finally:
         consumer.close()

@@ -149,11 +149,15 @@ class Broker:
         if config.test_discard_wal_at_start:
             log.warning("automq.ref.test.discard.wal.at.start: discarding the WAL (test only)")
             config.wal_file.unlink(missing_ok=True)
+        if config.test_ack_before_fsync:
+            log.warning("automq.ref.test.ack.before.fsync: WAL acks before fsync (test only)")
         wal = await BlockWal.open_file(
             config.wal_file,
             node_id=config.node_id,
             node_epoch=node_epoch,
             capacity_bytes=config.s3_wal_capacity,
+            undo_journal=config.test_wal_undo_journal,
+            ack_before_fsync=config.test_ack_before_fsync,
         )
         store = open_object_store(config.object_store_uri)
         await store.__aenter__()

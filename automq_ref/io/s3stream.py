@@ -9,7 +9,13 @@ confirm offset: they take the LogCache's contiguous run when it holds the start,
 The LogCache machine decides when blocks become objects; this shell executes its effects:
 ``PrepareObjects`` and ``CommitBlock`` through the controller, ``UploadBlock`` against the object
 store, ``TrimWal`` on the WAL. A commit the controller refuses is fatal for the storage, as in
-AutoMQ (which halts): the node then recovers from its WAL on restart.
+AutoMQ (which halts): the node then recovers from its WAL on restart. An upload is not: when the
+object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx, lost
+connections) the block's objects are PUT again after a growing pause, for as long as it takes,
+since the data is safe in the WAL meanwhile and a PUT under an already prepared object id can be
+repeated. Only once shutdown has begun does an exhausted upload fail the storage, leaving the data
+to WAL recovery at the next start. A read from objects that fails is a ``StorageError`` (Fetch
+answers ``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
 
 Start-up recovery: the node registers its new epoch and learns which streams it still owns
 (``RegisterNode``); every WAL record of those streams at or past the stream's committed end is
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -32,10 +39,11 @@ from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
 from automq_ref.io.controller import Controller
-from automq_ref.io.object_store import ObjectStore
+from automq_ref.io.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from automq_ref.io.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
+    StreamReadError,
     read_from_objects,
     upload_layout,
 )
@@ -47,6 +55,9 @@ log = logging.getLogger(__name__)
 
 OBJECT_TTL_MS = 60 * 60 * 1000
 WAL_FULL_RETRIES = 3
+# An upload whose object-store retries ran out is tried again after this (doubling, capped).
+UPLOAD_RETRY_BASE_S = 1.0
+UPLOAD_RETRY_MAX_S = 30.0
 DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
 
 
@@ -118,6 +129,8 @@ class S3Storage:
         # During recovery the WAL is being replayed, not appended: it is reset afterwards, and
         # cannot be trimmed before that.
         self._recovering = False
+        # Set when shutdown begins: an upload that runs out of retries then fails the storage.
+        self._shutting_down = asyncio.Event()
 
     # ---------------------------------------------------------------------------- start-up
 
@@ -381,17 +394,22 @@ class S3Storage:
                 object_end = end_offset
                 if first_cached is not None and first_cached > cursor:
                     object_end = min(end_offset, first_cached)
-                batches = await read_from_objects(
-                    self._store,
-                    self._namespace,
-                    self._controller.image,
-                    self._indexes,
-                    self._blocks,
-                    stream_id,
-                    cursor,
-                    object_end,
-                    budget,
-                )
+                try:
+                    batches = await read_from_objects(
+                        self._store,
+                        self._namespace,
+                        self._controller.image,
+                        self._indexes,
+                        self._blocks,
+                        stream_id,
+                        cursor,
+                        object_end,
+                        budget,
+                    )
+                except (ObjectStoreError, StreamReadError) as error:
+                    raise StorageError(
+                        f"stream {stream_id}: reading objects from {cursor} failed: {error}"
+                    ) from error
             if not batches:
                 break
             found.extend(batches)
@@ -450,7 +468,11 @@ class S3Storage:
         self._check_healthy()
 
     async def shutdown(self) -> None:
-        """Upload everything, so that a restart recovers nothing, then close the WAL."""
+        """Upload everything, so that a restart recovers nothing, then close the WAL.
+
+        An upload already waiting to be tried again still gets one more round of the object
+        store's retries; if that fails too, shutdown raises and the WAL keeps the data."""
+        self._shutting_down.set()
         await self.force_upload(lc.ALL_STREAMS)
         if self._ticker is not None:
             self._ticker.cancel()
@@ -488,14 +510,7 @@ class S3Storage:
                     assert response.first_object_id is not None
                     self._apply(lc.ObjectsPrepared(effect.block_id, response.first_object_id))
                 case lc.UploadBlock():
-                    sizes = await upload_layout(
-                        self._store,
-                        self._namespace,
-                        effect.layout,
-                        effect.records,
-                        block_size_threshold_bytes=self._block_size_threshold_bytes,
-                    )
-                    self._sizes[effect.block_id] = sizes
+                    self._sizes[effect.block_id] = await self._upload(effect)
                     self._apply(lc.BlockUploaded(effect.block_id))
                 case lc.CommitBlock():
                     await self._commit(effect)
@@ -507,6 +522,33 @@ class S3Storage:
             self._failure = error
             for event in self._committed.values():
                 event.set()  # wake waiters: they see the failure
+
+    async def _upload(self, effect: lc.UploadBlock) -> dict[int, int]:
+        """PUT the block's objects until they land (see the module docstring)."""
+        retry = 0
+        while True:
+            try:
+                return await upload_layout(
+                    self._store,
+                    self._namespace,
+                    effect.layout,
+                    effect.records,
+                    block_size_threshold_bytes=self._block_size_threshold_bytes,
+                )
+            except ObjectStoreUnavailable as error:
+                if self._shutting_down.is_set():
+                    raise
+                delay_s = min(UPLOAD_RETRY_BASE_S * 2 ** min(retry, 16), UPLOAD_RETRY_MAX_S)
+                log.warning(
+                    "block %d: upload failed (%s); its data stays in the WAL; "
+                    "uploading again in %.1f s",
+                    effect.block_id,
+                    error,
+                    delay_s,
+                )
+                retry += 1
+                with contextlib.suppress(TimeoutError):  # shutdown cuts the pause short
+                    await asyncio.wait_for(self._shutting_down.wait(), delay_s)
 
     async def _commit(self, effect: lc.CommitBlock) -> None:
         layout = effect.layout

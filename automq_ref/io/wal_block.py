@@ -48,6 +48,13 @@ sliding window of concurrent block writes (so a crash cannot leave holes, and re
 at the first invalid record instead of scanning a window beyond it); explicit padding records
 instead of "jump to the next 4 KiB boundary on failure"; a header sequence number instead of a
 wall-clock timestamp; buffered I/O plus ``fdatasync`` instead of direct I/O; CRC-32C.
+
+Two switches exist for tests only, never for real data. ``undo_journal`` (``open_file``) wraps
+the file in :class:`automq_ref.io.faults.UndoJournalBlockDevice`, so that a test can throw away
+what was written but not fsynced after it kills the process. ``ack_before_fsync`` breaks the WAL
+on purpose: a group is acknowledged once written, and the fdatasync runs only with a header write
+or when ``ACK_BEFORE_FSYNC_SYNC_INTERVAL_S`` has passed since the last one, so losing the
+un-fsynced tail loses acknowledged records (a broken broker for the history checker to catch).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ import enum
 import functools
 import logging
 import struct
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -76,6 +84,7 @@ from automq_ref.formats.wal_record import (
     encode_wal_record_header,
 )
 from automq_ref.io.block_device import BlockDevice, Buffer, FileBlockDevice
+from automq_ref.io.faults import UndoJournalBlockDevice
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +99,9 @@ MAX_RECORDS_PER_WRITE: Final = 500
 # Groups handed to the I/O thread and not yet durable: one on disk, one queued behind it.
 MAX_GROUPS_IN_FLIGHT: Final = 2
 RECOVERY_READ_BYTES: Final = 4 * 1024 * 1024
+# Test only (ack_before_fsync): the longest a group may stay acknowledged but unsynced while
+# groups keep coming.
+ACK_BEFORE_FSYNC_SYNC_INTERVAL_S: Final = 1.0
 
 WAL_HEADER_MAGIC: Final = 0x12345678
 _WAL_HEADER = struct.Struct(">iqqqqiiq")
@@ -218,8 +230,11 @@ class BlockWal:
         node_epoch: int,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
         header_fallback: bool = False,
+        ack_before_fsync: bool = False,
     ) -> None:
         self._header_fallback = header_fallback
+        self._ack_before_fsync = ack_before_fsync
+        self._last_sync_s = time.monotonic()
         if max_groups_in_flight < 1:
             raise ValueError("max_groups_in_flight must be at least 1")
         self._max_groups_in_flight = max_groups_in_flight
@@ -263,10 +278,17 @@ class BlockWal:
         capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
+        undo_journal: bool = False,
+        ack_before_fsync: bool = False,
     ) -> BlockWal:
+        """Open (creating and preallocating) a WAL file. ``undo_journal`` and
+        ``ack_before_fsync`` are for tests only (see the module docstring)."""
         capacity_bytes = capacity_bytes // BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES
-        device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
+        file_device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
+        device: BlockDevice = file_device
         try:
+            if undo_journal:
+                device = UndoJournalBlockDevice(file_device)
             return await cls.open(
                 device,
                 node_id=node_id,
@@ -274,6 +296,7 @@ class BlockWal:
                 capacity_bytes=capacity_bytes,
                 max_write_bytes=max_write_bytes,
                 max_groups_in_flight=max_groups_in_flight,
+                ack_before_fsync=ack_before_fsync,
             )
         except BaseException:
             device.close()
@@ -289,6 +312,7 @@ class BlockWal:
         capacity_bytes: int | None = None,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
+        ack_before_fsync: bool = False,
     ) -> BlockWal:
         """Read the header (or format a blank device) and check who owns the WAL."""
         if max_write_bytes < BLOCK_SIZE_BYTES or max_write_bytes % BLOCK_SIZE_BYTES:
@@ -319,6 +343,7 @@ class BlockWal:
                 fresh=True,
                 node_epoch=node_epoch,
                 max_groups_in_flight=max_groups_in_flight,
+                ack_before_fsync=ack_before_fsync,
             )
         header, slot = max(candidates, key=lambda candidate: candidate[0].sequence)
         other_slot = slots[(1 - slot) * HEADER_SLOT_BYTES : (2 - slot) * HEADER_SLOT_BYTES]
@@ -347,6 +372,7 @@ class BlockWal:
             node_epoch=node_epoch,
             max_groups_in_flight=max_groups_in_flight,
             header_fallback=header_fallback,
+            ack_before_fsync=ack_before_fsync,
         )
 
     # --------------------------------------------------------------- properties
@@ -607,10 +633,15 @@ class BlockWal:
             for physical, buffers in writes:
                 self._device.write(buffers, physical)
                 self.write_count += 1
+            if self._ack_before_fsync and (
+                time.monotonic() - self._last_sync_s < ACK_BEFORE_FSYNC_SYNC_INTERVAL_S
+            ):
+                return  # test only: acknowledged now, synced by a later group or header
             self._device.sync()
         except BaseException:
             self._device_failed = True
             raise
+        self._last_sync_s = time.monotonic()
         self.sync_count += 1
 
     def _fail_pending(self, group: list[_Pending], error: BaseException) -> None:
@@ -678,6 +709,7 @@ class BlockWal:
     def _write_header_sync(self, data: bytes, physical: int) -> None:
         self._device.write([data], physical)
         self._device.sync()
+        self._last_sync_s = time.monotonic()
 
     async def _run_io(self, function: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()

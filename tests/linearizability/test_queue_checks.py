@@ -55,8 +55,9 @@ class Consumer:
     position: dict[int, int]
 
 
-def simulate(seed: int, steps: int = 160) -> list[Op]:
-    """A history of a correct log (appends take effect at their acknowledgement)."""
+def simulate(seed: int, steps: int = 160, *, log_end: bool = False) -> list[Op]:
+    """A history of a correct log (appends take effect at their acknowledgement). With
+    ``log_end`` the final reads report the end they read up to."""
     rng = random.Random(seed)
     logs = {p: Log() for p in PARTITIONS}
     history = Recorder()
@@ -153,6 +154,7 @@ def simulate(seed: int, steps: int = 160) -> list[Op]:
                 "records": [[p, o, v] for o, v in logs[p].records],
                 "log_start": {str(p): logs[p].start},
                 "final": True,
+                **({"log_end": {str(p): logs[p].next_offset}} if log_end else {}),
             },
         )
     return history.ops
@@ -423,6 +425,41 @@ def test_a_seeded_anomaly_is_found_as_its_kind(kind: AnomalyKind, seed: int) -> 
     assert report.kinds() == {kind}, _explain(report.anomalies)
     assert not report.valid
     assert report.counts[kind] >= 1
+
+
+def seed_lost_tail(ops: list[Op], rng: random.Random) -> list[Op] | None:
+    """The log comes back shorter than acknowledged: its last acked records are gone and the
+    final read reports the earlier end (an acknowledgement the broker did not keep)."""
+    acked = _acked(ops)
+    for i in _final_positions(ops):
+        records = _records(ops[i])
+        tail = [j for j, record in enumerate(records) if record[2] in acked]
+        if not tail:
+            continue
+        cut = rng.choice(tail[-3:])
+        partition = records[cut][0]
+        value = {**ops[i].value, "log_end": {str(partition): records[cut][1]}}
+        return [*ops[:i], replace(ops[i], value={**value, "records": records[:cut]}), *ops[i + 1 :]]
+    return None
+
+
+@given(seed=seeds)
+def test_a_correct_log_with_reported_ends_has_no_anomalies(seed: int) -> None:
+    report = check_all(simulate(seed, log_end=True))
+    assert report.valid, _explain(report.anomalies)
+
+
+@pytest.mark.parametrize("mutation", [seed_lost_tail, seed_unseen])
+@settings(max_examples=40)
+@given(seed=seeds)
+def test_acks_past_the_reported_end_are_lost_writes(mutation: Mutation, seed: int) -> None:
+    """With the final read's log end known, an acknowledged record missing at or past it is a
+    lost write (without the end it could only be ``unseen``)."""
+    mutated = mutation(simulate(seed, steps=220, log_end=True), random.Random(seed))
+    assume(mutated is not None)
+    assert mutated is not None
+    report = check_all(mutated)
+    assert report.kinds() == {"lost-write"}, _explain(report.anomalies)
 
 
 def test_histories_survive_a_json_round_trip(tmp_path: Path) -> None:

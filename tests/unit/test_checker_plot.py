@@ -1,0 +1,115 @@
+"""The check report's plot: a synthetic history with two faults gives a PNG that matplotlib
+wrote; an empty history is refused with a ValueError."""
+
+from __future__ import annotations
+
+import random
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from automq_ref.checker.history import Op, Recorder
+from automq_ref.checker.plot import fault_colours, plot_history
+from automq_ref.checker.workload import FaultWindow
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+NS_PER_MS = 1_000_000
+ORIGIN_NS = 5_000_000_000_000  # monotonic clocks start anywhere
+
+
+def synthetic_history(seconds: int = 12) -> tuple[list[Op], list[FaultWindow]]:
+    """Two producers (one send at a time each), one consumer, a kill and a pause."""
+    rng = random.Random(3)
+    kill = FaultWindow("kill", ORIGIN_NS + 3_000 * NS_PER_MS, ORIGIN_NS + 4_500 * NS_PER_MS)
+    pause = FaultWindow("pause", ORIGIN_NS + 7_000 * NS_PER_MS, ORIGIN_NS + 8_500 * NS_PER_MS)
+    events: list[tuple[int, int, str, str, dict[str, object]]] = []
+    for process in (0, 1):
+        now = ORIGIN_NS + process * NS_PER_MS
+        count = 0
+        while now < ORIGIN_NS + seconds * 1000 * NS_PER_MS:
+            value = {"partition": count % 3, "value": f"{process}-{count}"}
+            events.append((now, process, "invoke", "send", value))
+            in_fault = any(f.start_ns <= now < f.end_ns for f in (kill, pause))
+            latency_ns = int(rng.lognormvariate(1.0, 0.6) * NS_PER_MS)
+            if in_fault and rng.random() < 0.3:
+                now += 1_500 * NS_PER_MS
+                events.append((now, process, "info", "send", {**value, "error": "timed out"}))
+            else:
+                now += latency_ns + (1_200 * NS_PER_MS if in_fault else 0)
+                events.append((now, process, "ok", "send", {**value, "offset": count}))
+            now += 5 * NS_PER_MS
+            count += 1
+        # An open send at the end: counts as info.
+        events.append((now, process, "invoke", "send", {"partition": 0, "value": "open"}))
+    now = ORIGIN_NS
+    while now < ORIGIN_NS + seconds * 1000 * NS_PER_MS:
+        events.append((now, 100, "invoke", "poll", {"partitions": [0, 1, 2]}))
+        now += 200 * NS_PER_MS
+        records = [[0, index, f"0-{index}"] for index in range(rng.randint(0, 40))]
+        events.append((now, 100, "ok", "poll", {"records": records}))
+    final_at = ORIGIN_NS + (seconds + 1) * 1000 * NS_PER_MS
+    events.append((final_at, 1000, "invoke", "poll", {"partitions": [0], "final": True}))
+    everything = [[0, index, "x"] for index in range(5000)]
+    events.append((final_at + 1, 1000, "ok", "poll", {"records": everything, "final": True}))
+    recorder = Recorder()
+    for time_ns, process, type_, f, value in sorted(events, key=lambda event: event[0]):
+        recorder.add(process, type_, f, time_ns, value)  # type: ignore[arg-type]
+    return recorder.ops, [kill, pause]
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_a_history_with_two_faults_makes_a_png(tmp_path: Path) -> None:
+    ops, faults = synthetic_history()
+    path = tmp_path / "history.png"
+    plot_history(ops, faults, path, "seed 3: kill, pause")
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 20_000
+    assert b"Matplotlib" in data[:4096]  # the Software text chunk matplotlib writes
+    assert png_size(data) == (1200, 700)
+
+
+def test_plotting_works_off_the_main_thread(tmp_path: Path) -> None:
+    ops, faults = synthetic_history(seconds=3)
+    errors: list[BaseException] = []
+
+    def draw() -> None:
+        try:
+            plot_history(ops, faults[:1], tmp_path / "thread.png", "from a thread")
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=draw)
+    thread.start()
+    thread.join()
+    assert not errors
+    assert (tmp_path / "thread.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_a_history_without_sends_still_plots(tmp_path: Path) -> None:
+    recorder = Recorder()
+    recorder.add(100, "invoke", "poll", ORIGIN_NS, {"partitions": [0]})
+    recorder.add(100, "ok", "poll", ORIGIN_NS + 300 * NS_PER_MS, {"records": [[0, 0, "a"]]})
+    path = tmp_path / "polls.png"
+    plot_history(recorder.ops, [], path, "polls only")
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_an_empty_history_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "empty.png"
+    with pytest.raises(ValueError, match="empty history"):
+        plot_history([], [FaultWindow("kill", 1, 2)], path, "nothing")
+    assert not path.exists()
+
+
+def test_each_fault_kind_has_its_own_colour() -> None:
+    colours = fault_colours(["kill", "pause", "kill", "disk-full", "wal-loss", "clock"])
+    assert list(colours) == ["kill", "pause", "disk-full", "wal-loss", "clock"]
+    assert len(set(colours.values())) == len(colours)

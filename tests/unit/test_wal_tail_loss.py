@@ -1,0 +1,339 @@
+"""Losing the un-fsynced tail of a WAL file after a kill, and a broker that acks before fsync.
+
+The undo journal must list exactly the writes since the last sync; ``lose_unsynced_tail`` must
+leave synced bytes alone and give the same disk as ``MemoryBlockDevice.crash`` for the same
+seed; the WAL must recover a prefix from what is left. Against a broker process: nothing
+acknowledged is lost across kill + tail loss + restart, and the deliberately broken
+``automq.ref.test.ack.before.fsync`` broker loses acknowledged records under the same sequence.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from automq_ref.checker.cluster import BrokerProcess
+from automq_ref.io import wal_block
+from automq_ref.io.block_device import FileBlockDevice
+from automq_ref.io.faults import (
+    MemoryBlockDevice,
+    UndoJournalBlockDevice,
+    lose_unsynced_tail,
+    read_undo_journal,
+    undo_journal_path,
+)
+from automq_ref.io.wal_block import BlockWal, RecoveredRecord
+
+SIZE = 64 * 1024
+CAPACITY = 1 << 20
+MAX_WRITE = 64 * 1024
+JOURNAL = "automq.ref.test.wal.undo.journal=true"
+ACK_BEFORE_FSYNC = "automq.ref.test.ack.before.fsync=true"
+
+
+def open_journaled(path: Path) -> UndoJournalBlockDevice:
+    return UndoJournalBlockDevice(FileBlockDevice(path, SIZE))
+
+
+def pattern(seed: int, size: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+# ------------------------------------------------------------------------- the journal
+
+
+def test_journal_lists_exactly_the_writes_since_the_last_sync(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    device = open_journaled(path)
+    journal = undo_journal_path(path)
+    assert journal == tmp_path / "wal.undo"
+    device.write([pattern(1, 4096)], 0)
+    device.write([b"ab", bytearray(b"cd"), memoryview(b"ef")], 8192)
+    assert read_undo_journal(journal) == [(0, bytes(4096)), (8192, bytes(6))]
+    device.sync()
+    assert read_undo_journal(journal) == []
+    assert journal.stat().st_size == 0
+    device.write([pattern(2, 1000)], 100)  # overlaps the synced first write
+    device.write([pattern(3, 600)], 700)  # overlaps the unsynced one before it
+    assert read_undo_journal(journal) == [
+        (100, pattern(1, 4096)[100:1100]),
+        (700, pattern(2, 1000)[600:] + pattern(1, 4096)[1100:1300]),
+    ]
+    device.close()
+    # A new device on the same file starts a new journal: the old writes survived that kill.
+    open_journaled(path).close()
+    assert read_undo_journal(journal) == []
+
+
+def test_a_torn_last_journal_entry_is_ignored(tmp_path: Path) -> None:
+    path = tmp_path / "wal"
+    device = open_journaled(path)
+    device.write([pattern(1, 512)], 0)
+    device.write([pattern(2, 512)], 512)
+    device.close()
+    journal = undo_journal_path(path)
+    whole = journal.read_bytes()
+    journal.write_bytes(whole[:-10])
+    assert read_undo_journal(journal) == [(0, bytes(512))]
+    first_entry_bytes = len(whole) // 2
+    journal.write_bytes(whole[:first_entry_bytes] + b"\xff" * 30)  # a damaged second entry
+    assert read_undo_journal(journal) == [(0, bytes(512))]
+
+
+def test_synced_writes_stay_and_unsynced_ones_revert(tmp_path: Path) -> None:
+    for keep_probability, expect_new in ((0.0, False), (1.0, True)):
+        path = tmp_path / f"wal-{keep_probability}"
+        device = open_journaled(path)
+        device.write([pattern(1, 8192)], 0)
+        device.sync()
+        device.write([pattern(2, 4096)], 4096)  # half over synced data, half over zeros
+        device.write([pattern(3, 3000)], 20000)
+        device.close()  # the kill: nothing was synced after the first write
+        counts = lose_unsynced_tail(path, random.Random(1), keep_probability=keep_probability)
+        image = path.read_bytes()
+        assert image[:4096] == pattern(1, 8192)[:4096]
+        if expect_new:
+            assert image[4096:8192] == pattern(2, 4096)
+            assert image[20000:23000] == pattern(3, 3000)
+            assert counts["sectors_reverted"] == 0
+        else:
+            assert image[4096:8192] == pattern(1, 8192)[4096:]
+            assert image[8192:] == bytes(SIZE - 8192)
+            assert counts["bytes_reverted"] == 4096 + 3000
+        # 8 sectors, and 3000 bytes from 20000 touch sectors 39..44 (6 of them).
+        assert counts["writes"] == 2
+        assert counts["sectors"] == 8 + 6
+        assert not undo_journal_path(path).exists()
+        assert lose_unsynced_tail(path, random.Random(1))["writes"] == 0
+
+
+def test_tail_loss_matches_the_memory_device_crash_model(tmp_path: Path) -> None:
+    """Sector-aligned, overlapping writes: the file after the loss is the memory device's
+    crash image for the same seed (same sectors, same order of choices)."""
+    partial = 0
+    for seed in range(30):
+        rng = random.Random(seed)
+        path = tmp_path / f"wal-{seed}"
+        device = open_journaled(path)
+        memory = MemoryBlockDevice(SIZE)
+        for phase in range(2):
+            for _ in range(rng.randint(1, 6)):
+                position = rng.randrange(0, SIZE // 512 - 8) * 512
+                data = rng.randbytes(rng.randint(1, 8) * 512)
+                device.write([data], position)
+                memory.write([data], position)
+            if phase == 0:
+                device.sync()
+                memory.sync()
+        device.close()
+        counts = lose_unsynced_tail(path, random.Random(seed))
+        assert path.read_bytes() == bytes(memory.crash(random.Random(seed)).durable)
+        partial += 0 < counts["sectors_reverted"] < counts["sectors"]
+    assert partial > 20  # the rng mostly keeps some sectors and loses others
+
+
+# ---------------------------------------------------------------------------- the WAL
+
+
+async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Synced records survive; of the acknowledged-but-unsynced ones a prefix comes back."""
+    lost_some = kept_some = 0
+    for seed in range(12):
+        path = tmp_path / f"wal-{seed}"
+        wal = await BlockWal.open_file(
+            path,
+            node_id=7,
+            node_epoch=1,
+            capacity_bytes=CAPACITY,
+            max_write_bytes=MAX_WRITE,
+            undo_journal=True,
+            ack_before_fsync=True,
+        )
+        async for _ in wal.recover():
+            pass
+        await wal.reset()
+        monkeypatch.setattr(wal_block, "ACK_BEFORE_FSYNC_SYNC_INTERVAL_S", 0.0)
+        synced = [pattern(seed * 100 + index, 700) for index in range(5)]
+        for data in synced:
+            await wal.append(data)
+        assert read_undo_journal(undo_journal_path(path)) == []
+        monkeypatch.setattr(wal_block, "ACK_BEFORE_FSYNC_SYNC_INTERVAL_S", 3600.0)
+        unsynced = [pattern(seed * 100 + 50 + index, 1500) for index in range(8)]
+        for data in unsynced:
+            await wal.append(data)  # acknowledged, never synced
+        assert len(read_undo_journal(undo_journal_path(path))) == len(unsynced)
+        # The kill: the file and its journal as they are now (the close below syncs them).
+        crashed = tmp_path / f"crashed-{seed}"
+        crashed.mkdir()
+        shutil.copy(path, crashed / "wal")
+        shutil.copy(undo_journal_path(path), crashed / "wal.undo")
+        await wal.close()
+        lose_unsynced_tail(crashed / "wal", random.Random(seed))
+        recovered = await recover_file(crashed / "wal")
+        bodies = [record.body for record in recovered]
+        assert bodies[:5] == synced
+        assert bodies[5:] == unsynced[: len(bodies) - 5]
+        lost_some += len(bodies) < 13
+        kept_some += len(bodies) > 5
+    assert lost_some and kept_some
+
+
+async def recover_file(path: Path) -> list[RecoveredRecord]:
+    wal = await BlockWal.open_file(
+        path, node_id=7, node_epoch=2, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
+    )
+    recovered = [record async for record in wal.recover()]
+    await wal.close()
+    return recovered
+
+
+# ------------------------------------------------------------------- a broker process
+
+
+def producer_for(broker: BrokerProcess) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 0,
+            "message.timeout.ms": 20000,
+            "reconnect.backoff.ms": 50,
+        }
+    )
+
+
+def create_topic(broker: BrokerProcess) -> str:
+    topic = f"tail-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result()
+    return topic
+
+
+def read_all(broker: BrokerProcess, topic: str) -> list[str]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": f"verify-{uuid.uuid4().hex[:6]}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    values: list[str] = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    return values
+                raise AssertionError(error)
+            values.append((message.value() or b"").decode())
+    finally:
+        consumer.close()
+    raise AssertionError("did not reach the end of the partition")
+
+
+def send_one(producer: Producer, topic: str, value: str, acknowledged: list[str]) -> None:
+    """Produce ``value`` and wait (at most 10 s) for its delivery report."""
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            acknowledged.append((message.value() or b"").decode())
+
+    producer.produce(topic, value.encode(), partition=0, on_delivery=delivered)
+    producer.flush(10)
+
+
+def produce_until_killed(broker: BrokerProcess, topic: str, prefix: str) -> list[str]:
+    """Send one value after another; once 50 are acknowledged, SIGKILL the broker 0.2 s later
+    while the sends go on. Returns the acknowledged values."""
+    producer = producer_for(broker)
+    acknowledged: list[str] = []
+    killed = threading.Event()
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            acknowledged.append((message.value() or b"").decode())
+
+    def kill() -> None:
+        broker.kill()
+        killed.set()
+
+    timer: threading.Timer | None = None
+    deadline = time.monotonic() + 30
+    count = 0
+    while not killed.is_set():
+        assert time.monotonic() < deadline, f"only {len(acknowledged)} sends acknowledged"
+        producer.produce(topic, f"{prefix}-{count}".encode(), partition=0, on_delivery=delivered)
+        producer.flush(0.2)
+        count += 1
+        if timer is None and len(acknowledged) >= 50:
+            timer = threading.Timer(0.2, kill)
+            timer.start()
+    assert timer is not None
+    timer.join()
+    producer.purge()
+    producer.poll(0)
+    return acknowledged
+
+
+def test_the_correct_broker_keeps_every_acknowledged_record(tmp_path: Path) -> None:
+    """Kill while a producer sends, lose the un-fsynced tail, restart: all acks are there."""
+    broker = BrokerProcess(tmp_path / "data", JOURNAL)
+    broker.start()
+    try:
+        topic = create_topic(broker)
+        acknowledged: list[str] = []
+        losses: list[dict[str, int]] = []
+        for round_ in range(2):
+            acknowledged += produce_until_killed(broker, topic, str(round_))
+            losses.append(lose_unsynced_tail(broker.data_dir / "wal", random.Random(round_)))
+            broker.start()
+        assert len(acknowledged) >= 100
+        values = read_all(broker, topic)
+        missing = set(acknowledged) - set(values)
+        assert not missing, (sorted(missing)[:10], losses)
+    finally:
+        if broker.alive():
+            broker.stop()
+
+
+def test_a_broker_that_acks_before_fsync_loses_acknowledged_records(tmp_path: Path) -> None:
+    broker = BrokerProcess(tmp_path / "data", JOURNAL, ACK_BEFORE_FSYNC)
+    broker.start()
+    try:
+        topic = create_topic(broker)
+        producer = producer_for(broker)
+        acknowledged: list[str] = []
+        # Well within the deferred-sync interval: at most the first of these groups is synced.
+        for index in range(40):
+            send_one(producer, topic, f"v-{index}", acknowledged)
+        assert len(acknowledged) == 40
+        broker.kill()  # right after the acknowledgements arrived
+        producer.purge()
+        counts = lose_unsynced_tail(broker.data_dir / "wal", random.Random(7))
+        assert counts["sectors_reverted"] > 0, counts
+        broker.start()
+        values = read_all(broker, topic)
+        missing = [value for value in acknowledged if value not in set(values)]
+        assert missing, counts
+        # What survived is a prefix of what was acknowledged (the WAL recovers a prefix).
+        assert values == acknowledged[: len(values)]
+    finally:
+        if broker.alive():
+            broker.stop()
