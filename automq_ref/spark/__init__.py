@@ -1,0 +1,1 @@
+"""Spark sources over the broker (`automq`) and over its objects (`automq-objects`)."""

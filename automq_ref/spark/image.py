@@ -1,0 +1,484 @@
+"""A broker's topics, read straight from its metadata log and its objects, without the broker.
+
+The ``automq-objects`` Spark source (:mod:`automq_ref.spark.objects_source`) plans its reads
+with this module; nothing here needs Spark, so it is tested on its own.
+
+Theory of operation
+-------------------
+Everything a broker has committed can be found from two places: the controller's metadata log
+(``<log.dirs>/metadata``) and the object store (``<log.dirs>/objects``, or the bucket of
+``s3.data.buckets``).
+
+1. *The image.* :func:`load_image` reads the metadata log read-only
+   (:func:`~automq_ref.io.metadata_log.read_log_directory`: no lock, nothing written, so a
+   running broker may keep appending) and replays the snapshot and the records after it, as
+   the controller does on open. The image holds the streams (start and end offsets), the
+   committed objects with the offset ranges they hold per stream, and the KV store.
+2. *Topics.* The KV entry ``topics/<name>`` gives a topic's id and partition count
+   (:mod:`automq_ref.io.topics`); ``partitions/<topic id>/<index>`` gives each partition's
+   MetaStream id (:mod:`automq_ref.io.partition`).
+3. *The data stream.* The MetaStream's records are JSON ``{"k": key, "v": value}``; the last
+   ``LOG`` record names the data stream. They are read from the MetaStream's committed objects
+   the way every stream is (below).
+4. *Object ranges.* ``get_objects`` walks the data stream's committed objects (stream objects
+   and stream set objects alike) in offset order from the stream's start offset, which is the
+   partition's log start: DeleteRecords and retention move it, and offsets below it are never
+   planned, even when an object still holds them. For each object one tail GET reads the footer
+   and the index (a second GET when the index does not fit the tail), and the index entries of
+   the stream's blocks overlapping the range become an :class:`ObjectRange`: the object key, the
+   stream offsets ``[start_offset, end_offset)`` and the data blocks holding them, whose
+   adjacent runs are the byte ranges to GET.
+5. *Reading.* :func:`read_object_range` GETs those byte ranges, checks each block against its
+   index entry, and returns the Kafka RecordBatches stored in the stream records (a partition's
+   data-stream record carries the RecordBatch bytes of one produce). The caller cuts records to
+   the offsets it wants (a stream record may start below the log start or run past the end).
+
+What is visible: only what is committed to objects. Records a broker acknowledged that are still
+only in its WAL and log cache (not yet uploaded, or uploaded but not yet committed) are not seen,
+so the ``committed_end_offset`` of a partition may be below the high watermark a Kafka client
+sees; a graceful broker shutdown uploads and commits everything. Objects uploaded but never
+committed (orphans) are not in the image and are never read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from automq_ref.formats.metadata_record import decode_record, decode_snapshot
+from automq_ref.formats.object_file import (
+    DataBlockIndex,
+    parse_data_block,
+    parse_footer,
+    parse_index,
+    slice_index_from_tail,
+    tail_read_size,
+)
+from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.io.metadata_log import read_log_directory
+from automq_ref.io.object_store import ObjectStore, open_object_store
+from automq_ref.io.partition import partition_key
+from automq_ref.io.stream_objects import object_key
+from automq_ref.io.topics import Topic, topics_in
+from automq_ref.state_machines import stream_metadata as sm
+
+# The namespace the broker writes its object keys under (``automq_ref.io.broker.NAMESPACE``;
+# not imported, so that reading objects does not load the whole broker).
+NAMESPACE = "_kafka_automq_ref"
+METADATA_DIR_NAME = "metadata"
+OBJECTS_DIR_NAME = "objects"
+_SEGMENT_FILE = re.compile(r"segment-\d{20}\.log")
+_GET_OBJECTS_LIMIT = 1 << 30
+
+
+class ImageError(Exception):
+    """The metadata or the objects are not where they should be, or do not agree."""
+
+
+# --------------------------------------------------------------------------- locations
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a broker's metadata log and objects are."""
+
+    metadata_dir: Path
+    object_store_uri: str
+
+
+def locate(
+    path: str | Path | None = None,
+    *,
+    metadata_dir: str | Path | None = None,
+    object_store_uri: str | None = None,
+) -> Location:
+    """The metadata log and object store of the broker whose ``log.dirs`` is ``path``.
+
+    ``path`` may also be the metadata log directory itself. ``metadata_dir`` names the log
+    directory explicitly (then ``path`` is not needed). The object store defaults to the local
+    ``objects`` directory beside the metadata log, as the broker's default; a broker that keeps
+    its objects in S3 needs ``object_store_uri`` (``s3://bucket?endpoint=..&region=..``).
+    """
+    if metadata_dir is not None:
+        log_dir = Path(metadata_dir)
+    elif path is not None:
+        root = Path(path)
+        log_dir = root if _looks_like_log_dir(root) else root / METADATA_DIR_NAME
+    else:
+        raise ImageError("give the broker's log.dirs (path) or its metadata log directory")
+    if not log_dir.is_dir():
+        raise ImageError(f"no metadata log at {log_dir}")
+    if object_store_uri is None:
+        objects = log_dir.parent / OBJECTS_DIR_NAME
+        if not objects.is_dir():
+            raise ImageError(
+                f"no objects directory at {objects}; the broker may keep its objects in S3: "
+                "name the object store"
+            )
+        object_store_uri = objects.resolve().as_uri()
+    elif urlsplit(object_store_uri).scheme == "file":
+        root = Path(unquote(urlsplit(object_store_uri).path))
+        if not root.is_dir():
+            raise ImageError(f"object store {object_store_uri}: no directory at {root}")
+    return Location(log_dir, object_store_uri)
+
+
+def _looks_like_log_dir(path: Path) -> bool:
+    return path.is_dir() and any(_SEGMENT_FILE.fullmatch(child.name) for child in path.iterdir())
+
+
+def open_store(uri: str, store_options: Mapping[str, Any] | None = None) -> ObjectStore:
+    """The object store at ``uri``; ``store_options`` go to its constructor (credentials).
+
+    The local store gets few I/O threads: a reader needs no more.
+    """
+    options = dict(store_options or {})
+    if urlsplit(uri).scheme == "file":
+        options.setdefault("io_threads", 2)
+    return open_object_store(uri, **options)
+
+
+# ------------------------------------------------------------------------------ image
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataImage:
+    """The replayed image and how far into the log it goes."""
+
+    image: sm.StreamMetadataImage
+    next_index: int  # the log index after the last record replayed
+
+    @property
+    def topics(self) -> dict[str, Topic]:
+        return topics_in(self.image.kv)
+
+
+def load_image(metadata_dir: str | Path) -> MetadataImage:
+    """Replay the snapshot and the records of the metadata log in ``metadata_dir``, read-only."""
+    snapshot, entries = read_log_directory(metadata_dir)
+    image = sm.EMPTY_IMAGE
+    next_index = 0
+    if snapshot is not None:
+        image = sm.replay_all(image, decode_snapshot(snapshot.payload))
+        next_index = snapshot.index
+    for entry in entries:
+        image = sm.replay(image, decode_record(entry.payload))
+        next_index = entry.index + 1
+    return MetadataImage(image, next_index)
+
+
+# ---------------------------------------------------------------------------- layouts
+
+
+def byte_runs(blocks: Sequence[DataBlockIndex]) -> tuple[tuple[int, int], ...]:
+    """``[start, end)`` byte ranges covering ``blocks``, adjacent blocks merged into one."""
+    runs: list[tuple[int, int]] = []
+    for block in blocks:
+        if runs and runs[-1][1] == block.start_position:
+            runs[-1] = (runs[-1][0], block.end_position)
+        else:
+            runs.append((block.start_position, block.end_position))
+    return tuple(runs)
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRange:
+    """Offsets ``[start_offset, end_offset)`` of one stream, held by the blocks of one object.
+
+    Plain data (picklable): what an executor needs to read the range without the image.
+    """
+
+    object_id: int
+    key: str
+    object_size: int
+    is_stream_object: bool
+    stream_id: int
+    start_offset: int
+    end_offset: int
+    blocks: tuple[DataBlockIndex, ...]
+
+    @property
+    def byte_ranges(self) -> tuple[tuple[int, int], ...]:
+        return byte_runs(self.blocks)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(block.block_size_bytes for block in self.blocks)
+
+    def clip(self, start: int, end: int) -> ObjectRange | None:
+        """The part of this range inside ``[start, end)``, with only the blocks it needs."""
+        low, high = max(start, self.start_offset), min(end, self.end_offset)
+        if low >= high:
+            return None
+        blocks = tuple(b for b in self.blocks if b.end_offset > low and b.start_offset < high)
+        return ObjectRange(
+            self.object_id,
+            self.key,
+            self.object_size,
+            self.is_stream_object,
+            self.stream_id,
+            low,
+            high,
+            blocks,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLayout:
+    """One Kafka partition as its committed objects hold it."""
+
+    topic: str
+    partition: int
+    meta_stream_id: int
+    data_stream_id: int | None  # None: the MetaStream's LOG record is not committed yet
+    log_start_offset: int
+    committed_end_offset: int  # objects hold every offset in [log start, this)
+    objects: tuple[ObjectRange, ...] = field(default=())
+
+    def ranges(self, start: int, end: int) -> list[ObjectRange]:
+        """The object ranges holding ``[start, end)`` (clipped to it), in offset order."""
+        clipped = (object_range.clip(start, end) for object_range in self.objects)
+        return [object_range for object_range in clipped if object_range is not None]
+
+
+class _IndexCache:
+    """Object id -> its parsed index, for one planning pass (stream set objects are shared)."""
+
+    def __init__(self, store: ObjectStore, image: sm.StreamMetadataImage) -> None:
+        self._store = store
+        self._image = image
+        self._indexes: dict[int, tuple[DataBlockIndex, ...]] = {}
+
+    def object_size(self, object_id: int) -> int:
+        s3_object = self._image.objects.get(object_id)
+        if s3_object is None or s3_object.state is not sm.S3ObjectState.COMMITTED:
+            raise ImageError(f"object {object_id} is named by a stream but is not committed")
+        return s3_object.object_size
+
+    async def get(self, object_id: int) -> tuple[DataBlockIndex, ...]:
+        cached = self._indexes.get(object_id)
+        if cached is not None:
+            return cached
+        size = self.object_size(object_id)
+        key = object_key(NAMESPACE, object_id)
+        tail = await self._store.get_range(key, size - tail_read_size(size), size)
+        location = parse_footer(tail, size)
+        index_bytes: bytes | memoryview | None = slice_index_from_tail(tail, size, location)
+        if index_bytes is None:
+            index_bytes = await self._store.get_range(
+                key, location.start_position, location.start_position + location.length_bytes
+            )
+        indexes = parse_index(index_bytes, index_start_position=location.start_position)
+        self._indexes[object_id] = indexes
+        return indexes
+
+
+async def stream_ranges(
+    image: sm.StreamMetadataImage, store: ObjectStore, stream_id: int
+) -> tuple[int, int, tuple[ObjectRange, ...]]:
+    """(start offset, committed end, object ranges) of a stream, from its start offset.
+
+    The committed end is where the objects stop being contiguous: the stream's end offset
+    unless the image names no object for some offsets (a commit not replayed yet).
+    """
+    return await _stream_ranges(_IndexCache(store, image), image, stream_id)
+
+
+async def _stream_ranges(
+    indexes: _IndexCache, image: sm.StreamMetadataImage, stream_id: int
+) -> tuple[int, int, tuple[ObjectRange, ...]]:
+    stream = image.streams.get(stream_id)
+    if stream is None:
+        raise ImageError(f"stream {stream_id} is not in the image")
+    start = stream.start_offset
+    if stream.end_offset <= start:
+        return start, start, ()
+    error, slices = sm.get_objects(image, stream_id, start, stream.end_offset, _GET_OBJECTS_LIMIT)
+    if error is not sm.StreamErrorCode.NONE:
+        raise ImageError(f"stream {stream_id} from {start}: {error.value}")
+    found: list[ObjectRange] = []
+    cursor = start
+    for object_slice in slices:
+        low, high = cursor, min(object_slice.end_offset, stream.end_offset)
+        if low >= high:
+            continue
+        entries = await indexes.get(object_slice.object_id)
+        blocks = tuple(
+            entry
+            for entry in entries
+            if entry.stream_id == stream_id and entry.end_offset > low and entry.start_offset < high
+        )
+        _check_covers(object_slice.object_id, stream_id, blocks, low, high)
+        found.append(
+            ObjectRange(
+                object_slice.object_id,
+                object_key(NAMESPACE, object_slice.object_id),
+                indexes.object_size(object_slice.object_id),
+                object_slice.is_stream_object,
+                stream_id,
+                low,
+                high,
+                blocks,
+            )
+        )
+        cursor = high
+    return start, cursor, tuple(found)
+
+
+def _check_covers(
+    object_id: int, stream_id: int, blocks: Sequence[DataBlockIndex], low: int, high: int
+) -> None:
+    expected = low
+    for block in blocks:
+        if block.start_offset > expected:
+            break
+        expected = block.end_offset
+    if not blocks or blocks[0].start_offset > low or expected < high:
+        raise ImageError(
+            f"object {object_id} does not hold offsets [{low}, {high}) of stream {stream_id} "
+            "as the metadata says"
+        )
+
+
+async def read_stream(store: ObjectStore, object_range: ObjectRange) -> list[StreamRecordBatch]:
+    """The stream records of ``object_range`` overlapping its offsets, in offset order.
+
+    One ranged GET per run of adjacent blocks; each block is checked against its index entry.
+    Link records and the trim marker carry no data and are left out.
+    """
+    found: list[StreamRecordBatch] = []
+    blocks = list(object_range.blocks)
+    for run_start, run_end in object_range.byte_ranges:
+        data = memoryview(await store.get_range(object_range.key, run_start, run_end))
+        while blocks and blocks[0].end_position <= run_end:
+            block = blocks.pop(0)
+            piece = data[block.start_position - run_start : block.end_position - run_start]
+            for batch in parse_data_block(piece, block):
+                if batch.is_link_record or batch.is_fake_trim_record:
+                    continue
+                if (
+                    batch.last_offset > object_range.start_offset
+                    and batch.base_offset < object_range.end_offset
+                ):
+                    found.append(batch)
+    return found
+
+
+def kafka_batches(stream_batches: Iterable[StreamRecordBatch]) -> Iterator[RecordBatchView]:
+    """The Kafka RecordBatches in data-stream records (CRC checked), in offset order."""
+    for stream_batch in stream_batches:
+        yield from iter_batches(stream_batch.payload)
+
+
+async def read_object_range(store: ObjectStore, object_range: ObjectRange) -> list[RecordBatchView]:
+    """The Kafka RecordBatches stored in ``object_range`` (whole batches: cut records yourself)."""
+    return list(kafka_batches(await read_stream(store, object_range)))
+
+
+async def _meta_records(
+    indexes: _IndexCache, store: ObjectStore, image: sm.StreamMetadataImage, stream_id: int
+) -> dict[str, Any]:
+    """The MetaStream's committed key/value records, the last value of each key."""
+    records: dict[str, Any] = {}
+    _, _, ranges = await _stream_ranges(indexes, image, stream_id)
+    for object_range in ranges:
+        for batch in await read_stream(store, object_range):
+            record = json.loads(bytes(batch.payload))
+            records[str(record["k"])] = record["v"]
+    return records
+
+
+async def resolve_partition(
+    image: sm.StreamMetadataImage, store: ObjectStore, topic: Topic, index: int
+) -> PartitionLayout:
+    """Find one partition's data stream and the object ranges holding its committed offsets."""
+    return await _resolve_partition(_IndexCache(store, image), store, image, topic, index)
+
+
+async def _resolve_partition(
+    indexes: _IndexCache,
+    store: ObjectStore,
+    image: sm.StreamMetadataImage,
+    topic: Topic,
+    index: int,
+) -> PartitionLayout:
+    raw = image.kv.get(partition_key(topic.topic_id, index))
+    if raw is None:
+        raise ImageError(f"partition {topic.name}-{index} has no MetaStream in the KV store")
+    meta_stream_id = int(raw)
+    if meta_stream_id not in image.streams:
+        raise ImageError(f"partition {topic.name}-{index}: MetaStream {meta_stream_id} is gone")
+    meta = await _meta_records(indexes, store, image, meta_stream_id)
+    log_record = meta.get("LOG")
+    if log_record is None:
+        return PartitionLayout(topic.name, index, meta_stream_id, None, 0, 0)
+    data_stream_id = int(log_record["data"])
+    start, end, ranges = await _stream_ranges(indexes, image, data_stream_id)
+    return PartitionLayout(topic.name, index, meta_stream_id, data_stream_id, start, end, ranges)
+
+
+# ----------------------------------------------------------------------- whole layouts
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The topics of a broker and the committed object ranges of the partitions asked for."""
+
+    location: Location
+    metadata: MetadataImage
+    topics: Mapping[str, Topic]
+    partitions: Mapping[tuple[str, int], PartitionLayout]
+
+
+async def resolve_layout(
+    location: Location,
+    topic_filter: Callable[[str], bool] = lambda name: True,
+    *,
+    store_options: Mapping[str, Any] | None = None,
+) -> Layout:
+    """Load the image and resolve every partition of the topics ``topic_filter`` accepts."""
+    metadata = load_image(location.metadata_dir)
+    topics = metadata.topics
+    partitions: dict[tuple[str, int], PartitionLayout] = {}
+    async with open_store(location.object_store_uri, store_options) as store:
+        indexes = _IndexCache(store, metadata.image)
+        for name, topic in sorted(topics.items()):
+            if not topic_filter(name):
+                continue
+            for index in range(topic.partitions):
+                partitions[(name, index)] = await _resolve_partition(
+                    indexes, store, metadata.image, topic, index
+                )
+    return Layout(location, metadata, topics, partitions)
+
+
+def read_layout(
+    location: Location,
+    topic_filter: Callable[[str], bool] = lambda name: True,
+    *,
+    store_options: Mapping[str, Any] | None = None,
+) -> Layout:
+    """:func:`resolve_layout` for callers without an event loop (Spark's driver)."""
+    return asyncio.run(resolve_layout(location, topic_filter, store_options=store_options))
+
+
+def read_batches(
+    object_store_uri: str,
+    object_range: ObjectRange,
+    *,
+    store_options: Mapping[str, Any] | None = None,
+) -> list[RecordBatchView]:
+    """:func:`read_object_range` for callers without an event loop (Spark's executors)."""
+
+    async def run() -> list[RecordBatchView]:
+        async with open_store(object_store_uri, store_options) as store:
+            return await read_object_range(store, object_range)
+
+    return asyncio.run(run())
