@@ -10,6 +10,7 @@ Control batches (transaction markers) are skipped, as consumers skip them.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -82,18 +83,22 @@ def arrow_batches(
         if header.base_offset >= end:
             break
         timestamp_type = (header.attributes >> 3) & 1
-        for record in batch.records():
-            if record.offset < start:
-                continue
-            if record.offset >= end:
-                break
-            columns.keys.append(record.key)
-            columns.values.append(record.value)
-            columns.offsets.append(record.offset)
-            columns.timestamps.append(record.timestamp * 1000)
-            columns.timestamp_types.append(timestamp_type)
-            if include_headers:
-                columns.headers.append([{"key": k, "value": v} for k, v in record.headers])
+        decoded = batch.record_columns(include_headers=include_headers)
+        low = bisect.bisect_left(decoded.offsets, start)
+        high = bisect.bisect_left(decoded.offsets, end)
+        if low == high:
+            continue
+        whole = low == 0 and high == len(decoded.offsets)
+        offsets = decoded.offsets if whole else decoded.offsets[low:high]
+        columns.offsets.extend(offsets)
+        columns.keys.extend(decoded.keys if whole else decoded.keys[low:high])
+        columns.values.extend(decoded.values if whole else decoded.values[low:high])
+        columns.timestamps.extend(t * 1000 for t in decoded.timestamps[low:high])
+        columns.timestamp_types.extend([timestamp_type] * len(offsets))
+        if include_headers:
+            columns.headers.extend(
+                [{"key": k, "value": v} for k, v in pairs] for pairs in decoded.headers[low:high]
+            )
         if len(columns) >= rows_per_batch:
             yield _to_arrow(topic, partition, columns, include_headers)
             columns = _Columns.empty()

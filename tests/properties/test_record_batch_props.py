@@ -15,7 +15,9 @@ from automq_ref.formats import codecs
 from automq_ref.formats.codecs import CompressionType
 from automq_ref.formats.errors import FormatError, TruncatedError
 from automq_ref.formats.record_batch import (
+    Record,
     RecordBatchView,
+    RecordColumns,
     RecordInput,
     TimestampType,
     build_record_batch,
@@ -275,3 +277,42 @@ def test_decompressing_garbage_raises_only_format_errors(
 ) -> None:
     with contextlib.suppress(FormatError):
         codecs.decompress(codec, garbage, max_output_bytes=max_output_bytes)
+
+
+def columns_of(records: list[Record]) -> RecordColumns:
+    return RecordColumns(
+        [r.offset for r in records],
+        [r.timestamp for r in records],
+        [r.key for r in records],
+        [r.value for r in records],
+        [r.headers for r in records],
+    )
+
+
+@given(batch_specs(max_records=8))
+def test_record_columns_equal_the_records(spec: BatchSpec) -> None:
+    view = RecordBatchView.parse(build_record_batch(spec.records, **spec.options))
+    assert view.record_columns() == columns_of(view.records())
+    assert view.record_columns(include_headers=False).headers == []
+
+
+@given(
+    st.binary(max_size=80),
+    st.integers(0, 7),
+    st.integers(1, 4),
+)
+def test_record_columns_accept_and_refuse_what_records_do(
+    records_section: bytes, codec_id: int, records_count: int
+) -> None:
+    """On arbitrary bytes the fast column decoder agrees with the careful one: the same
+    records, or a FormatError from both."""
+    view = RecordBatchView.unchecked(batch_around(records_section, codec_id, records_count))
+    try:
+        expected = columns_of(view.records())
+    except FormatError:
+        expected = None
+    try:
+        got = view.record_columns()
+    except FormatError:
+        got = None
+    assert got == expected
