@@ -1,4 +1,5 @@
-"""The ``automq-ref`` command: ``serve`` runs the broker in the foreground."""
+"""The ``automq-ref`` command: ``serve`` runs the broker in the foreground; ``produce`` and
+``verify`` write a topic with a manifest and check it with Spark."""
 
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="a property for the broker under test (e.g. a test-only broken mode)",
     )
+    _add_spark_commands(commands)
     arguments = parser.parse_args(argv)
+    if arguments.command == "produce":
+        return _produce(arguments)
+    if arguments.command == "verify":
+        return _verify(arguments)
     if arguments.command == "check":
         return _check(arguments)
     if arguments.command == "serve":
@@ -81,6 +87,77 @@ def _check(arguments: argparse.Namespace) -> int:
     return 0 if outcome.valid else 1
 
 
+def _add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    produce = commands.add_parser(
+        "produce", help="produce self-describing records and write a manifest of the acknowledged"
+    )
+    produce.add_argument("--bootstrap", required=True, metavar="HOST:PORT")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--partitions", type=int, default=8, help="if the topic is created")
+    produce.add_argument("--records", type=int, required=True)
+    produce.add_argument(
+        "--codec", default="none", choices=("none", "gzip", "snappy", "lz4", "zstd")
+    )
+    produce.add_argument("--value-bytes", type=int, default=100, help="each value's size")
+    produce.add_argument("--producer", default=None, help="name in the values ([a-z0-9]{1,16})")
+    produce.add_argument("--manifest", type=Path, required=True, help="JSON file to write")
+    verify = commands.add_parser(
+        "verify", help="read a produced topic with Spark and check it against the manifest"
+    )
+    verify.add_argument("--manifest", type=Path, required=True)
+    verify.add_argument("--bootstrap", metavar="HOST:PORT", help="for the automq source")
+    verify.add_argument("--source", default="automq", choices=("automq", "automq-objects"))
+    verify.add_argument("--path", help="the broker's log.dirs (automq-objects source)")
+    verify.add_argument("--object-store", help="object store URI (automq-objects source)")
+    verify.add_argument("--master", default="local[*]", help="Spark master URL")
+    verify.add_argument("--report", type=Path, default=Path("verify-report"), help="directory")
+    verify.add_argument("--examples", type=int, default=5, help="examples named per partition")
+
+
+def _produce(arguments: argparse.Namespace) -> int:
+    from automq_ref.spark.produce import ProduceSettings
+    from automq_ref.spark.produce import main as produce_main
+
+    extra = {} if arguments.producer is None else {"producer": arguments.producer}
+    settings = ProduceSettings(
+        bootstrap=arguments.bootstrap,
+        topic=arguments.topic,
+        partitions=arguments.partitions,
+        records=arguments.records,
+        codec=arguments.codec,
+        value_bytes=arguments.value_bytes,
+        **extra,
+    )
+    return produce_main(settings, arguments.manifest)
+
+
+def _verify(arguments: argparse.Namespace) -> int:
+    try:
+        from automq_ref.spark.verify import VerifySettings
+        from automq_ref.spark.verify import main as verify_main
+    except ImportError as error:  # pragma: no cover - the spark extra is missing
+        print(f"automq-ref verify needs the spark extra: {error}", file=sys.stderr)
+        return 2
+    if arguments.source == "automq" and arguments.bootstrap is None:
+        print("automq-ref verify: --bootstrap is needed with --source automq", file=sys.stderr)
+        return 2
+    if arguments.source == "automq-objects" and arguments.path is None:
+        print("automq-ref verify: --path is needed with --source automq-objects", file=sys.stderr)
+        return 2
+    return verify_main(
+        VerifySettings(
+            manifest=arguments.manifest,
+            bootstrap=arguments.bootstrap,
+            source=arguments.source,
+            path=arguments.path,
+            object_store=arguments.object_store,
+            master=arguments.master,
+            report=arguments.report,
+            examples=arguments.examples,
+        )
+    )
+
+
 def _run(config: BrokerConfig) -> int:
     try:
         import uvloop
@@ -96,9 +173,12 @@ async def _serve(config: BrokerConfig) -> int:
     broker = await Broker.start(config)
     server = KafkaServer(broker, max_request_bytes=config.socket_request_max_bytes)
     host, port = await server.start(config.host, config.port)
-    broker.advertised_host, broker.advertised_port = host, port
+    advertised_host, advertised_port = config.advertised_address or (host, port)
+    broker.advertised_host, broker.advertised_port = advertised_host, advertised_port
     print(
-        f"automq-ref: serving Kafka on {host}:{port} (bootstrap.servers={host}:{port})", flush=True
+        f"automq-ref: serving Kafka on {host}:{port} "
+        f"(bootstrap.servers={advertised_host}:{advertised_port})",
+        flush=True,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
