@@ -255,7 +255,8 @@ class BlockWal:
         self._next_offset = header.start_offset
         self._confirm_offset = header.start_offset
         self._pending: list[_Pending] = []
-        self._pending_bytes = 0
+        # What the queued records may occupy once laid out: each as its own 4 KiB-aligned group.
+        self._pending_span = 0
         self._state = _State.OPENED
         self._failure: BaseException | None = None
         self._device_failed = False  # set by the I/O thread itself, read before each write
@@ -499,14 +500,24 @@ class BlockWal:
                 f"WAL record of {size} bytes exceeds the limit of {self._max_record_bytes}"
             )
         record_bytes = WAL_RECORD_HEADER_SIZE + size
-        used = self._next_offset + self._pending_bytes + record_bytes - self._start_offset
-        if used > self._ring_bytes:
+        # Admit a record only if every queued record surely fits when laid out, whatever the
+        # groups turn out to be: a record the writer could not place would have to fail after
+        # later ones were admitted (a gap in its stream). Worst case: each record its own group
+        # (grouping only saves padding), plus the padding to the end of the lap if the queue
+        # may cross it (less than one group). An empty WAL admits anything laying out allows.
+        worst = self._pending_span + _span(record_bytes)
+        lap_end = self._next_offset - self._next_offset % self._ring_bytes + self._ring_bytes
+        if self._next_offset + worst > lap_end:
+            worst += min(lap_end - self._next_offset, self._max_write_bytes + BLOCK_SIZE_BYTES)
+        used = self._next_offset + worst - self._start_offset
+        empty = not self._pending and self._next_offset == self._start_offset
+        if used > self._ring_bytes and not empty:
             raise WalOverCapacityError(
                 f"WAL ring of {self._ring_bytes} bytes is full ({used} needed); trim it first"
             )
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(body, future))
-        self._pending_bytes += record_bytes
+        self._pending_span += _span(record_bytes)
         assert self._wakeup is not None
         self._wakeup.set()
         return future
@@ -586,7 +597,9 @@ class BlockWal:
             group.append(pending)
             group_bytes += record_bytes
         del self._pending[: len(group)]
-        self._pending_bytes -= group_bytes
+        self._pending_span -= sum(
+            _span(WAL_RECORD_HEADER_SIZE + len(pending.body)) for pending in group
+        )
         return group
 
     def _lay_out(
@@ -649,7 +662,7 @@ class BlockWal:
             if not pending.future.done():
                 pending.future.set_exception(error)
         self._pending.clear()
-        self._pending_bytes = 0
+        self._pending_span = 0
 
     def _io_error(self) -> WalIOError:
         error = WalIOError(f"WAL write failed: {self._failure}")
