@@ -479,6 +479,12 @@ def _on_append_meta(state: ConfirmWalState, event: AppendMeta) -> Transition:
 
 
 def _on_advance_confirm(state: ConfirmWalState, event: AdvanceConfirm) -> Transition:
+    """The confirm offset only moves forward, and never past the WAL end.
+
+    post: __return__.state.main.confirm_offset >= state.main.confirm_offset
+    post: implies(__return__.ok, __return__.state.main.confirm_offset <= len(state.main.wal))
+    post: __return__.ok or __return__.state == state
+    """
     main = state.main
     if not main.confirm_offset <= event.confirm_offset <= len(main.wal):
         return _reject(
@@ -531,7 +537,11 @@ def _on_receive_answer(state: ConfirmWalState, event: ReceiveAnswer) -> Transiti
 
 
 def entry_of(record: LinkRecord | DataRecord) -> CacheEntry:
-    """The cache entry a replayed partition record becomes (a link is not yet resolved)."""
+    """The cache entry a replayed partition record becomes (a link is not yet resolved).
+
+    post: __return__.resolved == isinstance(record, DataRecord)
+    post: _same_origin(__return__, __return__)
+    """
     if isinstance(record, LinkRecord):
         return CacheEntry(
             record.source_node_id, record.channel_offset, None, None, record.timestamp_ms
@@ -540,6 +550,10 @@ def entry_of(record: LinkRecord | DataRecord) -> CacheEntry:
 
 
 def _same_origin(cached: CacheEntry, replayed: CacheEntry) -> bool:
+    """Whether both entries come from the same WAL record (symmetric).
+
+    post: __return__ == _same_origin(replayed, cached)
+    """
     if cached.source_node_id != replayed.source_node_id:
         return False
     if cached.channel_offset != replayed.channel_offset:
@@ -553,6 +567,8 @@ def replay_one(cache: Mapping[int, CacheEntry], record: WalRecord) -> Mapping[in
     The entry goes to the partition offset the record carries, unless the entry there came
     from this very record (a link resolved meanwhile stays resolved): replaying twice is
     replaying once.
+
+    post: replay_one(__return__, record) == __return__
     """
     if isinstance(record, MetaRecord):
         return cache
@@ -581,7 +597,10 @@ def _on_replay_duplicate(state: ConfirmWalState, event: ReplayDuplicate) -> Tran
 def resolve(
     entry: CacheEntry, channels: Mapping[int, tuple[ChannelRecord, ...]]
 ) -> CacheEntry | None:
-    """Read a cached link's data from the RouterChannel of its source (None: not there)."""
+    """Read a cached link's data from the RouterChannel of its source (None: not there).
+
+    post: __return__ is None or (__return__.resolved and _same_origin(entry, __return__))
+    """
     if entry.source_node_id is None:
         return None
     channel = channels.get(entry.source_node_id, ())
@@ -625,7 +644,10 @@ def _on_apply_snapshot(state: ConfirmWalState, event: ApplySnapshot) -> Transiti
 
 
 def read(state: ConfirmWalState, partition_offset: int) -> ServedRead | None:
-    """What a fetch of ``partition_offset`` gets from the proxy (None: out of range)."""
+    """What a fetch of ``partition_offset`` gets from the proxy (None: out of range).
+
+    post: __return__ is None or 0 <= partition_offset < state.proxy.exposed_end
+    """
     proxy = state.proxy
     if not 0 <= partition_offset < proxy.exposed_end:
         return None

@@ -628,6 +628,12 @@ def _with_node(state: FailoverState, node_id: int, node: NodeState) -> FailoverS
 
 
 def _verified(node: NodeState, params: FailoverParams) -> bool:
+    """The node still holds its own WAL reservation (a failover target's fences it out); on
+    booleans ``a <= b`` reads "a implies b".
+
+    post: implies(params.verify_reservation and node.reservation.failover, not __return__)
+    post: __return__ <= (node.reservation.epoch == node.node_epoch or not params.verify_reservation)
+    """
     return not params.verify_reservation or node.reservation == node.own_reservation
 
 
@@ -730,6 +736,7 @@ def _on_begin_shutdown(state: FailoverState, event: BeginShutdown) -> Transition
 
 
 def _ignore_finish_shutdown(node: NodeState) -> FailoverError | None:
+    """post: implies(__return__ is None, not node.leads and not node.pending)"""
     if node.phase is not Phase.DRAINING:
         return FailoverError.NODE_NOT_DRAINING
     if node.leads:
@@ -752,6 +759,11 @@ def _on_finish_shutdown(state: FailoverState, event: FinishShutdown) -> Transiti
 
 
 def _new_stream_epoch(stream: StreamInfo, params: FailoverParams) -> int:
+    """The epoch an open gives the stream: the next one, unless the epoch bump is turned off.
+
+    post: __return__ >= stream.epoch
+    post: implies(params.open_bumps_epoch or stream.epoch == NO_EPOCH, __return__ > stream.epoch)
+    """
     if params.open_bumps_epoch or stream.epoch == NO_EPOCH:
         return stream.epoch + 1
     return stream.epoch

@@ -1426,6 +1426,7 @@ def _on_tick(state: CoordinatorState, params: GroupParams) -> Transition:
 
 
 def _expires(member: Member, now_ms: int) -> bool:
+    """post: implies(now_ms < member.session_deadline_ms, not __return__)"""
     waiting = member.awaiting_join is not None or member.awaiting_sync is not None
     return now_ms >= member.session_deadline_ms and (member.is_new or not waiting)
 

@@ -286,6 +286,7 @@ def _on_record_appended(
 
 
 def _is_due(block: CacheBlock, now_ms: int, params: LogCacheParams) -> bool:
+    """post: implies(__return__, params.upload_interval_ms >= 0)"""
     return params.upload_interval_ms >= 0 and now_ms - block.created_ms >= params.upload_interval_ms
 
 
@@ -432,6 +433,7 @@ def read(
 
 
 def _contiguous_from(found: list[CachedRecord], start_offset: int) -> list[CachedRecord]:
+    """post: not __return__ or __return__[0].base_offset <= start_offset"""
     if found and found[0].base_offset > start_offset:
         return []
     return found

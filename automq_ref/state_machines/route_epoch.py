@@ -397,7 +397,11 @@ def request_state_diagram() -> str:
 
 
 def counted(node: NodeState, rule: CountRule = CountRule.UP_OR_OPEN_STREAMS) -> bool:
-    """Whether the controller's committed minimum takes this node into account."""
+    """Whether the controller's committed minimum takes this node into account.
+
+    post: implies(node.up, __return__)
+    post: implies(rule is CountRule.ALL, __return__)
+    """
     match rule:
         case CountRule.UP_OR_OPEN_STREAMS:
             return node.up or node.open_streams
@@ -411,7 +415,10 @@ def committed_minimum(
     nodes: Mapping[int, NodeState], rule: CountRule = CountRule.UP_OR_OPEN_STREAMS
 ) -> int | None:
     """calCommitedEpoch: the minimum report of the counted nodes; None when a counted node has
-    not reported or no node is counted."""
+    not reported or no node is counted.
+
+    post: __return__ is None or all(__return__ <= n.reported for n in nodes.values() if n.up)
+    """
     reports = [node.reported for node in nodes.values() if counted(node, rule)]
     if not reports or any(report is None for report in reports):
         return None
@@ -429,7 +436,10 @@ def waiting_epoch(
     """The epoch a main may commit now: the largest epoch <= ``fenced`` such that no request
     of that epoch or an earlier one is in flight. With ``wait_earlier_epochs=False``, AutoMQ's
     loop as read: the largest finished epoch <= fenced that has nothing in flight itself,
-    whatever earlier epochs still have in flight (else the last report)."""
+    whatever earlier epochs still have in flight (else the last report).
+
+    post: implies(wait_earlier_epochs, __return__ is not None and __return__ <= fenced)
+    """
     busy = set(in_flight_epochs)
     if not busy:
         return fenced
@@ -506,16 +516,25 @@ def _ignore_node(state: RouteEpochState, node_id: int, *, up: bool) -> RouteEpoc
 # ------------------------------------------------------------------------------ controller
 
 
-def _on_bump_route_epoch(state: RouteEpochState, params: RouteEpochParams) -> Transition:
-    old = state.controller
-    minimum = committed_minimum(state.nodes, params.count_rule)
+def bumped(old: EpochRecord, minimum: int | None, *, committed_monotone: bool) -> EpochRecord:
+    """The epoch record after a bump, given the committed minimum of the reports.
+
+    post: __return__.route == old.route + 1 and __return__.fenced == old.fenced + 1
+    post: implies(committed_monotone, __return__.committed >= old.committed)
+    post: implies(minimum is None, __return__.committed == old.committed)
+    """
     if minimum is None:
         committed = old.committed
-    elif params.committed_monotone:
+    elif committed_monotone:
         committed = max(old.committed, minimum)
     else:
         committed = minimum  # AutoMQ at a bump: the new minimum, as it is
-    record = EpochRecord(route=old.route + 1, fenced=old.fenced + 1, committed=committed)
+    return EpochRecord(route=old.route + 1, fenced=old.fenced + 1, committed=committed)
+
+
+def _on_bump_route_epoch(state: RouteEpochState, params: RouteEpochParams) -> Transition:
+    minimum = committed_minimum(state.nodes, params.count_rule)
+    record = bumped(state.controller, minimum, committed_monotone=params.committed_monotone)
     return Transition(replace(state, controller=record), (PutEpochRecord(record),))
 
 
@@ -546,12 +565,21 @@ def _on_learn_route_epoch(state: RouteEpochState, event: LearnRouteEpoch) -> Tra
     node = state.nodes[event.node_id]
     if node.view == state.controller:
         return _refuse(state, RouteEpochError.NOTHING_TO_DO)
-    trimmed = max(node.trimmed, state.controller.committed)
-    node = replace(node, view=state.controller, trimmed=trimmed)
+    node = caught_up(node, state.controller)
     # DefaultRouterChannelProvider.onChange: nextEpoch(current), then trim(committed).
     return Transition(
-        _with_node(state, event.node_id, node), (TrimRouterChannel(event.node_id, trimmed),)
+        _with_node(state, event.node_id, node), (TrimRouterChannel(event.node_id, node.trimmed),)
     )
+
+
+def caught_up(node: NodeState, controller: EpochRecord) -> NodeState:
+    """The node after it learns ``controller``: new view, channel trimmed to its committed epoch.
+
+    post: __return__.view == controller and __return__.up == node.up
+    post: __return__.trimmed >= node.trimmed and __return__.trimmed >= controller.committed
+    post: __return__.trimmed in (node.trimmed, controller.committed)
+    """
+    return replace(node, view=controller, trimmed=max(node.trimmed, controller.committed))
 
 
 def _on_forward_write(state: RouteEpochState, event: ForwardWrite) -> Transition:
@@ -696,9 +724,8 @@ def _on_restart_node(
     node = replace(state.nodes[event.node_id], up=True, open_streams=True)
     effects: list[RouteEpochEffect] = [UploadWal(event.node_id)]
     if params.restart_catches_up:
-        trimmed = max(node.trimmed, state.controller.committed)
-        node = replace(node, view=state.controller, trimmed=trimmed)
-        effects.append(TrimRouterChannel(event.node_id, trimmed))
+        node = caught_up(node, state.controller)
+        effects.append(TrimRouterChannel(event.node_id, node.trimmed))
     requests = _upload_wal(state.requests, event.node_id, "RestartNode")
     state = replace(state, requests=requests)
     return Transition(_with_node(state, event.node_id, node), tuple(effects))

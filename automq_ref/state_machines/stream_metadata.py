@@ -1098,7 +1098,11 @@ def _split_redundant_stream_objects(
 
 
 def _clip(image: StreamMetadataImage, offset_range: StreamOffsetRange) -> list[tuple[int, int]]:
-    """The part of ``offset_range`` still live: its stream exists and it lies above the start."""
+    """The part of ``offset_range`` still live: its stream exists and it lies above the start.
+
+    post: len(__return__) <= 1
+    post: all(offset_range.start_offset <= s < e == offset_range.end_offset for s, e in __return__)
+    """
     stream = image.streams.get(offset_range.stream_id)
     if stream is None:
         return []  # a deleted stream's data may be dropped
