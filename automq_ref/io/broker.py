@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
@@ -212,8 +212,9 @@ class Broker:
 
     # --------------------------------------------------------------------------- dispatch
 
-    async def admit(self, frame: bytes, peer: Peer) -> Reply:
-        api_key, api_version, correlation_id = peek_header(frame)
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        # peek_header reads with struct.unpack_from: any buffer does.
+        api_key, api_version, correlation_id = peek_header(cast(bytes, frame))
         if api_key == 18 and api_version > API_VERSIONS[18][1]:
             return self._api_versions_v0_unsupported(correlation_id)
         supported = API_VERSIONS.get(api_key)
@@ -223,11 +224,12 @@ class Broker:
             raise CloseConnection(f"API key {api_key} version {api_version} is not supported")
         try:
             if api_key == PRODUCE_API_KEY and api_version >= PRODUCE_MIN_VERSION:
-                # By hand: the records stay memoryview slices of the frame (no copy).
+                # By hand: the records stay memoryview slices of the frame (no copy), writable
+                # when the frame is a bytearray (the partition patches them in place).
                 produce_header, body = decode_produce_frame(frame)
                 client_id = produce_header.client_id
             else:
-                header, body = decode_request(frame)
+                header, body = decode_request(bytes(frame))  # bytes: no copy
                 client_id = header.client_id
         except (RequestDecodeError, FormatError) as error:
             log.debug("undecodable frame: %s", frame[:256].hex())

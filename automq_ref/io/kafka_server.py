@@ -17,7 +17,9 @@ Each connection has two halves:
 
 Back-pressure: reading pauses while a connection has ``max_in_flight`` requests admitted but not
 answered, or while the transport's write buffer is above its high-water mark, and resumes below.
-A frame larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``) or with a
+Reading copies as little as it can: a large frame (a Produce request) is read from the socket
+straight into a buffer of its own, which is handed to the handler (see ``_Connection``). A frame
+larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``) or with a
 negative size closes the connection at once: the stream cannot be resynchronised. A handler that
 raises :class:`CloseConnection` closes the connection after the responses before it are written.
 """
@@ -53,20 +55,41 @@ class Peer:
 
 
 class RequestHandler(Protocol):
-    async def admit(self, frame: bytes, peer: Peer) -> Reply:
-        """Take one request (the bytes after the size prefix). Return the response chunks
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        """Take one request (the bytes after the size prefix: a ``bytearray`` for Produce, which
+        the handler may patch in place, ``bytes`` otherwise). Return the response chunks
         (without the size prefix), None for no response, or an awaitable of either."""
         ...
 
 
-class _Connection(asyncio.Protocol):
+# Reading: frames are read into a scratch buffer; a frame above _OWN_BUFFER_ABOVE (a Produce of
+# record batches) gets a buffer of its own as soon as its size is known, and the socket reads the
+# rest of it straight into that buffer (no copy of the bulk of the request). Small frames are
+# copied out of the scratch buffer once. Produce frames are handed over as ``bytearray`` (the
+# broker patches offsets and leader epochs into the record batches in place); other frames as
+# ``bytes``.
+SCRATCH_BYTES = 256 * 1024
+_OWN_BUFFER_ABOVE = SCRATCH_BYTES // 4
+# At most this much is read into the scratch buffer at once: a read that holds the start of a
+# large frame copies no more than this of it.
+_READ_WINDOW = SCRATCH_BYTES // 4
+_PRODUCE_API_KEY = b"\x00\x00"
+
+
+class _Connection(asyncio.BufferedProtocol):
     def __init__(self, server: KafkaServer, connection_id: int) -> None:
         self._server = server
         self._connection_id = connection_id
         self._transport: asyncio.Transport | None = None
         self._peer = Peer(connection_id, "?")
-        self._buffer = bytearray()
-        self._frames: collections.deque[bytes] = collections.deque()
+        self._scratch = bytearray(SCRATCH_BYTES)
+        self._scratch_view = memoryview(self._scratch)
+        self._start = 0  # the first byte of _scratch not yet taken as a frame
+        self._end = 0  # the end of the bytes read into _scratch
+        self._large: bytearray | None = None  # a frame being read into its own buffer
+        self._large_view = memoryview(b"")
+        self._large_filled = 0
+        self._frames: collections.deque[bytes | bytearray] = collections.deque()
         self._replies: asyncio.Queue[Reply | _Closing] = asyncio.Queue()
         self._in_flight = 0
         self._reading_paused = False
@@ -90,11 +113,37 @@ class _Connection(asyncio.Protocol):
             asyncio.create_task(self._write_forever()),
         ]
 
-    def data_received(self, data: bytes) -> None:
-        self._buffer += data
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._large is not None:
+            return self._large_view[self._large_filled :]
+        if SCRATCH_BYTES - self._end < _OWN_BUFFER_ABOVE:
+            # Move the unfinished frame (at most _OWN_BUFFER_ABOVE + 3 bytes) to the front.
+            pending = self._end - self._start
+            self._scratch[:pending] = bytes(self._scratch_view[self._start : self._end])
+            self._start, self._end = 0, pending
+        return self._scratch_view[self._end : self._end + _READ_WINDOW]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._large is not None:
+            self._large_filled += nbytes
+            if self._large_filled < len(self._large):
+                return
+            frame = self._large
+            self._large, self._large_view = None, memoryview(b"")
+            self._push(frame if frame[:2] == _PRODUCE_API_KEY else bytes(frame))
+        else:
+            self._end += nbytes
+        self._take_frames()
+        if self._frames:
+            self._frame_ready.set()
+        self._update_reading()
+
+    def _take_frames(self) -> None:
+        scratch, view = self._scratch, self._scratch_view
+        start, end = self._start, self._end
         limit = self._server.max_request_bytes
-        while len(self._buffer) >= 4:
-            size = int.from_bytes(self._buffer[:4], "big", signed=True)
+        while end - start >= 4:
+            size = int.from_bytes(view[start : start + 4], "big", signed=True)
             if size < 0 or size > limit:
                 log.warning(
                     "connection %s: frame of %d bytes (limit %d): closing",
@@ -104,14 +153,31 @@ class _Connection(asyncio.Protocol):
                 )
                 self._abort()
                 return
-            if len(self._buffer) < 4 + size:
+            begin = start + 4
+            if end - begin >= size:
+                stop = begin + size
+                if scratch[begin : begin + 2] == _PRODUCE_API_KEY:
+                    self._push(scratch[begin:stop])
+                else:
+                    self._push(bytes(view[begin:stop]))
+                start = stop
+            elif size > _OWN_BUFFER_ABOVE:
+                have = end - begin
+                large = bytearray(size)
+                large[:have] = view[begin:end]
+                self._large, self._large_view = large, memoryview(large)
+                self._large_filled = have
+                start = end
                 break
-            self._frames.append(bytes(self._buffer[4 : 4 + size]))
-            del self._buffer[: 4 + size]
-            self._in_flight += 1
-        if self._frames:
-            self._frame_ready.set()
-        self._update_reading()
+            else:
+                break
+        if start == end:
+            start = end = 0
+        self._start, self._end = start, end
+
+    def _push(self, frame: bytes | bytearray) -> None:
+        self._frames.append(frame)
+        self._in_flight += 1
 
     def eof_received(self) -> bool | None:
         return False  # close our side too once the peer has closed its

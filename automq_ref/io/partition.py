@@ -245,10 +245,18 @@ class Partition:
         self, records: bytes | memoryview | None, max_batch_bytes: int
     ) -> ProduceResult:
         """Validate, assign offsets and queue the WAL write; nothing here awaits, so calls run
-        in arrival order. The result's ``durable`` completes when the data is acknowledged."""
+        in arrival order. The result's ``durable`` completes when the data is acknowledged.
+
+        A writable ``memoryview`` (a slice of a request frame) gets the offsets and leader epoch
+        written into it in place; the storage is handed a copy (``bytes``) either way."""
         if not records:
             return ProduceResult(KafkaErrorCode.INVALID_RECORD, message="no record batch")
-        data = bytearray(records)
+        # A writable view (of the request frame) is patched in place; anything else is copied.
+        data = (
+            records
+            if isinstance(records, memoryview) and not records.readonly
+            else bytearray(records)
+        )
         try:
             views = list(iter_batches(data))
         except FormatError as error:  # each carries its Kafka code (CORRUPT_MESSAGE for a CRC)
