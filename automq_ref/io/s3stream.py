@@ -478,6 +478,8 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
+        await self._indexes.close()
+        await self._blocks.close()
         await self._wal.close()
 
     # -------------------------------------------------------------------- effect execution

@@ -11,16 +11,25 @@ Read: the metadata image says which objects hold ``[start, end)`` of a stream
 index starts earlier), the index names the blocks to read, and whole blocks are fetched with
 ranged GETs and checked against their index entries. Indexes are kept in a small cache keyed by
 object id, and data blocks in a byte-bounded least-recently-used cache keyed by (object id, block
-position), so a consumer that reads a block in several small fetches GETs it once. These two
-classes are the seam where AutoMQ's BlockCache (read windows, watch-based eviction, readahead)
-would come in.
+position), so a consumer that reads a block in several small fetches GETs it once.
+
+Readahead: a read from objects is usually a consumer catching up, which will ask for the next
+bytes as soon as it has these. So while a read waits for its own blocks, the blocks that follow
+(up to ``READAHEAD_BYTES``, across object boundaries once the next object's index is known) are
+requested in the background in GETs of at most ``READAHEAD_GET_BYTES``, several in flight at
+once, and wait in the block cache; GET latency then overlaps with the consumer's own work
+instead of adding to it. Readahead is bounded by half the block cache, shared among the streams
+being read (see :meth:`DataBlockCache.read_ahead`). AutoMQ's BlockCache does the same with its
+read windows and watch-based eviction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -35,11 +44,21 @@ from automq_ref.formats.object_file import (
     tail_read_size,
 )
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.object_store import ObjectStore
+from automq_ref.io.object_store import ObjectStore, ObjectStoreError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
 
-READAHEAD_BYTES = 4 * 1024 * 1024
+log = logging.getLogger(__name__)
+
+# A cached data block: its own bytes, or a read-only slice of the GET that brought it.
+Block = bytes | memoryview
+
+# How far past a read's budget its stream's blocks are fetched ahead, and the largest GET that
+# readahead issues (so that several are in flight at once).
+READAHEAD_BYTES = 32 * 1024 * 1024
+READAHEAD_GET_BYTES = 8 * 1024 * 1024
+# Streams whose readahead window is remembered (least recently read forgotten first).
+MAX_READAHEAD_STREAMS = 4096
 
 
 class StreamReadError(Exception):
@@ -102,6 +121,7 @@ class ObjectIndexCache:
         self._namespace = namespace
         self._max_objects = max_objects
         self._indexes: OrderedDict[int, tuple[DataBlockIndex, ...]] = OrderedDict()
+        self._fetching: dict[int, asyncio.Task[None]] = {}
 
     async def get(self, object_id: int, object_size: int) -> tuple[DataBlockIndex, ...]:
         cached = self._indexes.get(object_id)
@@ -125,69 +145,366 @@ class ObjectIndexCache:
             self._indexes.popitem(last=False)
         return indexes
 
+    def peek(self, object_id: int) -> tuple[DataBlockIndex, ...] | None:
+        """The object's index if it is cached (no GET)."""
+        return self._indexes.get(object_id)
+
+    def prefetch(self, object_id: int, object_size: int) -> None:
+        """Fetch the object's index in the background (once; a failure is only logged)."""
+        if object_id in self._indexes or object_id in self._fetching:
+            return
+
+        async def fetch() -> None:
+            try:
+                await self.get(object_id, object_size)
+            except Exception as error:  # a read that needs it GETs it again
+                log.warning("index prefetch of object %d failed: %s", object_id, error)
+            finally:
+                self._fetching.pop(object_id, None)
+
+        self._fetching[object_id] = asyncio.create_task(fetch())
+
+    async def close(self) -> None:
+        """Cancel the index fetches still in flight."""
+        tasks = list(self._fetching.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadAhead:
+    """Blocks of ``stream_id`` that a reader will probably want next (see
+    :meth:`DataBlockCache.read_ahead`)."""
+
+    stream_id: int
+    blocks: Sequence[tuple[int, DataBlockIndex]]  # (object id, block)
+    window_bytes: int = READAHEAD_BYTES
+    get_bytes: int = READAHEAD_GET_BYTES
+    to_the_end: bool = False
+
 
 class DataBlockCache:
     """(object id, block start position) -> the block's bytes; least recently used out first,
-    never holding more than ``capacity_bytes`` (a block larger than that is not kept)."""
+    never holding more than ``capacity_bytes`` (a block larger than that is not kept).
+
+    Blocks being fetched are tracked too, so two readers of one block share one GET. A reader
+    may also ask for blocks it will want soon (:meth:`read_ahead`): those GETs run in the
+    background, several at once, and their blocks wait in the cache. Readahead is bounded: the
+    blocks it has in flight plus those it brought in that nobody has read yet stay within half
+    the capacity, shared evenly among the streams that have some, so that readahead does not
+    evict what is about to be read and one stream cannot starve the others. A failed readahead
+    is forgotten (logged): a later read of its blocks GETs them again.
+    """
 
     def __init__(self, store: ObjectStore, namespace: str, capacity_bytes: int) -> None:
         self._store = store
         self._namespace = namespace
         self._capacity_bytes = capacity_bytes
-        self._blocks: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        # (object id, position) -> (the block, the id of the GET buffer it is a slice of).
+        self._blocks: OrderedDict[tuple[int, int], tuple[Block, int]] = OrderedDict()
+        # Buffer id -> [its length, how many kept blocks it holds]; size_bytes sums the lengths.
+        self._buffers: dict[int, list[int]] = {}
+        self._last_buffer_id = 0
         self._size_bytes = 0
+        self._in_flight: dict[tuple[int, int], asyncio.Future[Block]] = {}
+        # Readahead's share: bytes in flight for it plus its blocks in the cache not read yet.
+        self._unread: dict[tuple[int, int], tuple[int, int]] = {}  # -> (stream id, size)
+        self._ahead_bytes = 0
+        self._ahead_by_stream: dict[int, int] = {}
+        # Stream id -> its readahead window, least recently read first.
+        self._windows: OrderedDict[int, int] = OrderedDict()
+        self._tasks: set[asyncio.Task[None]] = set()
         self.hits = 0
         self.misses = 0
+        self.readahead_gets = 0
 
     @property
     def size_bytes(self) -> int:
         return self._size_bytes
 
-    async def get_many(self, object_id: int, blocks: Sequence[DataBlockIndex]) -> list[bytes]:
-        """The bytes of each block; the ones not cached are fetched with one ranged GET per run
-        of adjacent blocks (a read and its readahead cost one request)."""
-        found: dict[int, bytes] = {}
-        run: list[DataBlockIndex] = []
-        runs: list[list[DataBlockIndex]] = []
+    @property
+    def readahead_bytes(self) -> int:
+        """Bytes readahead has in flight or waiting unread in the cache."""
+        return self._ahead_bytes
+
+    @property
+    def readahead_limit_bytes(self) -> int:
+        return self._capacity_bytes // 2
+
+    async def get_many(
+        self,
+        object_id: int,
+        blocks: Sequence[DataBlockIndex],
+        ahead: ReadAhead | None = None,
+    ) -> list[Block]:
+        """The bytes of each block; the ones neither cached nor already being fetched are
+        fetched with one ranged GET per run of adjacent blocks, the runs concurrently. The
+        readahead ``ahead`` asks for starts once these GETs are on their way, not before (and
+        the blocks right after a GET this read waits for anyway come in that GET)."""
+        found: dict[int, Block] = {}
+        waits: list[tuple[DataBlockIndex, asyncio.Future[Block], bool]] = []
+        missing: list[DataBlockIndex] = []
         for block in blocks:
-            cached = self._blocks.get((object_id, block.start_position))
+            key = (object_id, block.start_position)
+            cached = self._blocks.get(key)
             if cached is not None:
-                self._blocks.move_to_end((object_id, block.start_position))
+                self._blocks.move_to_end(key)
                 self.hits += 1
-                found[block.start_position] = cached
+                self._mark_read(key)
+                found[block.start_position] = cached[0]
                 continue
-            if run and run[-1].end_position != block.start_position:
-                runs.append(run)
-                run = []
-            run.append(block)
-        if run:
-            runs.append(run)
-        key = object_key(self._namespace, object_id)
-        for adjacent in runs:
-            self.misses += len(adjacent)
-            data = await self._store.get_range(
-                key, adjacent[0].start_position, adjacent[-1].end_position
-            )
-            view = memoryview(data)
-            for block in adjacent:
-                offset = block.start_position - adjacent[0].start_position
-                # A copy: a cached block must not pin the whole readahead buffer.
-                piece = bytes(view[offset : offset + block.end_position - block.start_position])
-                found[block.start_position] = piece
-                self._remember((object_id, block.start_position), piece)
+            pending = self._in_flight.get(key)
+            if pending is not None:
+                self.hits += 1
+                waits.append((block, pending, True))
+                continue
+            missing.append(block)
+        runs = _adjacent_runs(missing, None)
+        if runs and ahead is not None:
+            # The reader waits for a GET anyway: the blocks right after it come in the same one,
+            # up to a readahead GET's length (one request instead of two).
+            last = runs[-1]
+            for ahead_object_id, block in ahead.blocks:
+                key = (ahead_object_id, block.start_position)
+                if (
+                    ahead_object_id != object_id
+                    or block.start_position != last[-1].end_position
+                    or block.end_position - last[0].start_position > ahead.get_bytes
+                    or key in self._blocks
+                    or key in self._in_flight
+                ):
+                    break
+                last.append(block)
+        for run in runs:
+            self.misses += len(run)
+            futures = self._start_get(object_id, run, None)
+            waits.extend((block, future, False) for block, future in zip(run, futures, strict=True))
+        if ahead is not None:
+            self.read_ahead(ahead)
+        for block, future, borrowed in waits:
+            key = (object_id, block.start_position)
+            try:
+                # Shielded: a reader that is cancelled must not cancel a GET others share.
+                found[block.start_position] = await asyncio.shield(future)
+            except ObjectStoreError:
+                if not borrowed:
+                    raise
+                # Someone else's GET (a readahead) failed: try this block once more, ourselves.
+                self.misses += 1
+                (again,) = self._start_get(object_id, [block], None)
+                found[block.start_position] = await asyncio.shield(again)
+            self._mark_read(key)
         return [found[block.start_position] for block in blocks]
 
-    def _remember(self, key: tuple[int, int], data: bytes) -> None:
-        if len(data) > self._capacity_bytes or key in self._blocks:
-            return
-        self._blocks[key] = data
-        self._size_bytes += len(data)
-        while self._size_bytes > self._capacity_bytes:
-            _, evicted = self._blocks.popitem(last=False)
-            self._size_bytes -= len(evicted)
-
-    async def get(self, object_id: int, block: DataBlockIndex) -> bytes:
+    async def get(self, object_id: int, block: DataBlockIndex) -> Block:
         return (await self.get_many(object_id, [block]))[0]
+
+    def read_ahead(self, ahead: ReadAhead) -> None:
+        """Keep the blocks that follow a read (``ahead.blocks``, in stream order, possibly in
+        several objects) coming.
+
+        Each stream has a window, the bytes past its read position it wants fetched or on the
+        way: it starts at one GET and doubles with each read (so that streams starting together
+        do not leave the last ones nothing), up to ``ahead.window_bytes`` and to an even share
+        of readahead's limit among the streams that have readahead in flight or unread in the
+        cache (so that none starves the others). GETs are ``ahead.get_bytes`` long (at most the
+        window): nothing is asked until a GET's worth of the window is neither cached nor in
+        flight; then every such block within the window is, as far as the limit allows. A last
+        short GET is left for a later call unless ``ahead.to_the_end`` says nothing follows."""
+        if not ahead.blocks:
+            return
+        limit = self.readahead_limit_bytes
+        readers = len(self._ahead_by_stream) + (ahead.stream_id not in self._ahead_by_stream)
+        share = limit // readers
+        previous = self._windows.pop(ahead.stream_id, None)
+        first_window = min(ahead.get_bytes, ahead.window_bytes)
+        window = first_window if previous is None else min(2 * previous, ahead.window_bytes)
+        self._windows[ahead.stream_id] = window
+        if len(self._windows) > MAX_READAHEAD_STREAMS:
+            self._windows.popitem(last=False)
+        window = max(min(window, share), 1)
+        get_bytes = max(min(ahead.get_bytes, window), 1)
+        wanted: list[tuple[int, DataBlockIndex]] = []
+        room = limit - self._ahead_bytes
+        to_the_end = ahead.to_the_end
+        distance = 0  # from the read's end to the start of this block
+        for object_id, block in ahead.blocks:
+            start, distance = distance, distance + block.block_size_bytes
+            if distance > window:
+                to_the_end = False
+                break
+            key = (object_id, block.start_position)
+            if key in self._blocks or key in self._in_flight:
+                continue
+            if not wanted and start > window - get_bytes:
+                return  # less than a GET's worth is missing from the window: later
+            if block.block_size_bytes > room:
+                to_the_end = False
+                break
+            room -= block.block_size_bytes
+            wanted.append((object_id, block))
+        runs: list[tuple[int, list[DataBlockIndex]]] = []
+        for object_id, block in wanted:
+            if runs and runs[-1][0] == object_id:
+                run = runs[-1][1]
+                if (
+                    run[-1].end_position == block.start_position
+                    and block.end_position - run[0].start_position <= get_bytes
+                ):
+                    run.append(block)
+                    continue
+            runs.append((object_id, [block]))
+        if len(runs) > 1 and not to_the_end:
+            last = runs[-1][1]
+            if last[-1].end_position - last[0].start_position < get_bytes:
+                runs.pop()
+        for object_id, run in runs:
+            self.readahead_gets += 1
+            self._start_get(object_id, run, ahead.stream_id)
+
+    async def close(self) -> None:
+        """Cancel the readahead still in flight."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start_get(
+        self, object_id: int, run: Sequence[DataBlockIndex], ahead: int | None
+    ) -> list[asyncio.Future[Block]]:
+        """GET ``run`` in a task; ``ahead`` names the stream whose readahead this is, if any."""
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Block]] = []
+        for block in run:
+            future: asyncio.Future[Block] = loop.create_future()
+            self._in_flight[(object_id, block.start_position)] = future
+            futures.append(future)
+        size = run[-1].end_position - run[0].start_position
+        if ahead is not None:
+            self._add_ahead(ahead, size)
+        task = asyncio.create_task(self._get_run(object_id, run, futures, ahead, size))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return futures
+
+    async def _get_run(
+        self,
+        object_id: int,
+        run: Sequence[DataBlockIndex],
+        futures: list[asyncio.Future[Block]],
+        ahead: int | None,
+        size: int,
+    ) -> None:
+        first = run[0].start_position
+        try:
+            data = await self._store.get_range(
+                object_key(self._namespace, object_id), first, run[-1].end_position
+            )
+        except BaseException as error:
+            if ahead is not None:
+                self._add_ahead(ahead, -size)
+                if isinstance(error, Exception):
+                    log.warning("readahead of object %d at %d failed: %s", object_id, first, error)
+            failure = (
+                error
+                if isinstance(error, ObjectStoreError)
+                else ObjectStoreError(f"object {object_id} at {first}: {error!r}")
+            )
+            for block, future in zip(run, futures, strict=True):
+                self._in_flight.pop((object_id, block.start_position), None)
+                if not future.done():
+                    future.set_exception(failure)
+                    future.exception()  # retrieved: nobody may be waiting (readahead)
+            if not isinstance(error, Exception):
+                raise
+            return
+        view = memoryview(data)
+        # The blocks of a GET up to an eighth of the capacity share its buffer (no copy), which
+        # the cache charges whole for as long as any of them is kept; a longer GET's blocks are
+        # copied, so that one kept block does not pin a large buffer.
+        shared = len(data) <= self._capacity_bytes // 8
+        buffer = self._new_buffer_id()
+        for block, future in zip(run, futures, strict=True):
+            key = (object_id, block.start_position)
+            offset = block.start_position - first
+            piece: Block = view[offset : offset + block.block_size_bytes]
+            if shared:
+                kept = self._remember(key, piece, buffer, len(data))
+            else:
+                piece = bytes(piece)
+                kept = self._remember(key, piece, self._new_buffer_id(), len(piece))
+            self._in_flight.pop(key, None)
+            if ahead is not None:
+                self._add_ahead(ahead, -block.block_size_bytes)
+                if kept:
+                    self._unread[key] = (ahead, block.block_size_bytes)
+                    self._add_ahead(ahead, block.block_size_bytes)
+            if not future.done():
+                future.set_result(piece)
+
+    def _mark_read(self, key: tuple[int, int]) -> None:
+        unread = self._unread.pop(key, None)
+        if unread is not None:
+            self._add_ahead(unread[0], -unread[1])
+
+    def _add_ahead(self, stream_id: int, delta: int) -> None:
+        self._ahead_bytes += delta
+        left = self._ahead_by_stream.get(stream_id, 0) + delta
+        if left:
+            self._ahead_by_stream[stream_id] = left
+        else:
+            self._ahead_by_stream.pop(stream_id, None)
+
+    def _new_buffer_id(self) -> int:
+        self._last_buffer_id += 1
+        return self._last_buffer_id
+
+    def _remember(self, key: tuple[int, int], data: Block, buffer: int, buffer_bytes: int) -> bool:
+        """Keep ``data``, a slice of buffer ``buffer`` (``buffer_bytes`` long), evicting the least
+        recently used blocks while the buffers kept exceed the capacity; False if not kept."""
+        if buffer_bytes > self._capacity_bytes or key in self._blocks:
+            return False
+        held = self._buffers.get(buffer)
+        if held is None:
+            held = self._buffers[buffer] = [buffer_bytes, 0]
+            self._size_bytes += buffer_bytes
+        held[1] += 1
+        self._blocks[key] = (data, buffer)
+        while self._size_bytes > self._capacity_bytes:
+            evicted_key, (_, evicted_buffer) = self._blocks.popitem(last=False)
+            self._mark_read(evicted_key)
+            evicted_held = self._buffers[evicted_buffer]
+            evicted_held[1] -= 1
+            if evicted_held[1] == 0:
+                del self._buffers[evicted_buffer]
+                self._size_bytes -= evicted_held[0]
+        return key in self._blocks
+
+
+def _adjacent_runs(
+    blocks: Sequence[DataBlockIndex], max_bytes: int | None
+) -> list[list[DataBlockIndex]]:
+    """``blocks`` (in position order) cut into runs of adjacent blocks, each at most
+    ``max_bytes`` long unless a single block is longer."""
+    runs: list[list[DataBlockIndex]] = []
+    run: list[DataBlockIndex] = []
+    for block in blocks:
+        if run and (
+            run[-1].end_position != block.start_position
+            or (max_bytes is not None and block.end_position - run[0].start_position > max_bytes)
+        ):
+            runs.append(run)
+            run = []
+        run.append(block)
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _charged(blocks: Sequence[DataBlockIndex]) -> int:
+    """What :func:`find` charged the budget for ``blocks`` (the first block is free)."""
+    return sum(block.estimated_payload_size_bytes for block in blocks[1:])
 
 
 async def read_from_objects(
@@ -210,23 +527,60 @@ async def read_from_objects(
     found: list[StreamRecordBatch] = []
     cursor = start_offset
     budget = max_bytes
-    for object_slice in slices:
+    for number, object_slice in enumerate(slices):
         if cursor >= end_offset or (found and budget <= 0):
             break
         s3_object = image.objects.get(object_slice.object_id)
         if s3_object is None:
             raise StreamReadError(f"object {object_slice.object_id} is not in the image")
         object_indexes = await indexes.get(object_slice.object_id, s3_object.object_size)
-        # Readahead: the blocks past the budget come in the same GET and wait in the cache for
-        # the next read of this stream (a consumer reads on from here).
-        found_blocks = find(
-            object_indexes, stream_id, cursor, end_offset, max(budget, 0) + READAHEAD_BYTES
-        )
+        found_blocks = find(object_indexes, stream_id, cursor, end_offset, max(budget, 0))
         if not found_blocks:
             raise StreamReadError(
                 f"object {object_slice.object_id} holds no block of stream {stream_id} at {cursor}"
             )
-        contents = await blocks.get_many(object_slice.object_id, found_blocks)
+        # Readahead: a consumer reads on from here, so the blocks that follow, up to
+        # READAHEAD_BYTES past the budget, are fetched in the background while this read waits
+        # for its own blocks; the next reads of this stream find them in the cache.
+        # Readahead: a consumer reads on from here, so the blocks that follow (in this object
+        # and, when the stream's run in it ends, in the next objects whose index is known) are
+        # fetched in the background while this read waits for its own blocks; the next reads
+        # of the stream find them in the cache.
+        window = max(budget, 0) + READAHEAD_BYTES
+        in_object = find(object_indexes, stream_id, cursor, end_offset, window)
+        ahead = [(object_slice.object_id, block) for block in in_object[len(found_blocks) :]]
+        to_the_end = _charged(in_object) < window
+        ahead_bytes = sum(block.block_size_bytes for _, block in ahead)
+        for next_slice in slices[number + 1 :]:
+            if not to_the_end or ahead_bytes >= READAHEAD_BYTES:
+                break
+            next_object = image.objects.get(next_slice.object_id)
+            if next_object is None:
+                break
+            next_indexes = indexes.peek(next_slice.object_id)
+            if next_indexes is None:
+                indexes.prefetch(next_slice.object_id, next_object.object_size)
+                to_the_end = False
+                break
+            more = find(
+                next_indexes, stream_id, next_slice.start_offset, end_offset, READAHEAD_BYTES
+            )
+            if not more:
+                break
+            ahead.extend((next_slice.object_id, block) for block in more)
+            ahead_bytes += sum(block.block_size_bytes for block in more)
+            to_the_end = _charged(more) < READAHEAD_BYTES
+        contents = await blocks.get_many(
+            object_slice.object_id,
+            found_blocks,
+            ReadAhead(
+                stream_id,
+                ahead,
+                window_bytes=READAHEAD_BYTES,
+                get_bytes=READAHEAD_GET_BYTES,
+                to_the_end=to_the_end,
+            ),
+        )
         for block, data in zip(found_blocks, contents, strict=True):
             for batch in parse_data_block(data, block):
                 if batch.last_offset <= cursor:

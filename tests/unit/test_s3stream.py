@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.formats.object_file import DataBlockIndex
 from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import LocalDirectoryObjectStore, ObjectStore
+from automq_ref.io.object_store import (
+    LocalDirectoryObjectStore,
+    ObjectStore,
+    ObjectStoreUnavailable,
+)
 from automq_ref.io.s3stream import S3Storage, StreamFencedError
+from automq_ref.io.stream_objects import DataBlockCache, ReadAhead, object_key
 from automq_ref.io.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from tests.unit.test_object_store import fresh_bucket, moto_store
@@ -148,3 +154,164 @@ async def test_concurrent_appends_into_a_full_wal_keep_offset_order(tmp_path: Pa
         ]
     await storage.shutdown()
     await metadata_log.close()
+
+
+# ------------------------------------------------------------------------ readahead (read path)
+
+BLOCK = 1000
+
+
+class SlowCountingStore(LocalDirectoryObjectStore):
+    """A directory store whose ranged GETs take a while, counting how many overlap; GETs whose
+    start is in ``fail_once`` fail the first time."""
+
+    def __init__(self, root: Path, delay_s: float = 0.01) -> None:
+        super().__init__(root, fsync=False)
+        self.delay_s = delay_s
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.gets: list[tuple[int, int]] = []
+        self.fail_once: set[int] = set()
+
+    async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
+        self.gets.append((start, end_exclusive))
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if start in self.fail_once:
+                self.fail_once.discard(start)
+                raise ObjectStoreUnavailable(f"{key} at {start}: injected", key=key, attempts=1)
+            return await super().get_range(key, start, end_exclusive)
+        finally:
+            self.in_flight -= 1
+
+
+def object_blocks(count: int) -> tuple[bytes, list[DataBlockIndex]]:
+    """An object of ``count`` blocks of BLOCK bytes (block i filled with i), one offset each."""
+    data = b"".join(bytes([index]) * BLOCK for index in range(count))
+    indexes = [DataBlockIndex(1, index, 1, 1, index * BLOCK, BLOCK) for index in range(count)]
+    return data, indexes
+
+
+async def test_a_sequential_read_keeps_several_gets_in_flight(tmp_path: Path) -> None:
+    count = 40
+    data, indexes = object_blocks(count)
+    async with SlowCountingStore(tmp_path) as store:
+        await store.put(object_key("ns", 7), [data])
+        cache = DataBlockCache(store, "ns", capacity_bytes=64 * BLOCK)
+        for index in range(count):
+            ahead = ReadAhead(
+                1,
+                [(7, block) for block in indexes[index + 1 :]],
+                window_bytes=16 * BLOCK,
+                get_bytes=4 * BLOCK,
+                to_the_end=True,
+            )
+            (got,) = await cache.get_many(7, [indexes[index]], ahead)
+            assert bytes(got) == bytes([index]) * BLOCK
+            assert cache.readahead_bytes <= cache.readahead_limit_bytes
+            assert cache.size_bytes <= 64 * BLOCK
+        # Readahead ran ahead with GETs of several blocks, more than one at a time, and every
+        # block was fetched once.
+        assert store.max_in_flight >= 2
+        assert len(store.gets) < count // 2
+        fetched = sorted(position for start, end in store.gets for position in range(start, end))
+        assert fetched == list(range(count * BLOCK))
+        assert cache.readahead_gets > 0 and cache.readahead_bytes == 0
+        await cache.close()
+
+
+async def test_a_failed_readahead_does_not_poison_later_reads(tmp_path: Path) -> None:
+    data, indexes = object_blocks(12)
+    async with SlowCountingStore(tmp_path) as store:
+        await store.put(object_key("ns", 7), [data])
+        cache = DataBlockCache(store, "ns", capacity_bytes=64 * BLOCK)
+        # A readahead that fails before anyone reads its blocks: they are simply fetched again.
+        store.fail_once = {1 * BLOCK}
+        cache.read_ahead(
+            ReadAhead(1, [(7, b) for b in indexes[1:3]], get_bytes=2 * BLOCK, to_the_end=True)
+        )
+        await asyncio.sleep(0.05)
+        got = await cache.get_many(7, indexes[1:3])
+        assert [bytes(g) for g in got] == [bytes([1]) * BLOCK, bytes([2]) * BLOCK]
+        assert cache.readahead_bytes == 0
+        # A readahead that fails while a reader waits for it: the reader GETs the block itself.
+        store.fail_once = {5 * BLOCK}
+        cache.read_ahead(
+            ReadAhead(1, [(7, b) for b in indexes[5:7]], get_bytes=2 * BLOCK, to_the_end=True)
+        )
+        got = await cache.get_many(7, indexes[5:7])
+        assert [bytes(g) for g in got] == [bytes([5]) * BLOCK, bytes([6]) * BLOCK]
+        # A reader's own GET that fails is the reader's error, and is not remembered.
+        store.fail_once = {9 * BLOCK}
+        with pytest.raises(ObjectStoreUnavailable):
+            await cache.get_many(7, indexes[9:10])
+        assert bytes((await cache.get_many(7, indexes[9:10]))[0]) == bytes([9]) * BLOCK
+        await cache.close()
+
+
+async def test_readahead_stays_within_its_share_and_close_cancels_it(tmp_path: Path) -> None:
+    data, indexes = object_blocks(40)
+    async with SlowCountingStore(tmp_path, delay_s=10) as store:
+        await store.put(object_key("ns", 7), [data])
+        cache = DataBlockCache(store, "ns", capacity_bytes=16 * BLOCK)
+        for stream_id in (1, 2, 3):
+            for _ in range(5):  # windows grow; the limit (half the capacity) holds
+                cache.read_ahead(
+                    ReadAhead(
+                        stream_id,
+                        [(7, b) for b in indexes],
+                        window_bytes=40 * BLOCK,
+                        get_bytes=2 * BLOCK,
+                        to_the_end=True,
+                    )
+                )
+                assert 0 < cache.readahead_bytes <= cache.readahead_limit_bytes == 8 * BLOCK
+        await asyncio.sleep(0)
+        assert store.in_flight > 0
+        await cache.close()
+        assert store.in_flight == 0 and cache.readahead_bytes == 0
+
+
+async def test_blocks_of_one_get_share_its_buffer_and_are_charged_for_it(tmp_path: Path) -> None:
+    data, indexes = object_blocks(4)
+    async with SlowCountingStore(tmp_path, delay_s=0) as store:
+        await store.put(object_key("ns", 7), [data])
+        cache = DataBlockCache(store, "ns", capacity_bytes=24 * BLOCK)
+        first, second = await cache.get_many(7, indexes[:2])
+        assert isinstance(first, memoryview) and first.obj is second.obj  # type: ignore[union-attr]
+        assert cache.size_bytes == 2 * BLOCK
+        # Too long a GET (over an eighth of the capacity) is copied block by block instead.
+        small = DataBlockCache(store, "ns", capacity_bytes=8 * BLOCK)
+        blocks = await small.get_many(7, indexes[:2])
+        assert all(isinstance(block, bytes) for block in blocks)
+
+
+async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path) -> None:
+    store = SlowCountingStore(tmp_path / "objects", delay_s=0.002)
+
+    async def same_store() -> ObjectStore:
+        return store
+
+    device = MemoryBlockDevice(1 << 20)
+    storage, metadata_log = await start(device, tmp_path, 1, same_store)
+    stream_id = await storage.create_stream()
+    await storage.open_stream(stream_id, 0)
+    written = [payload(stream_id, index) for index in range(300)]
+    for data in written:
+        await storage.append(stream_id, 0, data, 1)
+    await storage.close_stream(stream_id, 0)
+    await storage.shutdown()
+    await metadata_log.close()
+    storage, metadata_log = await start(device, tmp_path, 2, same_store)
+    await storage.open_stream(stream_id, 1)
+    got: list[bytes] = []
+    while len(got) < len(written):
+        found = await storage.read(stream_id, len(got), len(written), 500)
+        got.extend(bytes(batch.payload) for batch in found)
+    assert got == written
+    assert storage._blocks.readahead_gets > 0
+    await storage.shutdown()
+    await metadata_log.close()
+    await store.close()
