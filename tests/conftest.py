@@ -1,6 +1,8 @@
 """Shared test settings: hypothesis profiles `dev` (default) and `ci` (derandomized, more examples).
 
-Also the session-wide moto S3 server (`moto_s3`) that object-store tests run against.
+Also the session-wide moto S3 server (`moto_s3`) that object-store tests run against, and a
+broker process per test module (`broker`, see ``automq_ref.checker.cluster``) for the end-to-end
+and Spark tests.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from automq_ref.checker.cluster import BrokerProcess
 
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.register_profile(
@@ -54,3 +58,12 @@ def moto_s3() -> Iterator[MotoS3]:
         )
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(tmp_path_factory.mktemp("broker") / "data")
+    process.start()
+    yield process
+    if process.alive():
+        process.stop()

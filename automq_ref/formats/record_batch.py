@@ -451,12 +451,7 @@ class RecordBatchView:
         The whole batch is decoded and checked before anything is returned: the record count
         must match recordsCount, each record its declared length, with no bytes left over.
         """
-        header = self.header()
-        codec = compression_type_from_id(header.attributes & COMPRESSION_CODEC_MASK)
-        payload: bytes | memoryview = self._buffer[RECORDS_OFFSET:]
-        if codec is not CompressionType.NONE:
-            payload = decompress(codec, payload, max_output_bytes=max_decompressed_bytes)
-        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+        header, payload, log_append_time = self._records_section(max_decompressed_bytes)
         return _decode_records(
             payload,
             header.records_count,
@@ -470,21 +465,10 @@ class RecordBatchView:
     ) -> RecordColumns:
         """The records as columns (what a columnar reader such as Spark wants), decoded in one
         tight loop without a :class:`Record` per record; the same checks as :meth:`records`."""
-        header = self.header()
-        codec = compression_type_from_id(header.attributes & COMPRESSION_CODEC_MASK)
-        payload: bytes
-        if codec is CompressionType.NONE:
-            payload = bytes(self._buffer[RECORDS_OFFSET:])
-        else:
-            payload = bytes(
-                decompress(
-                    codec, self._buffer[RECORDS_OFFSET:], max_output_bytes=max_decompressed_bytes
-                )
-            )
-        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+        header, payload, log_append_time = self._records_section(max_decompressed_bytes)
         try:
             return _decode_columns(
-                payload,
+                bytes(payload),
                 header.records_count,
                 header.base_offset,
                 header.base_timestamp,
@@ -494,13 +478,7 @@ class RecordBatchView:
         except _SlowPath:
             # Something unusual (a long varint, a bad length): the careful decoder gives the
             # same records, or the precise error.
-            records = _decode_records(
-                payload,
-                header.records_count,
-                base_offset=header.base_offset,
-                base_timestamp=header.base_timestamp,
-                log_append_time=log_append_time,
-            )
+            records = self.records(max_decompressed_bytes=max_decompressed_bytes)
             return RecordColumns(
                 [r.offset for r in records],
                 [r.timestamp for r in records],
@@ -508,6 +486,19 @@ class RecordBatchView:
                 [r.value for r in records],
                 [r.headers for r in records] if include_headers else [],
             )
+
+    def _records_section(
+        self, max_decompressed_bytes: int | None
+    ) -> tuple[RecordBatchHeader, bytes | memoryview, int | None]:
+        """The header, the records' bytes (decompressed) and the LogAppendTime, if that is the
+        batch's timestamp type."""
+        header = self.header()
+        codec = compression_type_from_id(header.attributes & COMPRESSION_CODEC_MASK)
+        payload: bytes | memoryview = self._buffer[RECORDS_OFFSET:]
+        if codec is not CompressionType.NONE:
+            payload = decompress(codec, payload, max_output_bytes=max_decompressed_bytes)
+        log_append_time = header.max_timestamp if header.attributes & TIMESTAMP_TYPE_MASK else None
+        return header, payload, log_append_time
 
     def __bytes__(self) -> bytes:
         return bytes(self._buffer)

@@ -1,4 +1,4 @@
-"""One local Spark session and one broker process per test module.
+"""One local Spark session per test module (the ``broker`` fixture is in ``tests/conftest.py``).
 
 Spark binds to 127.0.0.1 (``SPARK_LOCAL_IP``) and runs ``local[2]``; executors' Python workers
 use this interpreter. The whole directory is skipped when pyspark (the ``spark`` extra) or Java
@@ -14,8 +14,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import pytest
-
-from automq_ref.checker.cluster import BrokerProcess
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -44,12 +42,3 @@ def spark() -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    process = BrokerProcess(tmp_path_factory.mktemp("broker") / "data")
-    process.start()
-    yield process
-    if process.alive():
-        process.stop()
