@@ -264,18 +264,8 @@ def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history:
         for partition in range(settings.partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
             history.add(process, "invoke", "poll", {"partitions": [partition], "final": True})
-            consumer.assign([TopicPartition(topic, partition, low)])
-            records: list[list[object]] = []
-            deadline = time.monotonic() + 60
-            position = low
-            while position < high and time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=1000, timeout=0.5):
-                    if message.error() is not None:
-                        continue
-                    offset = message.offset()
-                    assert offset is not None
-                    records.append([partition, offset, (message.value() or b"").decode()])
-                    position = offset + 1
+            read, position = read_partition(consumer, topic, partition, low, high)
+            records = [[partition, offset, value] for offset, value in read]
             result: dict[str, object] = {
                 "records": records,
                 "final": True,
@@ -286,3 +276,23 @@ def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history:
             history.add(process, "ok", "poll", result)
     finally:
         consumer.close()
+
+
+def read_partition(
+    consumer: Consumer, topic: str, partition: int, low: int, high: int, timeout_s: float = 60
+) -> tuple[list[tuple[int, str]], int]:
+    """(offset, value) of every record from ``low`` up to ``high`` (exclusive), in the order
+    read, and the position reached (``>= high`` when the read got to the end in time)."""
+    consumer.assign([TopicPartition(topic, partition, low)])
+    records: list[tuple[int, str]] = []
+    deadline = time.monotonic() + timeout_s
+    position = low
+    while position < high and time.monotonic() < deadline:
+        for message in consumer.consume(num_messages=1000, timeout=0.5):
+            if message.error() is not None:
+                continue
+            offset = message.offset()
+            assert offset is not None
+            records.append((offset, (message.value() or b"").decode()))
+            position = offset + 1
+    return records, position

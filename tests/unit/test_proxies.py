@@ -23,8 +23,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from automq_ref.checker.cluster import BrokerProcess
+from automq_ref.checker.cluster import BrokerProcess, free_port
 from automq_ref.checker.proxies import S3FaultProxy, TcpProxy
+from automq_ref.checker.workload import read_partition
 from automq_ref.io.object_store import ObjectStoreUnavailable, S3ObjectStore
 from tests.conftest import MotoS3
 
@@ -102,11 +103,6 @@ def round_trip(sock: socket.socket, payload: bytes) -> float:
     sock.sendall(payload)
     assert receive_exactly(sock, len(payload)) == payload
     return time.monotonic() - started
-
-
-def free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as sock:
-        return int(sock.getsockname()[1])
 
 
 def fresh_bucket() -> str:
@@ -452,17 +448,8 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int
     try:
         for partition in range(partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
-            consumer.assign([TopicPartition(topic, partition, low)])
-            position = low
-            deadline = time.monotonic() + 60
-            while position < high and time.monotonic() < deadline:
-                for message in consumer.consume(num_messages=1000, timeout=0.5):
-                    if message.error() is not None:
-                        continue
-                    offset = message.offset()
-                    assert offset is not None
-                    found[(partition, offset)] = (message.value() or b"").decode()
-                    position = offset + 1
+            read, _ = read_partition(consumer, topic, partition, low, high)
+            found.update(((partition, offset), value) for offset, value in read)
     finally:
         consumer.close()
     return found

@@ -16,7 +16,8 @@ Regression tests for two defects the proxy exposed:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,9 +50,12 @@ def proxy(moto_s3: MotoS3) -> Iterator[S3FaultProxy]:
     started.stop()
 
 
-async def start_storage(
-    tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy
-) -> tuple[S3Storage, S3ObjectStore, FileMetadataLog]:
+@contextlib.asynccontextmanager
+async def running_storage(
+    tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy, *, shut_down: bool = True
+) -> AsyncIterator[S3Storage]:
+    """S3Storage over the proxied store; on the way out the proxy heals, the storage shuts
+    down (unless the test did that itself) and the store and metadata log close."""
     bucket = fresh_bucket()
     store = S3ObjectStore(
         bucket,
@@ -80,7 +84,14 @@ async def start_storage(
         params=PARAMS,
         block_size_threshold_bytes=512,
     )
-    return storage, store, metadata_log
+    try:
+        yield storage
+    finally:
+        proxy.heal()
+        if shut_down:
+            await storage.shutdown()
+        await store.close()
+        await metadata_log.close()
 
 
 def payload(offset: int) -> bytes:
@@ -99,8 +110,7 @@ async def test_an_upload_outlasting_the_store_retries_is_retried_after_heal(
     tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(s3stream, "UPLOAD_RETRY_BASE_S", 0.1)
-    storage, store, metadata_log = await start_storage(tmp_path, moto_s3, proxy)
-    try:
+    async with running_storage(tmp_path, moto_s3, proxy) as storage:
         stream_id = await storage.create_stream()
         await storage.open_stream(stream_id, 0)
         proxy.set_faults(error_rate=1.0)
@@ -119,18 +129,12 @@ async def test_an_upload_outlasting_the_store_retries_is_retried_after_heal(
         await storage.force_upload(lc.ALL_STREAMS)
         got = await storage.read(stream_id, 0, 40, 10**9)
         assert [bytes(batch.payload) for batch in got] == [payload(o) for o in range(40)]
-    finally:
-        proxy.heal()
-        await storage.shutdown()
-        await store.close()
-        await metadata_log.close()
 
 
 async def test_a_failed_read_from_objects_is_a_storage_error(
     tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy
 ) -> None:
-    storage, store, metadata_log = await start_storage(tmp_path, moto_s3, proxy)
-    try:
+    async with running_storage(tmp_path, moto_s3, proxy) as storage:
         stream_id = await storage.create_stream()
         await storage.open_stream(stream_id, 0)
         for offset in range(40):
@@ -143,19 +147,13 @@ async def test_a_failed_read_from_objects_is_a_storage_error(
         proxy.heal()
         got = await storage.read(stream_id, 0, 40, 10**9)
         assert [bytes(batch.payload) for batch in got] == [payload(o) for o in range(40)]
-    finally:
-        proxy.heal()
-        await storage.shutdown()
-        await store.close()
-        await metadata_log.close()
 
 
 async def test_shutdown_gives_up_on_an_exhausted_upload_and_the_wal_keeps_the_data(
     tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy
 ) -> None:
     """Retrying forever must not make a graceful stop hang while S3 is down."""
-    storage, store, metadata_log = await start_storage(tmp_path, moto_s3, proxy)
-    try:
+    async with running_storage(tmp_path, moto_s3, proxy, shut_down=False) as storage:
         stream_id = await storage.create_stream()
         await storage.open_stream(stream_id, 0)
         proxy.set_faults(error_rate=1.0)
@@ -167,7 +165,3 @@ async def test_shutdown_gives_up_on_an_exhausted_upload_and_the_wal_keeps_the_da
             await asyncio.wait_for(storage.shutdown(), 10)
         with pytest.raises(StorageError):
             await uploading
-    finally:
-        proxy.heal()
-        await store.close()
-        await metadata_log.close()
