@@ -167,8 +167,8 @@ def _run(config: BrokerConfig) -> int:
 
 
 async def _serve(config: BrokerConfig) -> int:
-    from automq_ref.io.broker import Broker
-    from automq_ref.io.kafka_server import KafkaServer
+    from automq_ref.kafka.broker import Broker
+    from automq_ref.kafka.server import KafkaServer
 
     broker = await Broker.start(config)
     server = KafkaServer(broker, max_request_bytes=config.socket_request_max_bytes)

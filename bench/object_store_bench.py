@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from automq_ref.io.object_store import LocalDirectoryObjectStore, ObjectStore, S3ObjectStore
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectStore, S3ObjectStore
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from automq_ref.io.controller import Controller
-from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import LocalDirectoryObjectStore, ObjectInfo, Payload
-from automq_ref.io.s3stream import S3Storage
-from automq_ref.io.wal_block import BlockWal
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectInfo, Payload
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 
 RECORD_BYTES = 1024 * 1024

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from automq_ref.io.wal_block import MAX_GROUPS_IN_FLIGHT, BlockWal
+from automq_ref.io.storage.wal_block import MAX_GROUPS_IN_FLIGHT, BlockWal
 
 WRITER_COUNTS = (1, 64)
 CAPACITY_BYTES = 1024 * 1024 * 1024

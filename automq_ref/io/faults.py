@@ -47,7 +47,7 @@ from typing import Final
 
 from crc32c import crc32c
 
-from automq_ref.io.block_device import Buffer, FileBlockDevice
+from automq_ref.io.storage.block_device import Buffer, FileBlockDevice
 
 UNDO_JOURNAL_SUFFIX: Final = ".undo"
 # An entry: position, length, CRC-32C of (position, length, old bytes); then the old bytes.

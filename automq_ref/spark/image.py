@@ -10,13 +10,13 @@ Everything a broker has committed can be found from two places: the controller's
 ``s3.data.buckets``).
 
 1. *The image.* :func:`load_image` reads the metadata log read-only
-   (:func:`~automq_ref.io.metadata_log.read_log_directory`: no lock, nothing written, so a
+   (:func:`~automq_ref.io.metadata.metadata_log.read_log_directory`: no lock, nothing written, so a
    running broker may keep appending) and replays the snapshot and the records after it, as
    the controller does on open. The image holds the streams (start and end offsets), the
    committed objects with the offset ranges they hold per stream, and the KV store.
 2. *Topics.* The KV entry ``topics/<name>`` gives a topic's id and partition count
-   (:mod:`automq_ref.io.topics`); ``partitions/<topic id>/<index>`` gives each partition's
-   MetaStream id (:mod:`automq_ref.io.partition`).
+   (:mod:`automq_ref.kafka.topics`); ``partitions/<topic id>/<index>`` gives each partition's
+   MetaStream id (:mod:`automq_ref.kafka.partition`).
 3. *The data stream.* The MetaStream's records are JSON ``{"k": key, "v": value}``; the last
    ``LOG`` record names the data stream. They are read from the MetaStream's committed objects
    the way every stream is (below).
@@ -62,14 +62,14 @@ from automq_ref.formats.object_file import (
 )
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.metadata_log import read_log_directory
-from automq_ref.io.object_store import ObjectStore, open_object_store
-from automq_ref.io.partition import partition_key
-from automq_ref.io.stream_objects import object_key
-from automq_ref.io.topics import Topic, topics_in
+from automq_ref.io.metadata.metadata_log import read_log_directory
+from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.stream_objects import object_key
+from automq_ref.kafka.partition import partition_key
+from automq_ref.kafka.topics import Topic, topics_in
 from automq_ref.state_machines import stream_metadata as sm
 
-# The namespace the broker writes its object keys under (``automq_ref.io.broker.NAMESPACE``;
+# The namespace the broker writes its object keys under (``automq_ref.kafka.broker.NAMESPACE``;
 # not imported, so that reading objects does not load the whole broker).
 NAMESPACE = "_kafka_automq_ref"
 METADATA_DIR_NAME = "metadata"

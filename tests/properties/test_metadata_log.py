@@ -38,8 +38,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from automq_ref.io import metadata_log
-from automq_ref.io.metadata_log import (
+from automq_ref.io.metadata import metadata_log
+from automq_ref.io.metadata.metadata_log import (
     FileMetadataLog,
     LogEntry,
     LogIndexConflict,

@@ -23,13 +23,18 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.s3stream import OBJECT_TTL_MS, OffsetOutOfRangeError, S3Storage, StorageError
-from automq_ref.io.stream_objects import object_key
-from automq_ref.io.wal_block import BlockWal
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.s3stream import (
+    OBJECT_TTL_MS,
+    OffsetOutOfRangeError,
+    S3Storage,
+    StorageError,
+)
+from automq_ref.io.storage.stream_objects import object_key
+from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 

@@ -25,7 +25,7 @@ from hypothesis.stateful import (
 )
 
 from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.wal_block import (
+from automq_ref.io.storage.wal_block import (
     RING_START_BYTES,
     BlockWal,
     RecoveredRecord,

@@ -246,7 +246,7 @@ def test_bad_options_name_the_option(objects: SparkSession, produced: Produced) 
 
 @pytest.fixture
 def s3_broker(tmp_path: Path, moto_s3: MotoS3) -> Iterator[tuple[BrokerProcess, str]]:
-    from automq_ref.io.object_store import S3ObjectStore
+    from automq_ref.io.storage.object_store import S3ObjectStore
 
     bucket = "automq-objects-source"
 

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 
 from automq_ref.config import load_config
-from automq_ref.io.broker import PRODUCER_ID_BLOCK, Broker
+from automq_ref.kafka.broker import PRODUCER_ID_BLOCK, Broker
 
 
 async def test_concurrent_allocations_are_distinct_across_blocks_and_restarts(

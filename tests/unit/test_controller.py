@@ -17,10 +17,10 @@ from automq_ref.formats.metadata_record import (
     encode_record,
     encode_snapshot,
 )
-from automq_ref.io.controller import Controller
-from automq_ref.io.metadata_log import FileMetadataLog, LogIndexConflict
-from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.stream_objects import object_key
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog, LogIndexConflict
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import NO_OBJECT, CommitRange, StreamErrorCode
 

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 
-from automq_ref.io import kafka_server
-from automq_ref.io.kafka_server import KafkaServer, Peer, Reply
+from automq_ref.kafka import server as kafka_server
+from automq_ref.kafka.server import KafkaServer, Peer, Reply
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

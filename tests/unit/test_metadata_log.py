@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from automq_ref.io import metadata_log
-from automq_ref.io.metadata_log import (
+from automq_ref.io.metadata import metadata_log
+from automq_ref.io.metadata.metadata_log import (
     BATCH_HEADER_SIZE,
     RECORD_HEADER_SIZE,
     SNAPSHOT_FILE_NAME,
@@ -557,7 +557,7 @@ async def test_second_opener_is_refused_until_the_first_closes(tmp_path: Path) -
         await FileMetadataLog.open(tmp_path)
     script = (
         "import asyncio, sys\n"
-        "from automq_ref.io.metadata_log import FileMetadataLog, MetadataLogLocked\n"
+        "from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogLocked\n"
         "try:\n"
         f"    asyncio.run(FileMetadataLog.open({str(tmp_path)!r}))\n"
         "except MetadataLogLocked:\n"

@@ -30,7 +30,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from automq_ref.io.object_store import (
+from automq_ref.io.storage.object_store import (
     ETAG_XATTR_NAME,
     STAGING_DIR_NAME,
     DeleteManyError,

@@ -26,7 +26,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from automq_ref.checker.cluster import BrokerProcess, free_port
 from automq_ref.checker.proxies import S3FaultProxy, TcpProxy
 from automq_ref.checker.workload import read_partition
-from automq_ref.io.object_store import ObjectStoreUnavailable, S3ObjectStore
+from automq_ref.io.storage.object_store import ObjectStoreUnavailable, S3ObjectStore
 from tests.conftest import MotoS3
 
 # ---------------------------------------------------------------------------------------------

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 from automq_ref.checker.proxies import S3FaultProxy
-from automq_ref.io import s3stream
-from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import S3ObjectStore
-from automq_ref.io.s3stream import S3Storage, StorageError
-from automq_ref.io.wal_block import BlockWal
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage import s3stream
+from automq_ref.io.storage.object_store import S3ObjectStore
+from automq_ref.io.storage.s3stream import S3Storage, StorageError
+from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from tests.conftest import MotoS3
 from tests.unit.test_object_store import fresh_bucket

@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 from automq_ref.formats.object_file import DataBlockIndex
-from automq_ref.io.controller import Controller
 from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import (
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import (
     LocalDirectoryObjectStore,
     ObjectStore,
     ObjectStoreUnavailable,
 )
-from automq_ref.io.s3stream import S3Storage, StreamFencedError
-from automq_ref.io.stream_objects import DataBlockCache, ReadAhead, object_key
-from automq_ref.io.wal_block import BlockWal
+from automq_ref.io.storage.s3stream import S3Storage, StreamFencedError
+from automq_ref.io.storage.stream_objects import DataBlockCache, ReadAhead, object_key
+from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from tests.unit.test_object_store import fresh_bucket, moto_store
 

@@ -22,7 +22,7 @@ from automq_ref.formats.metadata_record import encode_record
 from automq_ref.formats.object_file import ObjectWriter
 from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.metadata_log import (
+from automq_ref.io.metadata.metadata_log import (
     FileMetadataLog,
     LogEntry,
     MetadataLogCorrupt,
@@ -30,10 +30,10 @@ from automq_ref.io.metadata_log import (
     encode_batch,
     read_log_directory,
 )
-from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.partition import partition_key
-from automq_ref.io.stream_objects import object_key
-from automq_ref.io.topics import Topic, topic_key
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.stream_objects import object_key
+from automq_ref.kafka.partition import partition_key
+from automq_ref.kafka.topics import Topic, topic_key
 from automq_ref.spark import image as im
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -221,7 +221,7 @@ def test_locate_errors(tmp_path: Path) -> None:
 
 
 def test_namespace_is_the_brokers() -> None:
-    from automq_ref.io.broker import NAMESPACE
+    from automq_ref.kafka.broker import NAMESPACE
 
     assert im.NAMESPACE == NAMESPACE
 

@@ -60,6 +60,8 @@ def test_machines_import_nothing_impure() -> None:
 
 def test_the_check_catches_an_impure_import(tmp_path: Path) -> None:
     sample = tmp_path / "impure.py"
-    sample.write_text("import os.path\nfrom automq_ref.io.wal_block import BlockWal\nimport enum\n")
+    sample.write_text(
+        "import os.path\nfrom automq_ref.io.storage.wal_block import BlockWal\nimport enum\n"
+    )
     found = {module for module in imported_modules(sample) if is_forbidden(module)}
-    assert found == {"os.path", "automq_ref.io.wal_block"}
+    assert found == {"os.path", "automq_ref.io.storage.wal_block"}

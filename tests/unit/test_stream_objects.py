@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from automq_ref.formats.object_file import DataBlockIndex
-from automq_ref.io.object_store import LocalDirectoryObjectStore
-from automq_ref.io.stream_objects import (
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
     StreamReadError,

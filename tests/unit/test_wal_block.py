@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from automq_ref.io.block_device import FileBlockDevice
 from automq_ref.io.faults import DeviceCrashedError, MemoryBlockDevice
-from automq_ref.io.wal_block import (
+from automq_ref.io.storage.block_device import FileBlockDevice
+from automq_ref.io.storage.wal_block import (
     BLOCK_SIZE_BYTES,
     HEADER_SLOT_BYTES,
     RING_START_BYTES,

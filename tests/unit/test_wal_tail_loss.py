@@ -21,8 +21,6 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from automq_ref.checker.cluster import BrokerProcess
-from automq_ref.io import wal_block
-from automq_ref.io.block_device import FileBlockDevice
 from automq_ref.io.faults import (
     MemoryBlockDevice,
     UndoJournalBlockDevice,
@@ -30,7 +28,9 @@ from automq_ref.io.faults import (
     read_undo_journal,
     undo_journal_path,
 )
-from automq_ref.io.wal_block import BlockWal, RecoveredRecord
+from automq_ref.io.storage import wal_block
+from automq_ref.io.storage.block_device import FileBlockDevice
+from automq_ref.io.storage.wal_block import BlockWal, RecoveredRecord
 
 SIZE = 64 * 1024
 CAPACITY = 1 << 20

@@ -24,9 +24,9 @@ from automq_ref.formats.metadata_record import (
     encode_record,
     encode_snapshot,
 )
-from automq_ref.io.metadata_log import LogIndexConflict, MetadataLog
-from automq_ref.io.object_store import ObjectStore
-from automq_ref.io.stream_objects import object_key
+from automq_ref.io.metadata.metadata_log import LogIndexConflict, MetadataLog
+from automq_ref.io.storage.object_store import ObjectStore
+from automq_ref.io.storage.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)

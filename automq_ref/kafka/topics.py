@@ -1,7 +1,7 @@
 """Topics: names, ids, partition counts and configs, kept in the controller's KV store.
 
 ``topics/<name>`` holds ``{"id": uuid, "partitions": n, "configs": {...}}``; each partition's
-MetaStream is found under ``partitions/<id>/<index>`` (see :mod:`automq_ref.io.partition`). The
+MetaStream is found under ``partitions/<id>/<index>`` (see :mod:`automq_ref.kafka.partition`). The
 KV entry of a topic is written after its partitions exist and removed before they are deleted,
 so a topic that can be found always has all its partitions.
 """

@@ -32,7 +32,7 @@ from typing import Any
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
-from automq_ref.io.s3stream import S3Storage
+from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)

@@ -38,16 +38,16 @@ from typing import Any
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
-from automq_ref.io.controller import Controller
-from automq_ref.io.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
-from automq_ref.io.stream_objects import (
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
+from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
     StreamReadError,
     read_from_objects,
     upload_layout,
 )
-from automq_ref.io.wal_block import AppendResult, BlockWal, WalOverCapacityError
+from automq_ref.io.storage.wal_block import AppendResult, BlockWal, WalOverCapacityError
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 

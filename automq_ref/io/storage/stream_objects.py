@@ -44,7 +44,7 @@ from automq_ref.formats.object_file import (
     tail_read_size,
 )
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.object_store import ObjectStore, ObjectStoreError
+from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
 

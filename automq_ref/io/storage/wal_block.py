@@ -83,8 +83,8 @@ from automq_ref.formats.wal_record import (
     encode_padding_header,
     encode_wal_record_header,
 )
-from automq_ref.io.block_device import BlockDevice, Buffer, FileBlockDevice
 from automq_ref.io.faults import UndoJournalBlockDevice
+from automq_ref.io.storage.block_device import BlockDevice, Buffer, FileBlockDevice
 
 log = logging.getLogger(__name__)
 

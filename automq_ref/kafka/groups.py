@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from automq_ref.io.s3stream import S3Storage, StorageError
+from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import stream_metadata as sm
 

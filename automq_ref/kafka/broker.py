@@ -1,7 +1,7 @@
 """The single-node broker: Kafka requests in, partitions over S3Storage streams underneath.
 
 Every request is decoded with kio (unknown tagged fields skipped) and dispatched by API key. The
-handlers keep one rule for ordering (see :mod:`automq_ref.io.kafka_server`): whatever must happen
+handlers keep one rule for ordering (see :mod:`automq_ref.kafka.server`): whatever must happen
 in request order (offset assignment) happens before the handler returns; waiting (WAL sync,
 Fetch long poll) happens in the returned awaitable.
 
@@ -25,14 +25,15 @@ from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.record_batch import iter_batches
-from automq_ref.io.controller import Controller
-from automq_ref.io.groups import GroupCoordinator
-from automq_ref.io.kafka_server import Chunks, CloseConnection, Peer, Reply
-from automq_ref.io.metadata_log import FileMetadataLog
-from automq_ref.io.object_store import ObjectStore, open_object_store
-from automq_ref.io.partition import Partition
-from automq_ref.io.s3stream import S3Storage, StorageError, StreamFencedError
-from automq_ref.io.topics import (
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.s3stream import S3Storage, StorageError, StreamFencedError
+from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply
+from automq_ref.kafka.topics import (
     TOPIC_CONFIG_DEFAULTS,
     Topic,
     TopicError,
@@ -41,7 +42,6 @@ from automq_ref.io.topics import (
     topic_key,
     topics_in,
 )
-from automq_ref.io.wal_block import BlockWal
 from automq_ref.protocol import (
     PRODUCE_API_KEY,
     PRODUCE_MIN_VERSION,

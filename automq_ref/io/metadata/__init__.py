@@ -1,0 +1,1 @@
+"""Metadata: the metadata log and the controller shell that applies StreamMetadata over it."""

@@ -1,0 +1,1 @@
+"""Storage: block devices, the WAL, object stores, S3Storage (streams over WAL and objects)."""
