@@ -25,6 +25,7 @@ from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.record_batch import iter_batches
+from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
@@ -35,12 +36,9 @@ from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply
 from automq_ref.kafka.topics import (
     TOPIC_CONFIG_DEFAULTS,
-    Topic,
     TopicError,
     check_topic_config,
     check_topic_name,
-    topic_key,
-    topics_in,
 )
 from automq_ref.protocol import (
     PRODUCE_API_KEY,
@@ -65,6 +63,7 @@ from automq_ref.protocol.produce_response import (
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import topic_key
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,8 @@
 Every group request becomes an event with a fresh request id; the caller awaits the answer,
 which the machine may give later (a JoinGroup waits for the rebalance). ``PersistOffsets`` and
 ``PersistGroupDeletion`` effects are appended, in emission order, to one *offsets stream* (found
-in the controller's KV under ``groups/offsets-stream``; JSON records); when an append is durable
+in the controller's KV under :data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`; records
+encoded by :mod:`automq_ref.formats.group_record`); when an append is durable
 the machine hears ``OffsetsPersisted`` and only then answers the commit and shows the offsets.
 At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
 members rejoin. Time is the wall clock in milliseconds, fed as ``Tick`` every 100 ms and stamped
@@ -17,20 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
 
+from automq_ref.formats import group_record as gr
+from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import OFFSETS_STREAM_KEY
 
 log = logging.getLogger(__name__)
 
-OFFSETS_STREAM_KEY = "groups/offsets-stream"
 TICK_INTERVAL_S = 0.1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -40,35 +41,30 @@ def now_ms() -> int:
 
 
 def encode_record(record: gc.DurableRecord) -> bytes:
-    document: dict[str, Any]
+    """The offsets-stream record of one of the Group machine's durable effects."""
     if isinstance(record, gc.PersistOffsets):
-        document = {
-            "type": "offsets",
-            "group": record.group_id,
-            "offsets": [
-                [o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms]
-                for o in record.offsets
-            ],
-        }
-    else:
-        document = {"type": "delete", "groups": list(record.group_ids)}
-    return json.dumps(document, separators=(",", ":")).encode()
-
-
-def decode_record(payload: bytes) -> gc.DurableRecord:
-    document = json.loads(payload)
-    if document["type"] == "offsets":
-        return gc.PersistOffsets(
-            -1,
-            document["group"],
-            tuple(
-                gc.OffsetRecord(topic, int(partition), int(offset), int(epoch), metadata, int(ts))
-                for topic, partition, offset, epoch, metadata, ts in document["offsets"]
-            ),
+        offsets = tuple(
+            gr.StoredOffset(
+                o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms
+            )
+            for o in record.offsets
         )
-    if document["type"] == "delete":
-        return gc.PersistGroupDeletion(-1, tuple(document["groups"]))
-    raise ValueError(f"offsets stream: unknown record type {document['type']!r}")
+        return gr.encode_group_record(gr.OffsetsCommitted(record.group_id, offsets))
+    return gr.encode_group_record(gr.GroupsDeleted(record.group_ids))
+
+
+def decode_record(payload: bytes | memoryview) -> gc.DurableRecord:
+    """The Group machine's record for one offsets-stream record (request id -1: replayed)."""
+    record = gr.decode_group_record(payload)
+    if isinstance(record, gr.OffsetsCommitted):
+        offsets = tuple(
+            gc.OffsetRecord(
+                o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms
+            )
+            for o in record.offsets
+        )
+        return gc.PersistOffsets(-1, record.group_id, offsets)
+    return gc.PersistGroupDeletion(-1, record.group_ids)
 
 
 class GroupCoordinator:
@@ -99,12 +95,12 @@ class GroupCoordinator:
             epoch = 0
             await storage.open_stream(stream_id, epoch)
             response = await controller.handle(
-                sm.PutKV(OFFSETS_STREAM_KEY, str(stream_id).encode(), False)
+                sm.PutKV(OFFSETS_STREAM_KEY, encode_kv_integer(stream_id), False)
             )
             if not response.ok:
                 raise StorageError(f"offsets stream: {response.message}")
         else:
-            stream_id = int(raw)
+            stream_id = decode_kv_integer(raw, "offsets stream id")
             metadata = controller.image.streams[stream_id]
             epoch = max(metadata.epoch, 0) + 1
             start, end = await storage.open_stream(stream_id, epoch)

@@ -5,11 +5,12 @@ one partition in one Produce request) becomes one stream append covering ``lastO
 offsets per batch; before the append the broker writes the assigned base offset and the leader
 epoch into the batch (both outside the CRC), so a Fetch hands the stored bytes back unchanged.
 
-The MetaStream holds small key/value records (JSON, the last value of a key wins on replay):
-``LOG`` names the data stream; ``LEADER_EPOCH`` records ``[epoch, start offset]`` each time the
-partition is opened. The MetaStream's id is found through the controller's KV under
-``partitions/<topic id>/<index>``. The leader epoch is the stream epoch: every open (a restart,
-or a move to another node) opens both streams one epoch higher, which fences the previous owner.
+The MetaStream holds small key/value records (:mod:`automq_ref.formats.meta_stream`; the last
+value of a key wins on replay): ``LOG`` names the data stream; ``LEADER_EPOCHS`` records the
+``[epoch, start offset]`` history, rewritten each time the partition is opened. The MetaStream's
+id is found through the controller's KV under :func:`~automq_ref.vocabulary.naming.partition_key`.
+The leader epoch is the stream epoch: every open (a restart, or a move to another node) opens both
+streams one epoch higher, which fences the previous owner.
 
 On open the partition also scans its data stream once (batch headers only) to rebuild what Kafka
 keeps beside its segments: the producer state of idempotent producers (last five batches per
@@ -23,27 +24,24 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
-import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
+from automq_ref.formats.meta_stream import PartitionMeta, encode_leader_epochs, encode_log, replay
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import partition_key
 
 log = logging.getLogger(__name__)
 
 PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 INT32_MAX = 2**31 - 1
-
-
-def partition_key(topic_id: uuid.UUID, index: int) -> str:
-    return f"partitions/{topic_id}/{index}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +109,11 @@ class Partition:
         await storage.open_stream(meta_stream_id, 0)
         await storage.open_stream(data_stream_id, 0)
         partition = cls(storage, topic, topic_id, index, meta_stream_id, data_stream_id, 0)
-        await partition._put_meta("LOG", {"data": data_stream_id})
+        await partition._put_meta(encode_log(data_stream_id))
         partition.leader_epochs.append((0, 0))
-        await partition._put_meta("LEADER_EPOCHS", partition.leader_epochs)
+        await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
         response = await storage.controller.handle(
-            sm.PutKV(partition_key(topic_id, index), str(meta_stream_id).encode(), False)
+            sm.PutKV(partition_key(topic_id, index), encode_kv_integer(meta_stream_id), False)
         )
         if not response.ok:
             raise RuntimeError(f"partition {topic}-{index}: {response.message}")
@@ -130,20 +128,22 @@ class Partition:
         raw = image.kv.get(partition_key(topic_id, index))
         if raw is None:
             raise LookupError(f"partition {topic}-{index} has no MetaStream")
-        meta_stream_id = int(raw)
+        meta_stream_id = decode_kv_integer(raw, f"partition {topic}-{index} MetaStream id")
         meta = image.streams.get(meta_stream_id)
         if meta is None:
             raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} is gone")
         epoch = max(meta.epoch, 0) + 1
         await storage.open_stream(meta_stream_id, epoch)
-        records = await _read_meta(storage, meta_stream_id)
-        data_stream_id = int(records["LOG"]["data"])
+        recorded = await _read_meta(storage, meta_stream_id)
+        data_stream_id = recorded.data_stream_id
+        if data_stream_id is None:
+            raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG")
         await storage.open_stream(data_stream_id, epoch)
         partition = cls(storage, topic, topic_id, index, meta_stream_id, data_stream_id, epoch)
-        partition.leader_epochs = [(int(e), int(o)) for e, o in records["LEADER_EPOCHS"]]
+        partition.leader_epochs = list(recorded.leader_epochs)
         start_of_epoch = storage.next_offset(data_stream_id, epoch)
         partition.leader_epochs.append((epoch, start_of_epoch))
-        await partition._put_meta("LEADER_EPOCHS", partition.leader_epochs)
+        await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
         await partition._scan()
         return partition
 
@@ -158,9 +158,8 @@ class Partition:
             await self.storage.delete_stream(stream_id, self.epoch)
         await self.storage.controller.handle(sm.DeleteKV(partition_key(self.topic_id, self.index)))
 
-    async def _put_meta(self, key: str, value: Any) -> None:
-        payload = json.dumps({"k": key, "v": value}, separators=(",", ":")).encode()
-        await self.storage.append(self.meta_stream_id, self.epoch, payload, 1)
+    async def _put_meta(self, record: bytes) -> None:
+        await self.storage.append(self.meta_stream_id, self.epoch, record, 1)
 
     async def _scan(self) -> None:
         """Rebuild the batch index and producer state from the retained log."""
@@ -410,16 +409,14 @@ class Partition:
         return min(live[keep_from].base_offset, self.high_watermark)
 
 
-async def _read_meta(storage: S3Storage, stream_id: int) -> dict[str, Any]:
-    records: dict[str, Any] = {}
+async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:
+    payloads: list[bytes | memoryview] = []
     cursor = storage.start_offset(stream_id)
     end = storage.confirm_offset(stream_id)
     while cursor < end:
         found = await storage.read(stream_id, cursor, end, SCAN_CHUNK_BYTES)
         if not found:
             break
-        for batch in found:
-            record = json.loads(bytes(batch.payload))
-            records[record["k"]] = record["v"]
+        payloads.extend(batch.payload for batch in found)
         cursor = found[-1].last_offset
-    return records
+    return replay(payloads)

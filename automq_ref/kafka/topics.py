@@ -1,22 +1,20 @@
-"""Topics: names, ids, partition counts and configs, kept in the controller's KV store.
+"""Topics: which names and configs the broker accepts.
 
-``topics/<name>`` holds ``{"id": uuid, "partitions": n, "configs": {...}}``; each partition's
-MetaStream is found under ``partitions/<id>/<index>`` (see :mod:`automq_ref.kafka.partition`). The
-KV entry of a topic is written after its partitions exist and removed before they are deleted,
-so a topic that can be found always has all its partitions.
+A topic's record (id, partition count, configs) lives in the controller's KV under
+:func:`~automq_ref.vocabulary.naming.topic_key`, encoded by
+:mod:`automq_ref.formats.topic_record` (which also holds the :class:`Topic` value); each
+partition's MetaStream is found under :func:`~automq_ref.vocabulary.naming.partition_key` (see
+:mod:`automq_ref.kafka.partition`). The KV entry of a topic is written after its partitions exist
+and removed before they are deleted, so a topic that can be found always has all its partitions.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
 
-TOPIC_KEY_PREFIX = "topics/"
 MAX_TOPIC_NAME_LENGTH = 249
 _LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")
 
@@ -39,41 +37,6 @@ class TopicError(Exception):
     def __init__(self, code: KafkaErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(frozen=True, slots=True)
-class Topic:
-    name: str
-    topic_id: uuid.UUID
-    partitions: int
-    configs: Mapping[str, str] = field(default_factory=dict)
-
-    def encode(self) -> bytes:
-        document = {
-            "id": str(self.topic_id),
-            "partitions": self.partitions,
-            "configs": self.configs,
-        }
-        return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
-
-    @classmethod
-    def decode(cls, name: str, raw: bytes) -> Topic:
-        document = json.loads(raw)
-        return cls(
-            name, uuid.UUID(document["id"]), int(document["partitions"]), document["configs"]
-        )
-
-
-def topic_key(name: str) -> str:
-    return TOPIC_KEY_PREFIX + name
-
-
-def topics_in(kv: Mapping[str, bytes]) -> dict[str, Topic]:
-    return {
-        key[len(TOPIC_KEY_PREFIX) :]: Topic.decode(key[len(TOPIC_KEY_PREFIX) :], value)
-        for key, value in kv.items()
-        if key.startswith(TOPIC_KEY_PREFIX)
-    }
 
 
 def check_topic_name(name: str) -> None:

@@ -14,24 +14,28 @@ Everything a broker has committed can be found from two places: the controller's
    running broker may keep appending) and replays the snapshot and the records after it, as
    the controller does on open. The image holds the streams (start and end offsets), the
    committed objects with the offset ranges they hold per stream, and the KV store.
-2. *Topics.* The KV entry ``topics/<name>`` gives a topic's id and partition count
-   (:mod:`automq_ref.kafka.topics`); ``partitions/<topic id>/<index>`` gives each partition's
-   MetaStream id (:mod:`automq_ref.kafka.partition`).
-3. *The data stream.* The MetaStream's records are JSON ``{"k": key, "v": value}``; the last
-   ``LOG`` record names the data stream. They are read from the MetaStream's committed objects
-   the way every stream is (below).
+2. *Topics.* The KV entry under :func:`~automq_ref.vocabulary.naming.topic_key` gives a topic's
+   id and partition count (:mod:`automq_ref.formats.topic_record`);
+   :func:`~automq_ref.vocabulary.naming.partition_key` gives each partition's MetaStream id.
+3. *The data stream.* The MetaStream's records (:mod:`automq_ref.formats.meta_stream`) are read
+   from its committed objects with the broker's own reader
+   (:func:`~automq_ref.io.storage.stream_objects.read_from_objects`) and replayed as the broker
+   replays them; the last ``LOG`` record names the data stream.
 4. *Object ranges.* ``get_objects`` walks the data stream's committed objects (stream objects
    and stream set objects alike) in offset order from the stream's start offset, which is the
    partition's log start: DeleteRecords and retention move it, and offsets below it are never
-   planned, even when an object still holds them. For each object one tail GET reads the footer
-   and the index (a second GET when the index does not fit the tail), and the index entries of
-   the stream's blocks overlapping the range become an :class:`ObjectRange`: the object key, the
-   stream offsets ``[start_offset, end_offset)`` and the data blocks holding them, whose
-   adjacent runs are the byte ranges to GET.
-5. *Reading.* :func:`read_object_range` GETs those byte ranges, checks each block against its
-   index entry, and returns the Kafka RecordBatches stored in the stream records (a partition's
-   data-stream record carries the RecordBatch bytes of one produce). The caller cuts records to
-   the offsets it wants (a stream record may start below the log start or run past the end).
+   planned, even when an object still holds them. For each object the broker's index cache
+   (:class:`~automq_ref.io.storage.stream_objects.ObjectIndexCache`: one tail GET reads the
+   footer and the index, a second GET when the index does not fit the tail) gives the index,
+   and the entries of the stream's blocks overlapping the range become an :class:`ObjectRange`:
+   the object key, the stream offsets ``[start_offset, end_offset)`` and the data blocks holding
+   them, whose adjacent runs are the byte ranges to GET.
+5. *Reading.* :func:`read_object_range` fetches those blocks as the broker's block cache does
+   (:func:`~automq_ref.io.storage.stream_objects.read_blocks`: one ranged GET per run of
+   adjacent blocks), checks each block against its index entry, and returns the Kafka
+   RecordBatches stored in the stream records (a partition's data-stream record carries the
+   RecordBatch bytes of one produce). The caller cuts records to the offsets it wants (a stream
+   record may start below the log start or run past the end).
 
 What is visible: only what is committed to objects. Records a broker acknowledged that are still
 only in its WAL and log cache (not yet uploaded, or uploaded but not yet committed) are not seen,
@@ -43,7 +47,6 @@ committed (orphans) are not in the image and are never read.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,31 +54,35 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from automq_ref.formats.errors import FormatError
+from automq_ref.formats.kv_integer import decode_kv_integer
+from automq_ref.formats.meta_stream import PartitionMeta, replay
 from automq_ref.formats.metadata_record import decode_record, decode_snapshot
-from automq_ref.formats.object_file import (
-    DataBlockIndex,
-    parse_data_block,
-    parse_footer,
-    parse_index,
-    slice_index_from_tail,
-    tail_read_size,
-)
+from automq_ref.formats.object_file import DataBlockIndex, parse_data_block
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.metadata.metadata_log import read_log_directory
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
-from automq_ref.io.storage.stream_objects import object_key
-from automq_ref.kafka.partition import partition_key
-from automq_ref.kafka.topics import Topic, topics_in
+from automq_ref.io.storage.stream_objects import (
+    DataBlockCache,
+    ObjectIndexCache,
+    StreamReadError,
+    read_blocks,
+    read_from_objects,
+)
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import NAMESPACE as NAMESPACE  # the broker's object keys
+from automq_ref.vocabulary.naming import object_key, partition_key
 
-# The namespace the broker writes its object keys under (``automq_ref.kafka.broker.NAMESPACE``;
-# not imported, so that reading objects does not load the whole broker).
-NAMESPACE = "_kafka_automq_ref"
 METADATA_DIR_NAME = "metadata"
 OBJECTS_DIR_NAME = "objects"
 _SEGMENT_FILE = re.compile(r"segment-\d{20}\.log")
 _GET_OBJECTS_LIMIT = 1 << 30
+# Indexes kept during one planning pass: every object it visits (a stream set object is shared
+# by many partitions, and indexes are small).
+_PLANNING_INDEX_OBJECTS = 1 << 20
+_META_READ_BYTES = 4 * 1024 * 1024
 
 
 class ImageError(Exception):
@@ -248,36 +255,15 @@ class PartitionLayout:
         return [object_range for object_range in clipped if object_range is not None]
 
 
-class _IndexCache:
-    """Object id -> its parsed index, for one planning pass (stream set objects are shared)."""
+def _index_cache(store: ObjectStore) -> ObjectIndexCache:
+    return ObjectIndexCache(store, NAMESPACE, max_objects=_PLANNING_INDEX_OBJECTS)
 
-    def __init__(self, store: ObjectStore, image: sm.StreamMetadataImage) -> None:
-        self._store = store
-        self._image = image
-        self._indexes: dict[int, tuple[DataBlockIndex, ...]] = {}
 
-    def object_size(self, object_id: int) -> int:
-        s3_object = self._image.objects.get(object_id)
-        if s3_object is None or s3_object.state is not sm.S3ObjectState.COMMITTED:
-            raise ImageError(f"object {object_id} is named by a stream but is not committed")
-        return s3_object.object_size
-
-    async def get(self, object_id: int) -> tuple[DataBlockIndex, ...]:
-        cached = self._indexes.get(object_id)
-        if cached is not None:
-            return cached
-        size = self.object_size(object_id)
-        key = object_key(NAMESPACE, object_id)
-        tail = await self._store.get_range(key, size - tail_read_size(size), size)
-        location = parse_footer(tail, size)
-        index_bytes: bytes | memoryview | None = slice_index_from_tail(tail, size, location)
-        if index_bytes is None:
-            index_bytes = await self._store.get_range(
-                key, location.start_position, location.start_position + location.length_bytes
-            )
-        indexes = parse_index(index_bytes, index_start_position=location.start_position)
-        self._indexes[object_id] = indexes
-        return indexes
+def _object_size(image: sm.StreamMetadataImage, object_id: int) -> int:
+    s3_object = image.objects.get(object_id)
+    if s3_object is None or s3_object.state is not sm.S3ObjectState.COMMITTED:
+        raise ImageError(f"object {object_id} is named by a stream but is not committed")
+    return s3_object.object_size
 
 
 async def stream_ranges(
@@ -288,11 +274,15 @@ async def stream_ranges(
     The committed end is where the objects stop being contiguous: the stream's end offset
     unless the image names no object for some offsets (a commit not replayed yet).
     """
-    return await _stream_ranges(_IndexCache(store, image), image, stream_id)
+    indexes = _index_cache(store)
+    try:
+        return await _stream_ranges(indexes, image, stream_id)
+    finally:
+        await indexes.close()
 
 
 async def _stream_ranges(
-    indexes: _IndexCache, image: sm.StreamMetadataImage, stream_id: int
+    indexes: ObjectIndexCache, image: sm.StreamMetadataImage, stream_id: int
 ) -> tuple[int, int, tuple[ObjectRange, ...]]:
     stream = image.streams.get(stream_id)
     if stream is None:
@@ -309,7 +299,8 @@ async def _stream_ranges(
         low, high = cursor, min(object_slice.end_offset, stream.end_offset)
         if low >= high:
             continue
-        entries = await indexes.get(object_slice.object_id)
+        size = _object_size(image, object_slice.object_id)
+        entries = await indexes.get(object_slice.object_id, size)
         blocks = tuple(
             entry
             for entry in entries
@@ -320,7 +311,7 @@ async def _stream_ranges(
             ObjectRange(
                 object_slice.object_id,
                 object_key(NAMESPACE, object_slice.object_id),
-                indexes.object_size(object_slice.object_id),
+                size,
                 object_slice.is_stream_object,
                 stream_id,
                 low,
@@ -354,20 +345,16 @@ async def read_stream(store: ObjectStore, object_range: ObjectRange) -> list[Str
     Link records and the trim marker carry no data and are left out.
     """
     found: list[StreamRecordBatch] = []
-    blocks = list(object_range.blocks)
-    for run_start, run_end in object_range.byte_ranges:
-        data = memoryview(await store.get_range(object_range.key, run_start, run_end))
-        while blocks and blocks[0].end_position <= run_end:
-            block = blocks.pop(0)
-            piece = data[block.start_position - run_start : block.end_position - run_start]
-            for batch in parse_data_block(piece, block):
-                if batch.is_link_record or batch.is_fake_trim_record:
-                    continue
-                if (
-                    batch.last_offset > object_range.start_offset
-                    and batch.base_offset < object_range.end_offset
-                ):
-                    found.append(batch)
+    contents = await read_blocks(store, NAMESPACE, object_range.object_id, object_range.blocks)
+    for block, data in zip(object_range.blocks, contents, strict=True):
+        for batch in parse_data_block(data, block):
+            if batch.is_link_record or batch.is_fake_trim_record:
+                continue
+            if (
+                batch.last_offset > object_range.start_offset
+                and batch.base_offset < object_range.end_offset
+            ):
+                found.append(batch)
     return found
 
 
@@ -383,27 +370,51 @@ async def read_object_range(store: ObjectStore, object_range: ObjectRange) -> li
 
 
 async def _meta_records(
-    indexes: _IndexCache, store: ObjectStore, image: sm.StreamMetadataImage, stream_id: int
-) -> dict[str, Any]:
-    """The MetaStream's committed key/value records, the last value of each key."""
-    records: dict[str, Any] = {}
-    _, _, ranges = await _stream_ranges(indexes, image, stream_id)
-    for object_range in ranges:
-        for batch in await read_stream(store, object_range):
-            record = json.loads(bytes(batch.payload))
-            records[str(record["k"])] = record["v"]
-    return records
+    indexes: ObjectIndexCache, store: ObjectStore, image: sm.StreamMetadataImage, stream_id: int
+) -> PartitionMeta:
+    """The MetaStream's committed records, replayed: read with the broker's reader, from the
+    stream's start up to where its objects stop."""
+    stream = image.streams[stream_id]
+    payloads: list[bytes | memoryview] = []
+    blocks = DataBlockCache(store, NAMESPACE, capacity_bytes=0)
+    cursor = stream.start_offset
+    try:
+        while cursor < stream.end_offset:
+            found = await read_from_objects(
+                store,
+                NAMESPACE,
+                image,
+                indexes,
+                blocks,
+                stream_id,
+                cursor,
+                stream.end_offset,
+                _META_READ_BYTES,
+            )
+            if not found:
+                break
+            payloads.extend(batch.payload for batch in found)
+            cursor = found[-1].last_offset
+        return replay(payloads)
+    except (StreamReadError, FormatError) as error:
+        raise ImageError(f"MetaStream {stream_id}: {error}") from error
+    finally:
+        await blocks.close()
 
 
 async def resolve_partition(
     image: sm.StreamMetadataImage, store: ObjectStore, topic: Topic, index: int
 ) -> PartitionLayout:
     """Find one partition's data stream and the object ranges holding its committed offsets."""
-    return await _resolve_partition(_IndexCache(store, image), store, image, topic, index)
+    indexes = _index_cache(store)
+    try:
+        return await _resolve_partition(indexes, store, image, topic, index)
+    finally:
+        await indexes.close()
 
 
 async def _resolve_partition(
-    indexes: _IndexCache,
+    indexes: ObjectIndexCache,
     store: ObjectStore,
     image: sm.StreamMetadataImage,
     topic: Topic,
@@ -412,14 +423,16 @@ async def _resolve_partition(
     raw = image.kv.get(partition_key(topic.topic_id, index))
     if raw is None:
         raise ImageError(f"partition {topic.name}-{index} has no MetaStream in the KV store")
-    meta_stream_id = int(raw)
+    try:
+        meta_stream_id = decode_kv_integer(raw, f"partition {topic.name}-{index} MetaStream id")
+    except FormatError as error:
+        raise ImageError(str(error)) from error
     if meta_stream_id not in image.streams:
         raise ImageError(f"partition {topic.name}-{index}: MetaStream {meta_stream_id} is gone")
     meta = await _meta_records(indexes, store, image, meta_stream_id)
-    log_record = meta.get("LOG")
-    if log_record is None:
+    data_stream_id = meta.data_stream_id
+    if data_stream_id is None:
         return PartitionLayout(topic.name, index, meta_stream_id, None, 0, 0)
-    data_stream_id = int(log_record["data"])
     start, end, ranges = await _stream_ranges(indexes, image, data_stream_id)
     return PartitionLayout(topic.name, index, meta_stream_id, data_stream_id, start, end, ranges)
 
@@ -448,14 +461,17 @@ async def resolve_layout(
     topics = metadata.topics
     partitions: dict[tuple[str, int], PartitionLayout] = {}
     async with open_store(location.object_store_uri, store_options) as store:
-        indexes = _IndexCache(store, metadata.image)
-        for name, topic in sorted(topics.items()):
-            if not topic_filter(name):
-                continue
-            for index in range(topic.partitions):
-                partitions[(name, index)] = await _resolve_partition(
-                    indexes, store, metadata.image, topic, index
-                )
+        indexes = _index_cache(store)
+        try:
+            for name, topic in sorted(topics.items()):
+                if not topic_filter(name):
+                    continue
+                for index in range(topic.partitions):
+                    partitions[(name, index)] = await _resolve_partition(
+                        indexes, store, metadata.image, topic, index
+                    )
+        finally:
+            await indexes.close()
     return Layout(location, metadata, topics, partitions)
 
 

@@ -22,6 +22,7 @@ from automq_ref.formats.metadata_record import encode_record
 from automq_ref.formats.object_file import ObjectWriter
 from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.metadata_log import (
     FileMetadataLog,
     LogEntry,
@@ -31,11 +32,9 @@ from automq_ref.io.metadata.metadata_log import (
     read_log_directory,
 )
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
-from automq_ref.io.storage.stream_objects import object_key
-from automq_ref.kafka.partition import partition_key
-from automq_ref.kafka.topics import Topic, topic_key
 from automq_ref.spark import image as im
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import object_key, partition_key, topic_key
 
 # ------------------------------------------------------------- the read-only log reader
 

@@ -13,7 +13,7 @@ from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
     StreamReadError,
-    object_key,
+    read_blocks,
     read_from_objects,
     upload_layout,
 )
@@ -24,15 +24,12 @@ from automq_ref.state_machines.stream_metadata import (
     CommitRange,
     CommitStreamObjectEntry,
 )
+from automq_ref.vocabulary.naming import object_key
 
 NAMESPACE = "_kafka_test"
 PARAMS = lc.LogCacheParams(
     upload_threshold_bytes=10**9, stream_object_split_bytes=3000, capacity_bytes=10**9
 )
-
-
-def test_object_key_reverses_the_hex_id() -> None:
-    assert object_key("_kafka_abc", 27039) == "f9960000/_kafka_abc/27039"
 
 
 def payload(stream_id: int, base: int, size: int) -> bytes:
@@ -156,3 +153,27 @@ async def test_data_block_cache_gets_a_block_once_and_stays_within_capacity(
         # A block larger than the whole cache is served but never kept.
         assert len(await blocks.get(7, huge)) == 1024
         assert blocks.size_bytes == 400
+
+
+async def test_read_blocks_gets_each_run_of_adjacent_blocks_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-shot read a planned reader (the Spark source) uses: the block cache's GETs, one
+    per run of adjacent blocks, and nothing kept afterwards."""
+    data = bytes(range(256)) * 8
+    async with LocalDirectoryObjectStore(tmp_path) as store:
+        await store.put(object_key(NAMESPACE, 7), [data])
+        first = DataBlockIndex(1, 0, 1, 1, start_position=0, block_size_bytes=400)
+        second = DataBlockIndex(1, 1, 1, 1, start_position=400, block_size_bytes=400)
+        apart = DataBlockIndex(1, 2, 1, 1, start_position=1024, block_size_bytes=1024)
+        gets: list[tuple[int, int]] = []
+        get_range = store.get_range
+
+        async def counted(key: str, start: int, end: int) -> bytes:
+            gets.append((start, end))
+            return await get_range(key, start, end)
+
+        monkeypatch.setattr(store, "get_range", counted)
+        contents = await read_blocks(store, NAMESPACE, 7, [first, second, apart])
+        assert [bytes(block) for block in contents] == [data[:400], data[400:800], data[1024:]]
+        assert sorted(gets) == [(0, 800), (1024, 2048)]

@@ -3,8 +3,7 @@
 Upload: a LogCache block's :class:`~automq_ref.state_machines.log_cache.UploadLayout` names one
 stream set object (the runs of several streams, in stream id order) and stream objects (one run
 each). Each is built with :class:`~automq_ref.formats.object_file.ObjectWriter` and PUT under
-AutoMQ's key for its id: ``reverse(hex8(id)) + "/" + namespace + "/" + id`` (the reversed hex
-spreads keys over S3 prefixes).
+AutoMQ's key for its id (:func:`~automq_ref.vocabulary.naming.object_key`).
 
 Read: the metadata image says which objects hold ``[start, end)`` of a stream
 (``get_objects``); for each, one tail GET usually covers footer and index (a second GET when the
@@ -12,6 +11,12 @@ index starts earlier), the index names the blocks to read, and whole blocks are 
 ranged GETs and checked against their index entries. Indexes are kept in a small cache keyed by
 object id, and data blocks in a byte-bounded least-recently-used cache keyed by (object id, block
 position), so a consumer that reads a block in several small fetches GETs it once.
+
+The reading side is read-only (it needs a metadata image and an object store, nothing of the
+node that wrote them), so it is also how the ``automq-objects`` Spark source reads a broker's
+objects (:mod:`automq_ref.spark.image`): :class:`ObjectIndexCache` for the indexes its plans are
+made of, :func:`read_from_objects` for the MetaStreams it reads whole, and :func:`read_blocks`
+(the block cache's fetching, nothing kept) for the planned ranges its executors read.
 
 Readahead: a read from objects is usually a consumer catching up, which will ask for the next
 bytes as soon as it has these. So while a read waits for its own blocks, the blocks that follow
@@ -47,6 +52,7 @@ from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
+from automq_ref.vocabulary.naming import object_key as object_key  # re-exported for callers
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +69,6 @@ MAX_READAHEAD_STREAMS = 4096
 
 class StreamReadError(Exception):
     """Objects named by the metadata do not hold the offsets they should."""
-
-
-def object_key(namespace: str, object_id: int) -> str:
-    return f"{f'{object_id:08x}'[::-1]}/{namespace}/{object_id}"
 
 
 def _batches(records: Sequence[CachedRecord], runs: Sequence[StreamRun]) -> list[StreamRecordBatch]:
@@ -114,7 +116,11 @@ async def upload_layout(
 
 
 class ObjectIndexCache:
-    """Object id -> its index entries, least recently used out first."""
+    """Object id -> its index entries, least recently used out first.
+
+    The broker's storage keeps one for all its reads; a reader planning from an image (the Spark
+    source) keeps one per planning pass, large enough for every object it visits, since a stream
+    set object is shared by many partitions."""
 
     def __init__(self, store: ObjectStore, namespace: str, max_objects: int = 1024) -> None:
         self._store = store
@@ -480,6 +486,19 @@ class DataBlockCache:
                 del self._buffers[evicted_buffer]
                 self._size_bytes -= evicted_held[0]
         return key in self._blocks
+
+
+async def read_blocks(
+    store: ObjectStore, namespace: str, object_id: int, blocks: Sequence[DataBlockIndex]
+) -> list[Block]:
+    """The bytes of ``blocks`` of one object, fetched once, as a :class:`DataBlockCache` does (one
+    ranged GET per run of adjacent blocks, the runs concurrently) but kept nowhere: for a reader
+    that reads each block once."""
+    cache = DataBlockCache(store, namespace, capacity_bytes=0)
+    try:
+        return await cache.get_many(object_id, blocks)
+    finally:
+        await cache.close()
 
 
 def _adjacent_runs(
