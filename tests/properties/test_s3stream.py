@@ -23,7 +23,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from automq_ref.io.faults import MemoryBlockDevice
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.checker.proxies import S3FaultProxy
-from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage import s3stream

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.formats.object_file import DataBlockIndex
-from automq_ref.io.faults import MemoryBlockDevice
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import (

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from automq_ref.io.faults import DeviceCrashedError, MemoryBlockDevice
+from automq_ref.checker.faults import DeviceCrashedError, MemoryBlockDevice
 from automq_ref.io.storage.block_device import FileBlockDevice
 from automq_ref.io.storage.wal_block import (
     BLOCK_SIZE_BYTES,
