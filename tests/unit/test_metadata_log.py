@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from automq_ref.io.metadata import metadata_log
+from automq_ref.io.metadata import file_metadata_log, metadata_log_format
 from automq_ref.io.metadata.metadata_log import (
     BATCH_HEADER_SIZE,
     RECORD_HEADER_SIZE,
@@ -128,7 +129,7 @@ async def test_read_ranges_and_max_records(tmp_path: Path) -> None:
 async def test_oversized_record_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metadata_log, "MAX_PAYLOAD_BYTES", 8)
+    monkeypatch.setattr(file_metadata_log, "MAX_PAYLOAD_BYTES", 8)
     async with FileMetadataLog(tmp_path) as log:
         with pytest.raises(ValueError):
             await log.append([b"ok", b"x" * 9], expected_next_index=0)
@@ -246,7 +247,9 @@ async def test_snapshot_bounds_and_repeated_installs(tmp_path: Path) -> None:
 async def test_snapshot_payload_larger_than_a_copy_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metadata_log, "COPY_CHUNK_BYTES", 7)
+    # Both the segment copy and the snapshot read go chunk by chunk.
+    monkeypatch.setattr(file_metadata_log, "COPY_CHUNK_BYTES", 7)
+    monkeypatch.setattr(metadata_log_format, "COPY_CHUNK_BYTES", 7)
     payload = bytes(range(256)) * 3
     async with FileMetadataLog(tmp_path) as log:
         await log.append([b"x" * 50, b"y" * 40, b"z" * 30], expected_next_index=0)
@@ -256,25 +259,32 @@ async def test_snapshot_payload_larger_than_a_copy_chunk(
         assert await log.read(1) == entries(1, [b"y" * 40, b"z" * 30])
 
 
-class FailAtStep:
-    """Fails the n-th durability step (file fsync, rename, delete, directory fsync) with EIO."""
+DURABILITY_STEPS = ("_fsync_file", "_fsync_directory", "_replace_file", "_remove_file")
 
-    NAMES = ("_fsync_file", "_fsync_directory", "_replace_file", "_remove_file")
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_at: int | None) -> None:
-        self.steps: list[str] = []
-        self.fail_at = fail_at
-        for name in self.NAMES:
-            monkeypatch.setattr(metadata_log, name, self._wrap(name, getattr(metadata_log, name)))
+@contextlib.contextmanager
+def failing_step(fail_at: int | None) -> Iterator[list[str]]:
+    """Within the block, every durability step (file fsync, rename, delete, directory fsync) is
+    recorded in the list yielded, and the ``fail_at``-th raises EIO: a crash there."""
+    steps: list[str] = []
+    originals = {name: getattr(file_metadata_log, name) for name in DURABILITY_STEPS}
 
-    def _wrap(self, name: str, original: Callable[..., None]) -> Callable[..., None]:
+    def wrap(name: str, original: Callable[..., None]) -> Callable[..., None]:
         def step(*args: Any) -> None:
-            self.steps.append(name)
-            if len(self.steps) == self.fail_at:
+            steps.append(name)
+            if len(steps) == fail_at:
                 raise OSError(5, f"injected failure at {name}")
             original(*args)
 
         return step
+
+    try:
+        for name, original in originals.items():
+            setattr(file_metadata_log, name, wrap(name, original))
+        yield steps
+    finally:
+        for name, original in originals.items():
+            setattr(file_metadata_log, name, original)
 
 
 INSTALL_STEPS = [
@@ -296,30 +306,29 @@ async def prepare_for_install(directory: Path) -> None:
         await log.install_snapshot(1, b"old snapshot")
 
 
-async def test_install_snapshot_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_install_snapshot_steps(tmp_path: Path) -> None:
     await prepare_for_install(tmp_path)
     async with FileMetadataLog(tmp_path) as log:
-        injector = FailAtStep(monkeypatch, None)
-        await log.install_snapshot(4, b"new snapshot")
-        assert injector.steps == INSTALL_STEPS
+        with failing_step(None) as steps:
+            await log.install_snapshot(4, b"new snapshot")
+        assert steps == INSTALL_STEPS
 
 
 @pytest.mark.parametrize("fail_at", range(1, len(INSTALL_STEPS) + 1))
 async def test_crash_during_install_snapshot_recovers_old_or_new(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+    tmp_path: Path, fail_at: int
 ) -> None:
     await prepare_for_install(tmp_path)
     log = await FileMetadataLog.open(tmp_path)
-    FailAtStep(monkeypatch, fail_at)
-    with pytest.raises(MetadataLogError) as caught:
-        await log.install_snapshot(4, b"new snapshot")
-    assert isinstance(caught.value.__cause__, OSError)
-    # The log refuses writes until reopened, but what it acknowledged stays readable.
-    with pytest.raises(MetadataLogError):
-        await log.append([b"more"], expected_next_index=len(RECORDS))
-    assert await log.read(4) == entries(4, RECORDS[4:])
-    await log.close()
-    monkeypatch.undo()
+    with failing_step(fail_at):
+        with pytest.raises(MetadataLogError) as caught:
+            await log.install_snapshot(4, b"new snapshot")
+        assert isinstance(caught.value.__cause__, OSError)
+        # The log refuses writes until reopened, but what it acknowledged stays readable.
+        with pytest.raises(MetadataLogError):
+            await log.append([b"more"], expected_next_index=len(RECORDS))
+        assert await log.read(4) == entries(4, RECORDS[4:])
+        await log.close()
 
     async with FileMetadataLog(tmp_path) as log:
         snapshot = await log.snapshot()
@@ -522,22 +531,21 @@ async def test_disk_change_under_an_open_log_is_seen_by_read(tmp_path: Path) -> 
 
 
 async def test_failed_fsync_fails_the_append_and_the_batch_is_all_or_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     log = await FileMetadataLog.open(tmp_path)
     await log.append([b"kept"], expected_next_index=0)
     acknowledged_size = segment_path(tmp_path).stat().st_size
-    FailAtStep(monkeypatch, 1)
-    with pytest.raises(MetadataLogError) as caught:
-        await log.append([b"in", b"doubt"], expected_next_index=1)
-    assert isinstance(caught.value.__cause__, OSError)
-    with pytest.raises(MetadataLogError, match="reopen"):
-        await log.append([b"refused"], expected_next_index=1)
-    with pytest.raises(MetadataLogError, match="reopen"):
-        await log.install_snapshot(1, b"refused")
-    assert await log.read(0) == [LogEntry(0, b"kept")]
-    await log.close()
-    monkeypatch.undo()
+    with failing_step(1):
+        with pytest.raises(MetadataLogError) as caught:
+            await log.append([b"in", b"doubt"], expected_next_index=1)
+        assert isinstance(caught.value.__cause__, OSError)
+        with pytest.raises(MetadataLogError, match="reopen"):
+            await log.append([b"refused"], expected_next_index=1)
+        with pytest.raises(MetadataLogError, match="reopen"):
+            await log.install_snapshot(1, b"refused")
+        assert await log.read(0) == [LogEntry(0, b"kept")]
+        await log.close()
     path = segment_path(tmp_path)
     image = path.read_bytes()
     for cut in range(acknowledged_size, len(image) + 1):
