@@ -48,14 +48,31 @@ def entries(first_index: int, payloads: list[bytes]) -> list[LogEntry]:
     return [LogEntry(first_index + offset, payload) for offset, payload in enumerate(payloads)]
 
 
-async def write_batches(directory: Path) -> list[int]:
+async def append_batches(log: FileMetadataLog) -> list[int]:
     """Append BATCHES; return the segment size after each one."""
     sizes: list[int] = []
-    async with FileMetadataLog(directory) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
-            sizes.append(segment_path(directory).stat().st_size)
+    for batch in BATCHES:
+        await log.append(batch, expected_next_index=log.next_index)
+        sizes.append(segment_path(log.directory).stat().st_size)
     return sizes
+
+
+async def write_batches(directory: Path) -> list[int]:
+    async with FileMetadataLog(directory) as log:
+        return await append_batches(log)
+
+
+def flipped(image: bytes, position: int, mask: int) -> bytes:
+    damaged = bytearray(image)
+    damaged[position] ^= mask
+    return bytes(damaged)
+
+
+async def open_corrupt(directory: Path, match: str | None = None) -> MetadataLogCorrupt:
+    """Opening ``directory`` must fail as corrupt; the error."""
+    with pytest.raises(MetadataLogCorrupt, match=match) as caught:
+        await FileMetadataLog.open(directory)
+    return caught.value
 
 
 async def reopen_and_read(directory: Path) -> tuple[int, int, list[LogEntry]]:
@@ -112,8 +129,7 @@ async def test_concurrent_appends_at_the_same_index_one_wins(tmp_path: Path) -> 
 
 async def test_read_ranges_and_max_records(tmp_path: Path) -> None:
     async with FileMetadataLog(tmp_path) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         count = len(RECORDS)
         for start in range(count + 2):
             for limit in (None, 0, 1, 2, 3, count + 5):
@@ -202,8 +218,7 @@ async def test_operations_after_close_are_refused(tmp_path: Path) -> None:
 
 async def test_snapshot_truncates_and_reads_below_raise(tmp_path: Path) -> None:
     async with FileMetadataLog(tmp_path) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         await log.install_snapshot(3, b"state up to 3")  # in the middle of the second batch
         assert (log.first_index, log.next_index) == (3, len(RECORDS))
         assert await log.snapshot() == Snapshot(3, b"state up to 3")
@@ -301,8 +316,7 @@ INSTALL_STEPS = [
 
 async def prepare_for_install(directory: Path) -> None:
     async with FileMetadataLog(directory) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         await log.install_snapshot(1, b"old snapshot")
 
 
@@ -435,14 +449,11 @@ async def test_flipped_byte_in_a_middle_batch_is_corruption(tmp_path: Path) -> N
     path = segment_path(tmp_path)
     image = path.read_bytes()
     for position in range(sizes[0], sizes[1]):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x40
-        path.write_bytes(damaged)
-        with pytest.raises(MetadataLogCorrupt) as caught:
-            await FileMetadataLog.open(tmp_path)
-        assert caught.value.path == path
-        assert caught.value.offset == sizes[0], position
-        assert str(path) in str(caught.value)
+        path.write_bytes(flipped(image, position, 0x40))
+        error = await open_corrupt(tmp_path)
+        assert error.path == path
+        assert error.offset == sizes[0], position
+        assert str(path) in str(error)
     path.write_bytes(image)
     # Nothing was truncated or rewritten on the way.
     assert await reopen_and_read(tmp_path) == (0, len(RECORDS), entries(0, RECORDS))
@@ -455,9 +466,7 @@ async def test_flipped_byte_in_the_last_batch_is_taken_for_a_torn_tail(tmp_path:
     image = path.read_bytes()
     kept = len(BATCHES[0]) + len(BATCHES[1])
     for position in range(sizes[1], sizes[2]):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x01
-        path.write_bytes(damaged)
+        path.write_bytes(flipped(image, position, 0x01))
         assert await reopen_and_read(tmp_path) == (0, kept, entries(0, RECORDS[:kept]))
         assert path.stat().st_size == sizes[1]
 
@@ -473,9 +482,7 @@ async def test_index_gap_or_duplicate_is_corruption(
     if followed:
         image += encode_batch(second_index + 2, [b"d"])
     (tmp_path / "segment-00000000000000000000.log").write_bytes(image)
-    with pytest.raises(MetadataLogCorrupt, match=kind) as caught:
-        await FileMetadataLog.open(tmp_path)
-    assert caught.value.offset == len(encode_batch(0, [b"a"]))
+    assert (await open_corrupt(tmp_path, kind)).offset == len(encode_batch(0, [b"a"]))
 
 
 async def test_record_index_inside_a_batch_must_follow_the_batch(tmp_path: Path) -> None:
@@ -484,8 +491,7 @@ async def test_record_index_inside_a_batch_must_follow_the_batch(tmp_path: Path)
     forged = encode_batch(5, [b"b"])[BATCH_HEADER_SIZE:]  # a valid frame with the wrong index
     batch[second_record:] = forged
     (tmp_path / "segment-00000000000000000000.log").write_bytes(bytes(batch))
-    with pytest.raises(MetadataLogCorrupt, match="index 5"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "index 5")
 
 
 async def test_corrupt_or_short_snapshot_file_is_an_error(tmp_path: Path) -> None:
@@ -493,30 +499,20 @@ async def test_corrupt_or_short_snapshot_file_is_an_error(tmp_path: Path) -> Non
     snapshot_path = tmp_path / SNAPSHOT_FILE_NAME
     image = snapshot_path.read_bytes()
     for position in range(len(image)):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x10
+        snapshot_path.write_bytes(flipped(image, position, 0x10))
+        assert (await open_corrupt(tmp_path)).path == snapshot_path
+    for damaged in (image[:0], image[:10], image[:-1], image + b"\x00"):
         snapshot_path.write_bytes(damaged)
-        with pytest.raises(MetadataLogCorrupt) as caught:
-            await FileMetadataLog.open(tmp_path)
-        assert caught.value.path == snapshot_path
-    for length in (0, 10, len(image) - 1):
-        snapshot_path.write_bytes(image[:length])
-        with pytest.raises(MetadataLogCorrupt):
-            await FileMetadataLog.open(tmp_path)
-    snapshot_path.write_bytes(image + b"\x00")
-    with pytest.raises(MetadataLogCorrupt):
-        await FileMetadataLog.open(tmp_path)
+        await open_corrupt(tmp_path)
 
 
 async def test_missing_records_between_snapshot_and_segment_are_an_error(tmp_path: Path) -> None:
     await prepare_for_install(tmp_path)
     segment = segment_path(tmp_path)
     segment.rename(tmp_path / "segment-00000000000000000002.log")
-    with pytest.raises(MetadataLogCorrupt, match="missing"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "missing")
     (tmp_path / "segment-00000000000000000002.log").unlink()
-    with pytest.raises(MetadataLogCorrupt, match="no segment"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "no segment")
 
 
 async def test_disk_change_under_an_open_log_is_seen_by_read(tmp_path: Path) -> None:

@@ -45,11 +45,10 @@ from automq_ref.checker.faults import (
 )
 from automq_ref.config import load_config
 from automq_ref.io.storage.block_device import FileBlockDevice
-from automq_ref.io.storage.wal_block import BlockWal, RecoveredRecord
+from automq_ref.io.storage.wal_block import BlockWal
+from tests.unit.test_wal_block import open_wal, ready, recover_all
 
 SIZE = 64 * 1024
-CAPACITY = 1 << 20
-MAX_WRITE = 64 * 1024
 JOURNAL = "automq.ref.test.wal.undo.journal=true"
 ACK_BEFORE_FSYNC = "automq.ref.test.ack.before.fsync=true"
 
@@ -164,18 +163,7 @@ async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(tmp_path: Path) 
     for seed in range(12):
         path = tmp_path / f"wal-{seed}"
         policy = AckBeforeFsync(interval_s=0.0)
-        wal = await BlockWal.open_file(
-            path,
-            node_id=7,
-            node_epoch=1,
-            capacity_bytes=CAPACITY,
-            max_write_bytes=MAX_WRITE,
-            wrap_device=undo_journal(path),
-            sync_policy=policy,
-        )
-        async for _ in wal.recover():
-            pass
-        await wal.reset()
+        wal = await ready(await open_wal(path, wrap_device=undo_journal(path), sync_policy=policy))
         synced = [pattern(seed * 100 + index, 700) for index in range(5)]
         for data in synced:
             await wal.append(data)
@@ -192,20 +180,14 @@ async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(tmp_path: Path) 
         shutil.copy(undo_journal_path(path), crashed / "wal.undo")
         await wal.close()
         lose_unsynced_tail(crashed / "wal", random.Random(seed))
-        recovered = await recover_file(crashed / "wal")
+        reopened, recovered = await recover_all(crashed / "wal")
+        await reopened.close()
         bodies = [record.body for record in recovered]
         assert bodies[:5] == synced
         assert bodies[5:] == unsynced[: len(bodies) - 5]
         lost_some += len(bodies) < 13
         kept_some += len(bodies) > 5
     assert lost_some and kept_some
-
-
-async def ready(wal: BlockWal) -> BlockWal:
-    async for _ in wal.recover():
-        pass
-    await wal.reset()
-    return wal
 
 
 def test_seams_for_gives_each_mode_its_seam(tmp_path: Path) -> None:
@@ -264,15 +246,6 @@ async def test_the_production_wal_refuses_the_test_flags(tmp_path: Path) -> None
         await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, undo_journal=True)
     with pytest.raises(ValueError, match="checker"):
         await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, ack_before_fsync=True)
-
-
-async def recover_file(path: Path) -> list[RecoveredRecord]:
-    wal = await BlockWal.open_file(
-        path, node_id=7, node_epoch=2, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
-    recovered = [record async for record in wal.recover()]
-    await wal.close()
-    return recovered
 
 
 # ------------------------------------------------------------------- a broker process
