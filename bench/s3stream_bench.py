@@ -19,12 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from automq_ref.io.metadata.controller import Controller
-from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectInfo, Payload
-from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
+from tests.storage_fixtures import NODE_ID, start_storage
 
 RECORD_BYTES = 1024 * 1024
 PARAMS = lc.LogCacheParams(
@@ -46,21 +44,12 @@ class CountingStore(LocalDirectoryObjectStore):
 
 
 async def run(directory: Path, streams: int, total_bytes: int, concurrency: int) -> str:
-    metadata_log = await FileMetadataLog.open(directory / "meta")
-    controller = await Controller.open(metadata_log)
     wal = await BlockWal.open_file(
-        directory / "wal", node_id=1, node_epoch=1, capacity_bytes=2 * 1024 * 1024 * 1024
+        directory / "wal", node_id=NODE_ID, node_epoch=1, capacity_bytes=2 * 1024 * 1024 * 1024
     )
     store = CountingStore(directory / "objects")
-    storage = await S3Storage.start(
-        wal=wal,
-        store=store,
-        controller=controller,
-        node_id=1,
-        node_epoch=1,
-        namespace="_kafka_bench",
-        params=PARAMS,
-    )
+    running = await start_storage(directory, wal, store, params=PARAMS, namespace="_kafka_bench")
+    storage = running.storage
     stream_ids = [await storage.create_stream() for _ in range(streams)]
     for stream_id in stream_ids:
         await storage.open_stream(stream_id, 0)
@@ -83,7 +72,7 @@ async def run(directory: Path, streams: int, total_bytes: int, concurrency: int)
     append_seconds = time.perf_counter() - started
     await storage.shutdown()  # uploads the tail, as a graceful stop does
     total_seconds = time.perf_counter() - started
-    await metadata_log.close()
+    await running.metadata_log.close()
     latencies.sort()
     written_gb = records * RECORD_BYTES / 1e9
     return (

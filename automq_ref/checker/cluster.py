@@ -1,5 +1,8 @@
 """A broker process for tests and checks: ``automq-ref serve`` on a free port, data in a directory.
 
+It runs through ``automq_ref.checker.serve``, which gives the broker the checker's test-only WAL
+modes when its ``automq.ref.test.*`` properties ask for them.
+
 ``BrokerProcess`` starts the command, waits for its "serving Kafka on HOST:PORT" line, and can
 stop it gracefully (SIGTERM), kill it (SIGKILL), pause and resume it (SIGSTOP / SIGCONT) and start
 it again on the same data directory and port.
@@ -54,8 +57,7 @@ class BrokerProcess:
         command = [
             sys.executable,
             "-m",
-            "automq_ref.cli",
-            "serve",
+            "automq_ref.checker.serve",
             "--override",
             listener,
             "--override",

@@ -184,7 +184,7 @@ class WalLoss(Nemesis):
     broker_overrides = ("automq.ref.test.wal.undo.journal=true",)
 
     def inject(self, env: Environment, rng: random.Random) -> str:
-        from automq_ref.io.faults import lose_unsynced_tail
+        from automq_ref.checker.faults import lose_unsynced_tail
 
         env.broker.kill()
         # Its own generator: how many draws the loss takes depends on timing, and the schedule's

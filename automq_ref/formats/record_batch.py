@@ -1,37 +1,9 @@
-"""RecordBatch v2 (magic 2): a zero-copy checked view, in-place offset patching, records, a builder.
+"""RecordBatch v2 (magic 2): a zero-copy checked view, in-place offset patching, framing.
 
-Layout of one batch (KAFKA.md section 4, Kafka's ``DefaultRecordBatch``), all big-endian:
-
-======  ====  =====================  ====================================================
-offset  size  field                  notes
-======  ====  =====================  ====================================================
-0       8     baseOffset             i64, assigned by the broker
-8       4     batchLength            i32, bytes *after* this field (total = 12 + batchLength)
-12      4     partitionLeaderEpoch   i32, assigned by the broker
-16      1     magic                  i8, always 2 here
-17      4     crc                    u32, CRC-32C (Castagnoli) of bytes [21, 12 + batchLength)
-21      2     attributes             i16: bits 0-2 codec, 3 timestamp type, 4 transactional,
-                                     5 control, 6 delete horizon
-23      4     lastOffsetDelta        i32
-27      8     baseTimestamp          i64, milliseconds since the epoch
-35      8     maxTimestamp           i64, milliseconds since the epoch
-43      8     producerId             i64, -1 when not idempotent
-51      2     producerEpoch          i16
-53      4     baseSequence           i32
-57      4     recordsCount           i32
-61      ...   records                one block, compressed as a whole when the codec is not 0
-======  ====  =====================  ====================================================
-
-Each record: body length varint, attributes i8, timestampDelta varlong, offsetDelta varint, key
-length varint (-1 = null) and key, value length varint and value, header count varint, then per
-header a key length varint, a UTF-8 key, a value length varint (-1 = null) and the value. Every
-varint and varlong is zigzag-encoded (Kafka's ``ByteUtils``), at most 5 and 10 bytes long.
-
-Which bytes the CRC protects: attributes to the end of the batch, ``[21, 12 + batchLength)``.
-baseOffset and partitionLeaderEpoch lie before it on purpose, so a broker assigns them by
-patching 12 bytes and keeps the client's CRC (:meth:`RecordBatchView.set_base_offset`,
-:meth:`RecordBatchView.set_partition_leader_epoch`). batchLength and magic lie outside it too;
-they are checked structurally instead (the length must frame the buffer, the magic must be 2).
+The batch layout and its constants are in ``record_batch_layout.py``, the records inside a batch
+in ``record_codec.py``, the column decoder in ``record_columns.py`` and the builder in
+``record_batch_builder.py``; this module re-exports them, so ``record_batch`` stays the one name
+to import from.
 
 Why a zero-copy view: on the produce path a batch is checked, patched and stored as the client's
 bytes (AutoMQ never recompresses), so the only work that must touch every byte is the CRC.
@@ -50,18 +22,14 @@ Records are decoded only on request (:meth:`RecordBatchView.records`), decompres
 
 from __future__ import annotations
 
-import enum
 import struct
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, TypeAlias
+from collections.abc import Iterator
 
 import crc32c
 
 from automq_ref.formats.codecs import (
     BytesLike,
     CompressionType,
-    compress,
     compression_type_from_id,
     decompress,
 )
@@ -71,6 +39,53 @@ from automq_ref.formats.errors import (
     InvalidFieldError,
     TruncatedError,
 )
+from automq_ref.formats.record_batch_builder import build_record_batch
+from automq_ref.formats.record_batch_layout import (
+    ATTRIBUTES_OFFSET,
+    BASE_OFFSET_OFFSET,
+    BASE_SEQUENCE_OFFSET,
+    BASE_TIMESTAMP_OFFSET,
+    BATCH_LENGTH_OFFSET,
+    COMPRESSION_CODEC_MASK,
+    CONTROL_FLAG_MASK,
+    CRC_COVERAGE_START,
+    CRC_OFFSET,
+    DELETE_HORIZON_FLAG_MASK,
+    HEADER_STRUCT,
+    LAST_OFFSET_DELTA_OFFSET,
+    LOG_OVERHEAD,
+    MAGIC,
+    MAGIC_OFFSET,
+    MAX_TIMESTAMP_OFFSET,
+    MIN_BATCH_LENGTH,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    NO_TIMESTAMP,
+    PARTITION_LEADER_EPOCH_OFFSET,
+    PRODUCER_EPOCH_OFFSET,
+    PRODUCER_ID_OFFSET,
+    RECORD_BATCH_OVERHEAD,
+    RECORDS_COUNT_OFFSET,
+    RECORDS_OFFSET,
+    TIMESTAMP_TYPE_MASK,
+    TRANSACTIONAL_FLAG_MASK,
+    RecordBatchHeader,
+    TimestampType,
+)
+from automq_ref.formats.record_codec import (
+    Record,
+    RecordInput,
+    RecordLike,
+    decode_records,
+    encode_varint,
+    encode_varlong,
+    read_varint,
+    read_varlong,
+    require_signed_range,
+)
+from automq_ref.formats.record_columns import RecordColumns, SlowPath, decode_columns
 
 __all__ = [
     "ATTRIBUTES_OFFSET",
@@ -105,6 +120,7 @@ __all__ = [
     "Record",
     "RecordBatchHeader",
     "RecordBatchView",
+    "RecordColumns",
     "RecordInput",
     "RecordLike",
     "TimestampType",
@@ -116,112 +132,10 @@ __all__ = [
     "read_varlong",
 ]
 
-# Field offsets, named as in Kafka's DefaultRecordBatch so the two read side by side.
-BASE_OFFSET_OFFSET = 0
-BATCH_LENGTH_OFFSET = 8
-PARTITION_LEADER_EPOCH_OFFSET = 12
-MAGIC_OFFSET = 16
-CRC_OFFSET = 17
-ATTRIBUTES_OFFSET = 21
-LAST_OFFSET_DELTA_OFFSET = 23
-BASE_TIMESTAMP_OFFSET = 27
-MAX_TIMESTAMP_OFFSET = 35
-PRODUCER_ID_OFFSET = 43
-PRODUCER_EPOCH_OFFSET = 51
-BASE_SEQUENCE_OFFSET = 53
-RECORDS_COUNT_OFFSET = 57
-RECORDS_OFFSET = 61
-
-RECORD_BATCH_OVERHEAD = RECORDS_OFFSET
-# baseOffset + batchLength: the bytes batchLength does not count (Kafka's Records.LOG_OVERHEAD).
-LOG_OVERHEAD = 12
-MIN_BATCH_LENGTH = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD
-CRC_COVERAGE_START = ATTRIBUTES_OFFSET
-MAGIC = 2
-
-COMPRESSION_CODEC_MASK = 0x07
-TIMESTAMP_TYPE_MASK = 0x08
-TRANSACTIONAL_FLAG_MASK = 0x10
-CONTROL_FLAG_MASK = 0x20
-DELETE_HORIZON_FLAG_MASK = 0x40
-
-NO_PRODUCER_ID = -1
-NO_PRODUCER_EPOCH = -1
-NO_SEQUENCE = -1
-NO_PARTITION_LEADER_EPOCH = -1
-NO_TIMESTAMP = -1
-
-_HEADER = struct.Struct(">qiibIhiqqqhii")
-assert _HEADER.size == RECORD_BATCH_OVERHEAD
 _INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _INT64 = struct.Struct(">q")
-
-_VARINT_MAX_BYTES = 5
-_VARLONG_MAX_BYTES = 10
-
-
-class TimestampType(enum.IntEnum):
-    """Bit 3 of the attributes: who set the timestamps."""
-
-    CREATE_TIME = 0
-    LOG_APPEND_TIME = 1
-
-
-class RecordBatchHeader(NamedTuple):
-    """All 13 header fields, read with one ``struct`` call."""
-
-    base_offset: int
-    batch_length: int
-    partition_leader_epoch: int
-    magic: int
-    crc: int
-    attributes: int
-    last_offset_delta: int
-    base_timestamp: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-    records_count: int
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One decoded record; ``offset`` and ``timestamp`` (ms) are resolved against the batch.
-
-    In a LogAppendTime batch ``timestamp`` is the batch's maxTimestamp, as Kafka consumers see
-    it; ``timestamp_delta`` keeps what the record itself stores.
-    """
-
-    offset: int
-    timestamp: int
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]
-    attributes: int
-    timestamp_delta: int
-    offset_delta: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecordInput:
-    """One record to encode; ``timestamp`` (ms) None means the batch's base timestamp."""
-
-    key: bytes | None = None
-    value: bytes | None = None
-    headers: Sequence[tuple[str, bytes | None]] = ()
-    timestamp: int | None = None
-
-
-_Headers: TypeAlias = Sequence[tuple[str, bytes | None]]
-RecordLike: TypeAlias = (
-    RecordInput
-    | tuple[bytes | None, bytes | None]
-    | tuple[bytes | None, bytes | None, _Headers]
-    | tuple[bytes | None, bytes | None, _Headers, int | None]
-)
 
 
 class RecordBatchView:
@@ -303,7 +217,7 @@ class RecordBatchView:
 
     def header(self) -> RecordBatchHeader:
         """All header fields at once (one ``struct`` call; use it when reading several)."""
-        return RecordBatchHeader._make(_HEADER.unpack_from(self._buffer))
+        return RecordBatchHeader._make(HEADER_STRUCT.unpack_from(self._buffer))
 
     def compute_crc(self) -> int:
         """CRC-32C of bytes [21, end), computed in place (the stored one is :attr:`crc`)."""
@@ -426,13 +340,13 @@ class RecordBatchView:
     def set_base_offset(self, base_offset: int) -> None:
         """Write baseOffset in place; the CRC stays valid because byte 0-7 are outside it."""
         self._require_writable("baseOffset")
-        _require_signed_range("base_offset", base_offset, 64)
+        require_signed_range("base_offset", base_offset, 64)
         _INT64.pack_into(self._buffer, BASE_OFFSET_OFFSET, base_offset)
 
     def set_partition_leader_epoch(self, partition_leader_epoch: int) -> None:
         """Write partitionLeaderEpoch in place; bytes 12-15 are outside the CRC too."""
         self._require_writable("partitionLeaderEpoch")
-        _require_signed_range("partition_leader_epoch", partition_leader_epoch, 32)
+        require_signed_range("partition_leader_epoch", partition_leader_epoch, 32)
         _INT32.pack_into(self._buffer, PARTITION_LEADER_EPOCH_OFFSET, partition_leader_epoch)
 
     def _require_writable(self, field_name: str) -> None:
@@ -452,7 +366,7 @@ class RecordBatchView:
         must match recordsCount, each record its declared length, with no bytes left over.
         """
         header, payload, log_append_time = self._records_section(max_decompressed_bytes)
-        return _decode_records(
+        return decode_records(
             payload,
             header.records_count,
             base_offset=header.base_offset,
@@ -467,7 +381,7 @@ class RecordBatchView:
         tight loop without a :class:`Record` per record; the same checks as :meth:`records`."""
         header, payload, log_append_time = self._records_section(max_decompressed_bytes)
         try:
-            return _decode_columns(
+            return decode_columns(
                 bytes(payload),
                 header.records_count,
                 header.base_offset,
@@ -475,7 +389,7 @@ class RecordBatchView:
                 log_append_time,
                 include_headers,
             )
-        except _SlowPath:
+        except SlowPath:
             # Something unusual (a long varint, a bad length): the careful decoder gives the
             # same records, or the precise error.
             records = self.records(max_decompressed_bytes=max_decompressed_bytes)
@@ -534,313 +448,6 @@ def iter_batches(
         position += view.size_bytes
 
 
-# Varints (zigzag, as Kafka's ByteUtils.readVarint / readVarlong).
-
-
-def encode_varint(value: int) -> bytes:
-    """Zigzag varint of a signed 32-bit ``value`` (1 to 5 bytes)."""
-    _require_signed_range("varint", value, 32)
-    return _encode_unsigned((value << 1) ^ (value >> 31))
-
-
-def encode_varlong(value: int) -> bytes:
-    """Zigzag varlong of a signed 64-bit ``value`` (1 to 10 bytes)."""
-    _require_signed_range("varlong", value, 64)
-    return _encode_unsigned((value << 1) ^ (value >> 63))
-
-
-def read_varint(
-    buffer: bytes | bytearray | memoryview, position: int = 0, limit: int | None = None
-) -> tuple[int, int]:
-    """Decode a zigzag varint at ``position``; return (value, position after it).
-
-    Reads no further than ``limit`` (default and at most: the end of ``buffer``). Raises
-    TruncatedError if the varint runs past it, InvalidFieldError if it is longer than 5 bytes or
-    does not fit 32 bits (Java would silently drop the extra bits; such bytes are not Kafka's).
-    """
-    end = _read_limit(buffer, position, limit)
-    # Most lengths and deltas in a batch are small: one byte, no loop.
-    if position < end and buffer[position] < 0x80:
-        raw = buffer[position]
-        return (raw >> 1) ^ -(raw & 1), position + 1
-    raw, next_position = _read_unsigned(buffer, position, end, _VARINT_MAX_BYTES, "varint")
-    if raw > 0xFFFF_FFFF:
-        raise InvalidFieldError(f"varint at byte {position} does not fit 32 bits: {raw}")
-    return (raw >> 1) ^ -(raw & 1), next_position
-
-
-def read_varlong(
-    buffer: bytes | bytearray | memoryview, position: int = 0, limit: int | None = None
-) -> tuple[int, int]:
-    """Decode a zigzag varlong at ``position``; like :func:`read_varint` with 10 bytes, 64 bits."""
-    end = _read_limit(buffer, position, limit)
-    if position < end and buffer[position] < 0x80:
-        raw = buffer[position]
-        return (raw >> 1) ^ -(raw & 1), position + 1
-    raw, next_position = _read_unsigned(buffer, position, end, _VARLONG_MAX_BYTES, "varlong")
-    if raw > 0xFFFF_FFFF_FFFF_FFFF:
-        raise InvalidFieldError(f"varlong at byte {position} does not fit 64 bits: {raw}")
-    return (raw >> 1) ^ -(raw & 1), next_position
-
-
-def _read_limit(buffer: bytes | bytearray | memoryview, position: int, limit: int | None) -> int:
-    if position < 0:
-        raise ValueError(f"position must be >= 0, got {position}")
-    if limit is None or limit > len(buffer):
-        return len(buffer)
-    return limit
-
-
-def _encode_unsigned(raw: int) -> bytes:
-    output = bytearray()
-    while raw > 0x7F:
-        output.append((raw & 0x7F) | 0x80)
-        raw >>= 7
-    output.append(raw)
-    return bytes(output)
-
-
-def _read_unsigned(
-    buffer: bytes | bytearray | memoryview, position: int, limit: int, max_bytes: int, kind: str
-) -> tuple[int, int]:
-    raw = 0
-    shift = 0
-    for index in range(position, min(limit, position + max_bytes)):
-        byte = buffer[index]
-        raw |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return raw, index + 1
-        shift += 7
-    if position + max_bytes <= limit:
-        raise InvalidFieldError(f"{kind} at byte {position} is longer than {max_bytes} bytes")
-    raise TruncatedError(f"{kind} at byte {position} runs past the end at byte {limit}")
-
-
-# Record decoding.
-
-
-def _decode_records(
-    payload: bytes | memoryview,
-    records_count: int,
-    *,
-    base_offset: int,
-    base_timestamp: int,
-    log_append_time: int | None,
-) -> list[Record]:
-    records: list[Record] = []
-    position = 0
-    end = len(payload)
-    for index in range(records_count):
-        if position >= end:
-            raise TruncatedError(
-                f"records end after {index} of recordsCount={records_count} records ({end} bytes)"
-            )
-        record, position = _decode_record(
-            payload, position, base_offset, base_timestamp, log_append_time
-        )
-        records.append(record)
-    if position != end:
-        raise InvalidFieldError(
-            f"{end - position} bytes remain after the recordsCount={records_count} records "
-            f"({position} of {end} bytes used)"
-        )
-    return records
-
-
-def _decode_record(
-    data: bytes | memoryview,
-    position: int,
-    base_offset: int,
-    base_timestamp: int,
-    log_append_time: int | None,
-) -> tuple[Record, int]:
-    record_start = position
-    body_length, position = read_varint(data, position)
-    if body_length < 0:
-        raise InvalidFieldError(f"record at byte {record_start} has length {body_length}")
-    body_start = position
-    body_end = body_start + body_length
-    if body_end > len(data):
-        raise TruncatedError(
-            f"record at byte {record_start} declares {body_length} bytes, "
-            f"only {len(data) - position} remain"
-        )
-    # Every read below is bounded by body_end, so a record that lies about its fields cannot
-    # borrow bytes from the next record.
-    if position >= body_end:
-        raise TruncatedError(f"record at byte {record_start} ends before its attributes")
-    attributes = data[position]
-    attributes = attributes - 256 if attributes > 127 else attributes
-    timestamp_delta, position = read_varlong(data, position + 1, body_end)
-    offset_delta, position = read_varint(data, position, body_end)
-    key, position = _read_nullable_bytes(data, position, body_end, "key")
-    value, position = _read_nullable_bytes(data, position, body_end, "value")
-    header_count, position = read_varint(data, position, body_end)
-    if header_count < 0:
-        raise InvalidFieldError(f"record at byte {record_start} has header count {header_count}")
-    headers: list[tuple[str, bytes | None]] = []
-    for _ in range(header_count):
-        header_key, position = _read_header_key(data, position, body_end)
-        header_value, position = _read_nullable_bytes(data, position, body_end, "header value")
-        headers.append((header_key, header_value))
-    if position != body_end:
-        raise InvalidFieldError(
-            f"record at byte {record_start} declares {body_length} bytes after its length, "
-            f"its fields use {position - body_start}"
-        )
-    timestamp = base_timestamp + timestamp_delta if log_append_time is None else log_append_time
-    record = Record(
-        offset=base_offset + offset_delta,
-        timestamp=timestamp,
-        key=key,
-        value=value,
-        headers=tuple(headers),
-        attributes=attributes,
-        timestamp_delta=timestamp_delta,
-        offset_delta=offset_delta,
-    )
-    return record, position
-
-
-class RecordColumns(NamedTuple):
-    """A batch's records column by column (``headers`` empty unless asked for)."""
-
-    offsets: list[int]
-    timestamps: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[tuple[tuple[str, bytes | None], ...]]
-
-
-class _SlowPath(Exception):
-    """The fast column decoder met something it leaves to the careful one."""
-
-
-def _decode_columns(
-    data: bytes,
-    records_count: int,
-    base_offset: int,
-    base_timestamp: int,
-    log_append_time: int | None,
-    include_headers: bool,
-) -> RecordColumns:
-    """Every field read inline; anything unusual (a timestamp delta that needs a varlong, a
-    length that does not add up) raises _SlowPath."""
-    offsets: list[int] = []
-    timestamps: list[int] = []
-    keys: list[bytes | None] = []
-    values: list[bytes | None] = []
-    headers: list[tuple[tuple[str, bytes | None], ...]] = []
-    end = len(data)
-    position = 0
-
-    def varint(position: int) -> tuple[int, int]:
-        if position >= end:
-            raise _SlowPath
-        raw = data[position]
-        if raw < 0x80:
-            return (raw >> 1) ^ -(raw & 1), position + 1
-        result = raw & 0x7F
-        for shift in (7, 14, 21, 28):
-            position += 1
-            if position >= end:
-                raise _SlowPath
-            raw = data[position]
-            result |= (raw & 0x7F) << shift
-            if raw < 0x80:
-                if result > 0xFFFF_FFFF:
-                    raise _SlowPath
-                return (result >> 1) ^ -(result & 1), position + 1
-        raise _SlowPath
-
-    for _ in range(records_count):
-        length, position = varint(position)
-        body_end = position + length
-        if length <= 0 or body_end > end:
-            raise _SlowPath
-        timestamp_delta, position = varint(position + 1)  # past the attributes byte
-        offset_delta, position = varint(position)
-        key_length, position = varint(position)
-        if key_length < 0:
-            key = None
-        else:
-            key = data[position : position + key_length]
-            position += key_length
-        value_length, position = varint(position)
-        if value_length < 0:
-            value = None
-        else:
-            value = data[position : position + value_length]
-            position += value_length
-        header_count, position = varint(position)
-        if key_length < -1 or value_length < -1 or header_count < 0 or position > body_end:
-            raise _SlowPath
-        if header_count:
-            pairs = []
-            for _ in range(header_count):
-                header_key_length, position = varint(position)
-                if header_key_length < 0 or position + header_key_length > body_end:
-                    raise _SlowPath
-                header_key = str(
-                    data[position : position + header_key_length], "utf-8", "surrogateescape"
-                )
-                position += header_key_length
-                header_value_length, position = varint(position)
-                if header_value_length < -1:
-                    raise _SlowPath
-                header_value = None
-                if header_value_length >= 0:
-                    header_value = data[position : position + header_value_length]
-                    position += header_value_length
-                pairs.append((header_key, header_value))
-            if include_headers:
-                headers.append(tuple(pairs))
-        elif include_headers:
-            headers.append(())
-        if position != body_end:
-            raise _SlowPath
-        offsets.append(base_offset + offset_delta)
-        timestamps.append(
-            base_timestamp + timestamp_delta if log_append_time is None else log_append_time
-        )
-        keys.append(key)
-        values.append(value)
-    if position != end:
-        raise _SlowPath
-    return RecordColumns(offsets, timestamps, keys, values, headers)
-
-
-def _read_nullable_bytes(
-    data: bytes | memoryview, position: int, limit: int, field_name: str
-) -> tuple[bytes | None, int]:
-    length, start = read_varint(data, position, limit)
-    if length == -1:
-        return None, start
-    if length < 0:
-        raise InvalidFieldError(f"{field_name} length at byte {position} is {length}")
-    end = start + length
-    if end > limit:
-        raise TruncatedError(
-            f"{field_name} at byte {start} declares {length} bytes, only {limit - start} remain"
-        )
-    return bytes(data[start:end]), end
-
-
-def _read_header_key(data: bytes | memoryview, position: int, limit: int) -> tuple[str, int]:
-    length, start = read_varint(data, position, limit)
-    if length < 0:
-        raise InvalidFieldError(f"header key length at byte {position} is {length}")
-    end = start + length
-    if end > limit:
-        raise TruncatedError(
-            f"header key at byte {start} declares {length} bytes, only {limit - start} remain"
-        )
-    # surrogateescape never fails and gives the exact bytes back on encoding: Kafka's Java
-    # decoder accepts any bytes here (replacing bad UTF-8), so rejecting would refuse batches
-    # Kafka stores, and replacing would lose them.
-    return str(data[start:end], "utf-8", "surrogateescape"), end
-
-
 # Framing.
 
 
@@ -895,134 +502,3 @@ def _is_partial_tail(memory: memoryview, position: int) -> bool:
     if available_bytes > MAGIC_OFFSET and memory[position + MAGIC_OFFSET] != MAGIC:
         return False
     return LOG_OVERHEAD + batch_length > available_bytes
-
-
-# Building.
-
-
-def build_record_batch(
-    records: Sequence[RecordLike],
-    *,
-    base_offset: int = 0,
-    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
-    compression: CompressionType | int = CompressionType.NONE,
-    producer_id: int = NO_PRODUCER_ID,
-    producer_epoch: int = NO_PRODUCER_EPOCH,
-    base_sequence: int = NO_SEQUENCE,
-    base_timestamp: int | None = None,
-    is_transactional: bool = False,
-    is_control: bool = False,
-    timestamp_type: TimestampType | int = TimestampType.CREATE_TIME,
-) -> bytes:
-    """Encode ``records`` as one valid v2 batch, CRC-32C included.
-
-    Offsets are consecutive from ``base_offset``. ``base_timestamp`` defaults to the first
-    record timestamp given, else NO_TIMESTAMP (-1); records without a timestamp get the base one.
-    maxTimestamp is the largest record timestamp. Raises ValueError for an empty ``records``, a
-    field out of its integer range, or a producer id without a sequence in a data batch (the
-    batch would not pass :meth:`RecordBatchView.validate`).
-    """
-    inputs = [_as_record_input(record) for record in records]
-    if not inputs:
-        raise ValueError("a batch needs at least one record (recordsCount > 0)")
-    codec = compression_type_from_id(compression)
-    timestamp_kind = TimestampType(timestamp_type)
-    if producer_id >= 0 and base_sequence < 0 and not is_control:
-        raise ValueError(f"producer_id={producer_id} needs base_sequence >= 0")
-    if base_timestamp is None:
-        base_timestamp = next(
-            (record.timestamp for record in inputs if record.timestamp is not None), NO_TIMESTAMP
-        )
-    timestamps = [
-        base_timestamp if record.timestamp is None else record.timestamp for record in inputs
-    ]
-    for name, value, bits in (
-        ("base_offset", base_offset, 64),
-        ("partition_leader_epoch", partition_leader_epoch, 32),
-        ("producer_id", producer_id, 64),
-        ("producer_epoch", producer_epoch, 16),
-        ("base_sequence", base_sequence, 32),
-        ("base_timestamp", base_timestamp, 64),
-        ("last_offset_delta", len(inputs) - 1, 32),
-    ):
-        _require_signed_range(name, value, bits)
-
-    encoded_records = bytearray()
-    for offset_delta, (record, timestamp) in enumerate(zip(inputs, timestamps, strict=True)):
-        _require_signed_range("record timestamp", timestamp, 64)
-        _require_signed_range("record timestamp delta", timestamp - base_timestamp, 64)
-        _append_record(encoded_records, record, timestamp - base_timestamp, offset_delta)
-    payload = compress(codec, encoded_records)
-
-    attributes = int(codec)
-    attributes |= TIMESTAMP_TYPE_MASK if timestamp_kind is TimestampType.LOG_APPEND_TIME else 0
-    attributes |= TRANSACTIONAL_FLAG_MASK if is_transactional else 0
-    attributes |= CONTROL_FLAG_MASK if is_control else 0
-    batch_length = RECORD_BATCH_OVERHEAD - LOG_OVERHEAD + len(payload)
-    _require_signed_range("batch_length", batch_length, 32)
-
-    batch = bytearray(RECORD_BATCH_OVERHEAD + len(payload))
-    _HEADER.pack_into(
-        batch,
-        0,
-        base_offset,
-        batch_length,
-        partition_leader_epoch,
-        MAGIC,
-        0,  # crc, filled in once the bytes it covers are in place
-        attributes,
-        len(inputs) - 1,
-        base_timestamp,
-        max(timestamps),
-        producer_id,
-        producer_epoch,
-        base_sequence,
-        len(inputs),
-    )
-    batch[RECORDS_OFFSET:] = payload
-    _UINT32.pack_into(batch, CRC_OFFSET, crc32c.crc32c(memoryview(batch)[CRC_COVERAGE_START:]))
-    return bytes(batch)
-
-
-def _as_record_input(record: RecordLike) -> RecordInput:
-    if isinstance(record, RecordInput):
-        return record
-    if len(record) == 2:
-        return RecordInput(key=record[0], value=record[1])
-    if len(record) == 3:
-        return RecordInput(key=record[0], value=record[1], headers=record[2])
-    if len(record) == 4:
-        return RecordInput(key=record[0], value=record[1], headers=record[2], timestamp=record[3])
-    raise ValueError(
-        f"a record tuple has 2 to 4 items (key, value, headers, timestamp): {record!r}"
-    )
-
-
-def _append_record(
-    output: bytearray, record: RecordInput, timestamp_delta: int, offset_delta: int
-) -> None:
-    body = bytearray(b"\x00")  # record attributes: unused in v2, always 0
-    body += encode_varlong(timestamp_delta)
-    body += encode_varint(offset_delta)
-    _append_nullable_bytes(body, record.key)
-    _append_nullable_bytes(body, record.value)
-    body += encode_varint(len(record.headers))
-    for header_key, header_value in record.headers:
-        _append_nullable_bytes(body, header_key.encode("utf-8", "surrogateescape"))
-        _append_nullable_bytes(body, header_value)
-    output += encode_varint(len(body))
-    output += body
-
-
-def _append_nullable_bytes(output: bytearray, data: bytes | None) -> None:
-    if data is None:
-        output += encode_varint(-1)
-        return
-    output += encode_varint(len(data))
-    output += data
-
-
-def _require_signed_range(name: str, value: int, bits: int) -> None:
-    low = -(1 << (bits - 1))
-    if not low <= value < -low:
-        raise ValueError(f"{name}={value} does not fit a signed {bits}-bit integer")

@@ -21,10 +21,9 @@ that batch count as torn and drop out of the model (the module's documented choi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import tempfile
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -38,7 +37,6 @@ from hypothesis.stateful import (
     rule,
 )
 
-from automq_ref.io.metadata import metadata_log
 from automq_ref.io.metadata.metadata_log import (
     FileMetadataLog,
     LogEntry,
@@ -48,6 +46,7 @@ from automq_ref.io.metadata.metadata_log import (
     MetadataLogError,
     Snapshot,
 )
+from tests.unit.test_metadata_log import failing_step
 
 _T = TypeVar("_T")
 
@@ -58,31 +57,6 @@ INSTALL_STEP_COUNT = 8
 SNAPSHOT_RENAME_STEP = 2
 # Memory-backed when there is one: the crashes here are simulated, so a disk's fsync adds nothing.
 SCRATCH_DIRECTORY = "/dev/shm" if Path("/dev/shm").is_dir() else None
-_DURABILITY_STEPS = ("_fsync_file", "_fsync_directory", "_replace_file", "_remove_file")
-
-
-@contextlib.contextmanager
-def failing_step(fail_at: int) -> Iterator[list[str]]:
-    """Within the block, the ``fail_at``-th durability step raises EIO (a crash there)."""
-    steps: list[str] = []
-    originals = {name: getattr(metadata_log, name) for name in _DURABILITY_STEPS}
-
-    def wrap(name: str, original: Callable[..., None]) -> Callable[..., None]:
-        def step(*args: Any) -> None:
-            steps.append(name)
-            if len(steps) == fail_at:
-                raise OSError(5, f"injected failure at {name}")
-            original(*args)
-
-        return step
-
-    try:
-        for name, original in originals.items():
-            setattr(metadata_log, name, wrap(name, original))
-        yield steps
-    finally:
-        for name, original in originals.items():
-            setattr(metadata_log, name, original)
 
 
 class MetadataLogMachine(RuleBasedStateMachine):

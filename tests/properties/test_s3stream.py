@@ -23,7 +23,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from automq_ref.io.faults import MemoryBlockDevice
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
@@ -37,6 +37,7 @@ from automq_ref.io.storage.stream_objects import object_key
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
+from tests.storage_fixtures import NODE_ID, start_storage
 
 STREAMS = 2
 NAMESPACE = "_kafka_test"
@@ -87,23 +88,23 @@ class S3StorageMachine(RuleBasedStateMachine):
     async def _start(self) -> None:
         self.appended_since_upload = False
         self.node_epoch += 1
-        self.metadata_log = await FileMetadataLog.open(self.directory / "meta")
-        controller = await HoldingController.open(self.metadata_log)
-        self.controller = controller
         wal = await BlockWal.open(
-            self.device, node_id=1, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
+            self.device, node_id=NODE_ID, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
         )
-        self.storage = await S3Storage.start(
-            wal=wal,
-            store=self.store,
-            controller=controller,
-            node_id=1,
+        running = await start_storage(
+            self.directory,
+            wal,
+            self.store,
+            params=PARAMS,
             node_epoch=self.node_epoch,
             namespace=NAMESPACE,
-            params=PARAMS,
+            controller_type=HoldingController,
             block_size_threshold_bytes=512,
             clock_ms=lambda: self.now_ms,
         )
+        assert isinstance(running.controller, HoldingController)
+        self.storage, self.controller = running.storage, running.controller
+        self.metadata_log = running.metadata_log
         self.stream_epoch += 1
         for stream_id in self.acknowledged:
             start, next_offset = await self.storage.open_stream(stream_id, self.stream_epoch)

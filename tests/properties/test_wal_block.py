@@ -24,7 +24,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from automq_ref.io.faults import MemoryBlockDevice
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.io.storage.wal_block import (
     RING_START_BYTES,
     BlockWal,

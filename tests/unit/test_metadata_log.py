@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from automq_ref.io.metadata import metadata_log
+from automq_ref.io.metadata import file_metadata_log, metadata_log_format
 from automq_ref.io.metadata.metadata_log import (
     BATCH_HEADER_SIZE,
     RECORD_HEADER_SIZE,
@@ -47,14 +48,31 @@ def entries(first_index: int, payloads: list[bytes]) -> list[LogEntry]:
     return [LogEntry(first_index + offset, payload) for offset, payload in enumerate(payloads)]
 
 
-async def write_batches(directory: Path) -> list[int]:
+async def append_batches(log: FileMetadataLog) -> list[int]:
     """Append BATCHES; return the segment size after each one."""
     sizes: list[int] = []
-    async with FileMetadataLog(directory) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
-            sizes.append(segment_path(directory).stat().st_size)
+    for batch in BATCHES:
+        await log.append(batch, expected_next_index=log.next_index)
+        sizes.append(segment_path(log.directory).stat().st_size)
     return sizes
+
+
+async def write_batches(directory: Path) -> list[int]:
+    async with FileMetadataLog(directory) as log:
+        return await append_batches(log)
+
+
+def flipped(image: bytes, position: int, mask: int) -> bytes:
+    damaged = bytearray(image)
+    damaged[position] ^= mask
+    return bytes(damaged)
+
+
+async def open_corrupt(directory: Path, match: str | None = None) -> MetadataLogCorrupt:
+    """Opening ``directory`` must fail as corrupt; the error."""
+    with pytest.raises(MetadataLogCorrupt, match=match) as caught:
+        await FileMetadataLog.open(directory)
+    return caught.value
 
 
 async def reopen_and_read(directory: Path) -> tuple[int, int, list[LogEntry]]:
@@ -111,8 +129,7 @@ async def test_concurrent_appends_at_the_same_index_one_wins(tmp_path: Path) -> 
 
 async def test_read_ranges_and_max_records(tmp_path: Path) -> None:
     async with FileMetadataLog(tmp_path) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         count = len(RECORDS)
         for start in range(count + 2):
             for limit in (None, 0, 1, 2, 3, count + 5):
@@ -128,7 +145,7 @@ async def test_read_ranges_and_max_records(tmp_path: Path) -> None:
 async def test_oversized_record_is_refused_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metadata_log, "MAX_PAYLOAD_BYTES", 8)
+    monkeypatch.setattr(file_metadata_log, "MAX_PAYLOAD_BYTES", 8)
     async with FileMetadataLog(tmp_path) as log:
         with pytest.raises(ValueError):
             await log.append([b"ok", b"x" * 9], expected_next_index=0)
@@ -201,8 +218,7 @@ async def test_operations_after_close_are_refused(tmp_path: Path) -> None:
 
 async def test_snapshot_truncates_and_reads_below_raise(tmp_path: Path) -> None:
     async with FileMetadataLog(tmp_path) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         await log.install_snapshot(3, b"state up to 3")  # in the middle of the second batch
         assert (log.first_index, log.next_index) == (3, len(RECORDS))
         assert await log.snapshot() == Snapshot(3, b"state up to 3")
@@ -246,7 +262,9 @@ async def test_snapshot_bounds_and_repeated_installs(tmp_path: Path) -> None:
 async def test_snapshot_payload_larger_than_a_copy_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(metadata_log, "COPY_CHUNK_BYTES", 7)
+    # Both the segment copy and the snapshot read go chunk by chunk.
+    monkeypatch.setattr(file_metadata_log, "COPY_CHUNK_BYTES", 7)
+    monkeypatch.setattr(metadata_log_format, "COPY_CHUNK_BYTES", 7)
     payload = bytes(range(256)) * 3
     async with FileMetadataLog(tmp_path) as log:
         await log.append([b"x" * 50, b"y" * 40, b"z" * 30], expected_next_index=0)
@@ -256,25 +274,32 @@ async def test_snapshot_payload_larger_than_a_copy_chunk(
         assert await log.read(1) == entries(1, [b"y" * 40, b"z" * 30])
 
 
-class FailAtStep:
-    """Fails the n-th durability step (file fsync, rename, delete, directory fsync) with EIO."""
+DURABILITY_STEPS = ("_fsync_file", "_fsync_directory", "_replace_file", "_remove_file")
 
-    NAMES = ("_fsync_file", "_fsync_directory", "_replace_file", "_remove_file")
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail_at: int | None) -> None:
-        self.steps: list[str] = []
-        self.fail_at = fail_at
-        for name in self.NAMES:
-            monkeypatch.setattr(metadata_log, name, self._wrap(name, getattr(metadata_log, name)))
+@contextlib.contextmanager
+def failing_step(fail_at: int | None) -> Iterator[list[str]]:
+    """Within the block, every durability step (file fsync, rename, delete, directory fsync) is
+    recorded in the list yielded, and the ``fail_at``-th raises EIO: a crash there."""
+    steps: list[str] = []
+    originals = {name: getattr(file_metadata_log, name) for name in DURABILITY_STEPS}
 
-    def _wrap(self, name: str, original: Callable[..., None]) -> Callable[..., None]:
+    def wrap(name: str, original: Callable[..., None]) -> Callable[..., None]:
         def step(*args: Any) -> None:
-            self.steps.append(name)
-            if len(self.steps) == self.fail_at:
+            steps.append(name)
+            if len(steps) == fail_at:
                 raise OSError(5, f"injected failure at {name}")
             original(*args)
 
         return step
+
+    try:
+        for name, original in originals.items():
+            setattr(file_metadata_log, name, wrap(name, original))
+        yield steps
+    finally:
+        for name, original in originals.items():
+            setattr(file_metadata_log, name, original)
 
 
 INSTALL_STEPS = [
@@ -291,35 +316,33 @@ INSTALL_STEPS = [
 
 async def prepare_for_install(directory: Path) -> None:
     async with FileMetadataLog(directory) as log:
-        for batch in BATCHES:
-            await log.append(batch, expected_next_index=log.next_index)
+        await append_batches(log)
         await log.install_snapshot(1, b"old snapshot")
 
 
-async def test_install_snapshot_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_install_snapshot_steps(tmp_path: Path) -> None:
     await prepare_for_install(tmp_path)
     async with FileMetadataLog(tmp_path) as log:
-        injector = FailAtStep(monkeypatch, None)
-        await log.install_snapshot(4, b"new snapshot")
-        assert injector.steps == INSTALL_STEPS
+        with failing_step(None) as steps:
+            await log.install_snapshot(4, b"new snapshot")
+        assert steps == INSTALL_STEPS
 
 
 @pytest.mark.parametrize("fail_at", range(1, len(INSTALL_STEPS) + 1))
 async def test_crash_during_install_snapshot_recovers_old_or_new(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: int
+    tmp_path: Path, fail_at: int
 ) -> None:
     await prepare_for_install(tmp_path)
     log = await FileMetadataLog.open(tmp_path)
-    FailAtStep(monkeypatch, fail_at)
-    with pytest.raises(MetadataLogError) as caught:
-        await log.install_snapshot(4, b"new snapshot")
-    assert isinstance(caught.value.__cause__, OSError)
-    # The log refuses writes until reopened, but what it acknowledged stays readable.
-    with pytest.raises(MetadataLogError):
-        await log.append([b"more"], expected_next_index=len(RECORDS))
-    assert await log.read(4) == entries(4, RECORDS[4:])
-    await log.close()
-    monkeypatch.undo()
+    with failing_step(fail_at):
+        with pytest.raises(MetadataLogError) as caught:
+            await log.install_snapshot(4, b"new snapshot")
+        assert isinstance(caught.value.__cause__, OSError)
+        # The log refuses writes until reopened, but what it acknowledged stays readable.
+        with pytest.raises(MetadataLogError):
+            await log.append([b"more"], expected_next_index=len(RECORDS))
+        assert await log.read(4) == entries(4, RECORDS[4:])
+        await log.close()
 
     async with FileMetadataLog(tmp_path) as log:
         snapshot = await log.snapshot()
@@ -426,14 +449,11 @@ async def test_flipped_byte_in_a_middle_batch_is_corruption(tmp_path: Path) -> N
     path = segment_path(tmp_path)
     image = path.read_bytes()
     for position in range(sizes[0], sizes[1]):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x40
-        path.write_bytes(damaged)
-        with pytest.raises(MetadataLogCorrupt) as caught:
-            await FileMetadataLog.open(tmp_path)
-        assert caught.value.path == path
-        assert caught.value.offset == sizes[0], position
-        assert str(path) in str(caught.value)
+        path.write_bytes(flipped(image, position, 0x40))
+        error = await open_corrupt(tmp_path)
+        assert error.path == path
+        assert error.offset == sizes[0], position
+        assert str(path) in str(error)
     path.write_bytes(image)
     # Nothing was truncated or rewritten on the way.
     assert await reopen_and_read(tmp_path) == (0, len(RECORDS), entries(0, RECORDS))
@@ -446,9 +466,7 @@ async def test_flipped_byte_in_the_last_batch_is_taken_for_a_torn_tail(tmp_path:
     image = path.read_bytes()
     kept = len(BATCHES[0]) + len(BATCHES[1])
     for position in range(sizes[1], sizes[2]):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x01
-        path.write_bytes(damaged)
+        path.write_bytes(flipped(image, position, 0x01))
         assert await reopen_and_read(tmp_path) == (0, kept, entries(0, RECORDS[:kept]))
         assert path.stat().st_size == sizes[1]
 
@@ -464,9 +482,7 @@ async def test_index_gap_or_duplicate_is_corruption(
     if followed:
         image += encode_batch(second_index + 2, [b"d"])
     (tmp_path / "segment-00000000000000000000.log").write_bytes(image)
-    with pytest.raises(MetadataLogCorrupt, match=kind) as caught:
-        await FileMetadataLog.open(tmp_path)
-    assert caught.value.offset == len(encode_batch(0, [b"a"]))
+    assert (await open_corrupt(tmp_path, kind)).offset == len(encode_batch(0, [b"a"]))
 
 
 async def test_record_index_inside_a_batch_must_follow_the_batch(tmp_path: Path) -> None:
@@ -475,8 +491,7 @@ async def test_record_index_inside_a_batch_must_follow_the_batch(tmp_path: Path)
     forged = encode_batch(5, [b"b"])[BATCH_HEADER_SIZE:]  # a valid frame with the wrong index
     batch[second_record:] = forged
     (tmp_path / "segment-00000000000000000000.log").write_bytes(bytes(batch))
-    with pytest.raises(MetadataLogCorrupt, match="index 5"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "index 5")
 
 
 async def test_corrupt_or_short_snapshot_file_is_an_error(tmp_path: Path) -> None:
@@ -484,30 +499,20 @@ async def test_corrupt_or_short_snapshot_file_is_an_error(tmp_path: Path) -> Non
     snapshot_path = tmp_path / SNAPSHOT_FILE_NAME
     image = snapshot_path.read_bytes()
     for position in range(len(image)):
-        damaged = bytearray(image)
-        damaged[position] ^= 0x10
+        snapshot_path.write_bytes(flipped(image, position, 0x10))
+        assert (await open_corrupt(tmp_path)).path == snapshot_path
+    for damaged in (image[:0], image[:10], image[:-1], image + b"\x00"):
         snapshot_path.write_bytes(damaged)
-        with pytest.raises(MetadataLogCorrupt) as caught:
-            await FileMetadataLog.open(tmp_path)
-        assert caught.value.path == snapshot_path
-    for length in (0, 10, len(image) - 1):
-        snapshot_path.write_bytes(image[:length])
-        with pytest.raises(MetadataLogCorrupt):
-            await FileMetadataLog.open(tmp_path)
-    snapshot_path.write_bytes(image + b"\x00")
-    with pytest.raises(MetadataLogCorrupt):
-        await FileMetadataLog.open(tmp_path)
+        await open_corrupt(tmp_path)
 
 
 async def test_missing_records_between_snapshot_and_segment_are_an_error(tmp_path: Path) -> None:
     await prepare_for_install(tmp_path)
     segment = segment_path(tmp_path)
     segment.rename(tmp_path / "segment-00000000000000000002.log")
-    with pytest.raises(MetadataLogCorrupt, match="missing"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "missing")
     (tmp_path / "segment-00000000000000000002.log").unlink()
-    with pytest.raises(MetadataLogCorrupt, match="no segment"):
-        await FileMetadataLog.open(tmp_path)
+    await open_corrupt(tmp_path, "no segment")
 
 
 async def test_disk_change_under_an_open_log_is_seen_by_read(tmp_path: Path) -> None:
@@ -522,22 +527,21 @@ async def test_disk_change_under_an_open_log_is_seen_by_read(tmp_path: Path) -> 
 
 
 async def test_failed_fsync_fails_the_append_and_the_batch_is_all_or_nothing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     log = await FileMetadataLog.open(tmp_path)
     await log.append([b"kept"], expected_next_index=0)
     acknowledged_size = segment_path(tmp_path).stat().st_size
-    FailAtStep(monkeypatch, 1)
-    with pytest.raises(MetadataLogError) as caught:
-        await log.append([b"in", b"doubt"], expected_next_index=1)
-    assert isinstance(caught.value.__cause__, OSError)
-    with pytest.raises(MetadataLogError, match="reopen"):
-        await log.append([b"refused"], expected_next_index=1)
-    with pytest.raises(MetadataLogError, match="reopen"):
-        await log.install_snapshot(1, b"refused")
-    assert await log.read(0) == [LogEntry(0, b"kept")]
-    await log.close()
-    monkeypatch.undo()
+    with failing_step(1):
+        with pytest.raises(MetadataLogError) as caught:
+            await log.append([b"in", b"doubt"], expected_next_index=1)
+        assert isinstance(caught.value.__cause__, OSError)
+        with pytest.raises(MetadataLogError, match="reopen"):
+            await log.append([b"refused"], expected_next_index=1)
+        with pytest.raises(MetadataLogError, match="reopen"):
+            await log.install_snapshot(1, b"refused")
+        assert await log.read(0) == [LogEntry(0, b"kept")]
+        await log.close()
     path = segment_path(tmp_path)
     image = path.read_bytes()
     for cut in range(acknowledged_size, len(image) + 1):

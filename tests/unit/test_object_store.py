@@ -81,6 +81,28 @@ async def moto_store(moto_s3: MotoS3, bucket: str | None = None, **options: Any)
     return store
 
 
+async def assert_one_winner_per_key(
+    stores: list[ObjectStore], *, rounds: int = 20, contenders: int = 20
+) -> None:
+    """Contenders race ``put_if_absent`` on one key per round, taking turns over ``stores``:
+    exactly one wins, every other one gets PreconditionFailed, and the key holds the winner's."""
+    for round_index in range(rounds):
+        key = f"race/{round_index}"
+        contents = [f"contender-{i}".encode() for i in range(contenders)]
+        outcomes = await asyncio.gather(
+            *(
+                stores[i % len(stores)].put_if_absent(key, content)
+                for i, content in enumerate(contents)
+            ),
+            return_exceptions=True,
+        )
+        winners = [i for i, outcome in enumerate(outcomes) if not isinstance(outcome, Exception)]
+        assert len(winners) == 1, outcomes
+        losers = [outcome for i, outcome in enumerate(outcomes) if i != winners[0]]
+        assert all(isinstance(outcome, PreconditionFailed) for outcome in losers), outcomes
+        assert await stores[-1].get(key) == contents[winners[0]]
+
+
 @pytest.fixture(params=["local", "s3"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -174,16 +196,7 @@ async def test_put_if_absent_has_one_winner_under_concurrency(
 ) -> None:
     if backend == "s3":
         pytest.skip("moto checks If-None-Match without a lock, so racing writers can both win")
-    for round_index in range(20):
-        key = f"race/{round_index}"
-        contents = [f"contender-{i}".encode() for i in range(20)]
-        outcomes = await asyncio.gather(
-            *(store.put_if_absent(key, content) for content in contents), return_exceptions=True
-        )
-        winners = [i for i, outcome in enumerate(outcomes) if not isinstance(outcome, Exception)]
-        losers = [outcome for outcome in outcomes if isinstance(outcome, PreconditionFailed)]
-        assert len(winners) == 1 and len(losers) == 19, outcomes
-        assert await store.get(key) == contents[winners[0]]
+    await assert_one_winner_per_key([store])
 
 
 async def test_missing_object_is_not_found(store: ObjectStore) -> None:
@@ -327,20 +340,17 @@ INVALID_KEYS = [
 @pytest.mark.parametrize("key", INVALID_KEYS, ids=repr)
 async def test_invalid_keys_are_rejected(store: ObjectStore, key: str, tmp_path: Path) -> None:
     before = sorted(path.name for path in tmp_path.parent.iterdir())
-    with pytest.raises(InvalidKey):
-        await store.put(key, b"data")
-    with pytest.raises(InvalidKey):
-        await store.put_if_absent(key, b"data")
-    with pytest.raises(InvalidKey):
-        await store.get(key)
-    with pytest.raises(InvalidKey):
-        await store.get_range(key, 0, 1)
-    with pytest.raises(InvalidKey):
-        await store.head(key)
-    with pytest.raises(InvalidKey):
-        await store.delete(key)
-    with pytest.raises(InvalidKey):
-        await store.delete_many(["valid", key])
+    for call in (
+        store.put(key, b"data"),
+        store.put_if_absent(key, b"data"),
+        store.get(key),
+        store.get_range(key, 0, 1),
+        store.head(key),
+        store.delete(key),
+        store.delete_many(["valid", key]),
+    ):
+        with pytest.raises(InvalidKey):
+            await call
     assert sorted(path.name for path in tmp_path.parent.iterdir()) == before
     assert await store.list() == []
 
@@ -414,18 +424,16 @@ async def test_local_object_and_directory_names_collide(
     local_store: LocalDirectoryObjectStore,
 ) -> None:
     await local_store.put("a/b", b"leaf")
-    with pytest.raises(InvalidKey):
-        await local_store.put("a", b"would replace a directory")
-    with pytest.raises(InvalidKey):
-        await local_store.put_if_absent("a", b"would replace a directory")
-    with pytest.raises(InvalidKey):
-        await local_store.put("a/b/c", b"would need a directory where a file is")
-    with pytest.raises(NotFound):
-        await local_store.get("a")
-    with pytest.raises(NotFound):
-        await local_store.head("a")
-    with pytest.raises(NotFound):
-        await local_store.get_range("a", 0, 1)
+    for collision in (
+        local_store.put("a", b"would replace a directory"),
+        local_store.put_if_absent("a", b"would replace a directory"),
+        local_store.put("a/b/c", b"would need a directory where a file is"),
+    ):
+        with pytest.raises(InvalidKey):
+            await collision
+    for read in (local_store.get("a"), local_store.head("a"), local_store.get_range("a", 0, 1)):
+        with pytest.raises(NotFound):
+            await read
     await local_store.delete("a")  # a directory is no object: nothing to delete
     assert await local_store.get("a/b") == b"leaf"
 
@@ -464,22 +472,7 @@ async def test_local_put_if_absent_across_store_instances(tmp_path: Path) -> Non
         LocalDirectoryObjectStore(tmp_path / "shared") as first,
         LocalDirectoryObjectStore(tmp_path / "shared") as second,
     ):
-        for round_index in range(20):
-            key = f"reservation/{round_index}"
-            outcomes = await asyncio.gather(
-                *(
-                    (first if i % 2 else second).put_if_absent(key, str(i).encode())
-                    for i in range(20)
-                ),
-                return_exceptions=True,
-            )
-            winners = [
-                i for i, outcome in enumerate(outcomes) if not isinstance(outcome, Exception)
-            ]
-            assert len(winners) == 1, outcomes
-            losers = [outcome for i, outcome in enumerate(outcomes) if i != winners[0]]
-            assert all(isinstance(outcome, PreconditionFailed) for outcome in losers), outcomes
-            assert await second.get(key) == str(winners[0]).encode()
+        await assert_one_winner_per_key([first, second])
 
 
 async def test_local_io_errors_are_mapped(local_store: LocalDirectoryObjectStore) -> None:
@@ -557,11 +550,14 @@ class SleepRecorder:
         self.seconds.append(seconds)
 
 
-def scripted_store(client: ScriptedClient, **options: Any) -> tuple[S3ObjectStore, SleepRecorder]:
+def recorded_store(**settings: Any) -> tuple[S3ObjectStore, SleepRecorder]:
+    """An S3 store on ``bucket`` whose backoff sleeps are recorded, not slept."""
     sleeper = SleepRecorder()
-    settings: dict[str, Any] = {"client": client, "sleep": sleeper, "random_unit": lambda: 0.25}
-    settings.update(options)
-    return S3ObjectStore("bucket", **settings), sleeper
+    return S3ObjectStore("bucket", **{"sleep": sleeper, **settings}), sleeper
+
+
+def scripted_store(client: ScriptedClient, **options: Any) -> tuple[S3ObjectStore, SleepRecorder]:
+    return recorded_store(client=client, random_unit=lambda: 0.25, **options)
 
 
 PUT_OK = {"ETag": '"etag"'}
@@ -873,17 +869,14 @@ OBJECT = (200, {"Content-Type": "application/octet-stream", "ETag": '"abc"'}, b"
 
 
 def http_store(endpoint_url: str, **options: Any) -> tuple[S3ObjectStore, SleepRecorder]:
-    sleeper = SleepRecorder()
     settings: dict[str, Any] = {
         "endpoint_url": endpoint_url,
         "access_key_id": "testing",
         "secret_access_key": "testing",
-        "sleep": sleeper,
         "connect_timeout_ms": 2000,
         "read_timeout_ms": 2000,
     }
-    settings.update(options)
-    return S3ObjectStore("bucket", **settings), sleeper
+    return recorded_store(**{**settings, **options})
 
 
 @pytest.mark.parametrize(

@@ -22,16 +22,15 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.checker.proxies import S3FaultProxy
-from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.metadata.controller import Controller
-from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage import s3stream
 from automq_ref.io.storage.object_store import S3ObjectStore
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from tests.conftest import MotoS3
+from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_object_store import fresh_bucket
 
 PARAMS = lc.LogCacheParams(
@@ -69,29 +68,22 @@ async def running_storage(
         backoff_jitter_ms=1,
     )
     await store.create_bucket_if_missing()
-    metadata_log = await FileMetadataLog.open(tmp_path / "meta")
-    controller = await Controller.open(metadata_log)
     wal = await BlockWal.open(
-        MemoryBlockDevice(1 << 20), node_id=1, node_epoch=1, max_write_bytes=64 * 1024
+        MemoryBlockDevice(1 << 20), node_id=NODE_ID, node_epoch=1, max_write_bytes=64 * 1024
     )
-    storage = await S3Storage.start(
-        wal=wal,
-        store=store,
-        controller=controller,
-        node_id=1,
-        node_epoch=1,
-        namespace="_kafka_faults",
+    running = await start_storage(
+        tmp_path,
+        wal,
+        store,
         params=PARAMS,
+        namespace="_kafka_faults",
         block_size_threshold_bytes=512,
     )
     try:
-        yield storage
+        yield running.storage
     finally:
         proxy.heal()
-        if shut_down:
-            await storage.shutdown()
-        await store.close()
-        await metadata_log.close()
+        await running.stop(shut_down=shut_down, close_store=True)
 
 
 def payload(offset: int) -> bytes:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.formats.object_file import DataBlockIndex
-from automq_ref.io.faults import MemoryBlockDevice
-from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import (
     LocalDirectoryObjectStore,
@@ -22,6 +21,7 @@ from automq_ref.io.storage.s3stream import S3Storage, StreamFencedError
 from automq_ref.io.storage.stream_objects import DataBlockCache, ReadAhead, object_key
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
+from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_object_store import fresh_bucket, moto_store
 
 PARAMS = lc.LogCacheParams(
@@ -52,21 +52,18 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
 async def start(
     device: MemoryBlockDevice, tmp_path: Path, node_epoch: int, open_store: StoreFactory
 ) -> tuple[S3Storage, FileMetadataLog]:
-    metadata_log = await FileMetadataLog.open(tmp_path / "meta")
-    controller = await Controller.open(metadata_log)
-    wal = await BlockWal.open(device, node_id=1, node_epoch=node_epoch, max_write_bytes=64 * 1024)
-    store = await open_store()
-    storage = await S3Storage.start(
-        wal=wal,
-        store=store,
-        controller=controller,
-        node_id=1,
-        node_epoch=node_epoch,
-        namespace="_kafka_test",
+    wal = await BlockWal.open(
+        device, node_id=NODE_ID, node_epoch=node_epoch, max_write_bytes=64 * 1024
+    )
+    running = await start_storage(
+        tmp_path,
+        wal,
+        await open_store(),
         params=PARAMS,
+        node_epoch=node_epoch,
         block_size_threshold_bytes=1024,
     )
-    return storage, metadata_log
+    return running.storage, running.metadata_log
 
 
 def payload(stream_id: int, offset: int) -> bytes:

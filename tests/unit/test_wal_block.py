@@ -6,12 +6,13 @@ import asyncio
 import os
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from automq_ref.io.faults import DeviceCrashedError, MemoryBlockDevice
-from automq_ref.io.storage.block_device import FileBlockDevice
+from automq_ref.checker.faults import DeviceCrashedError, MemoryBlockDevice
+from automq_ref.io.storage.block_device import BlockDevice
 from automq_ref.io.storage.wal_block import (
     BLOCK_SIZE_BYTES,
     HEADER_SLOT_BYTES,
@@ -19,6 +20,7 @@ from automq_ref.io.storage.wal_block import (
     BlockWal,
     RecoveredRecord,
     ShutdownType,
+    SyncPolicy,
     WalFencedError,
     WalHeaderCorruptError,
     WalIOError,
@@ -27,22 +29,56 @@ from automq_ref.io.storage.wal_block import (
     WalStateError,
 )
 
+NODE_ID = 7
 CAPACITY = 1 << 20
 MAX_WRITE = 64 * 1024
 
 
-async def open_ready(device: MemoryBlockDevice | FileBlockDevice, epoch: int = 1) -> BlockWal:
-    wal = await BlockWal.open(device, node_id=7, node_epoch=epoch, max_write_bytes=MAX_WRITE)
+async def open_wal(
+    target: BlockDevice | Path,
+    epoch: int = 1,
+    *,
+    node_id: int = NODE_ID,
+    wrap_device: Callable[[BlockDevice], BlockDevice] | None = None,
+    sync_policy: SyncPolicy | None = None,
+) -> BlockWal:
+    """Open the WAL of node ``NODE_ID`` on a device, or on a file of ``CAPACITY`` bytes."""
+    if isinstance(target, Path):
+        return await BlockWal.open_file(
+            target,
+            node_id=node_id,
+            node_epoch=epoch,
+            capacity_bytes=CAPACITY,
+            max_write_bytes=MAX_WRITE,
+            wrap_device=wrap_device,
+            sync_policy=sync_policy,
+        )
+    assert wrap_device is None, "wrap the device before passing it"
+    return await BlockWal.open(
+        target,
+        node_id=node_id,
+        node_epoch=epoch,
+        max_write_bytes=MAX_WRITE,
+        sync_policy=sync_policy,
+    )
+
+
+async def ready(wal: BlockWal) -> BlockWal:
+    """Recover (ignoring what is found) and reset: the WAL takes appends."""
     async for _ in wal.recover():
         pass
     await wal.reset()
     return wal
 
 
+async def open_ready(target: BlockDevice | Path, epoch: int = 1) -> BlockWal:
+    return await ready(await open_wal(target, epoch))
+
+
 async def recover_all(
-    device: MemoryBlockDevice | FileBlockDevice, epoch: int = 2
+    target: BlockDevice | Path, epoch: int = 2
 ) -> tuple[BlockWal, list[RecoveredRecord]]:
-    wal = await BlockWal.open(device, node_id=7, node_epoch=epoch, max_write_bytes=MAX_WRITE)
+    wal = await open_wal(target, epoch)
     return wal, [record async for record in wal.recover()]
 
 
@@ -209,7 +245,7 @@ async def test_both_header_slots_corrupt_is_refused_not_reformatted() -> None:
     device.flip_bit(10, 1)
     device.flip_bit(HEADER_SLOT_BYTES + 10, 1)
     with pytest.raises(WalHeaderCorruptError):
-        await BlockWal.open(device, node_id=7, node_epoch=2, max_write_bytes=MAX_WRITE)
+        await open_wal(device, 2)
 
 
 async def test_owner_checks() -> None:
@@ -217,14 +253,13 @@ async def test_owner_checks() -> None:
     wal = await open_ready(device, epoch=5)
     await wal.close()
     with pytest.raises(WalFencedError, match="node 7"):
-        await BlockWal.open(device, node_id=8, node_epoch=9, max_write_bytes=MAX_WRITE)
+        await open_wal(device, 9, node_id=8)
     with pytest.raises(WalFencedError, match="newer than epoch 4"):
-        await BlockWal.open(device, node_id=7, node_epoch=4, max_write_bytes=MAX_WRITE)
+        await open_wal(device, 4)
 
 
 async def test_order_of_operations_is_enforced() -> None:
-    device = MemoryBlockDevice(CAPACITY)
-    wal = await BlockWal.open(device, node_id=7, node_epoch=1, max_write_bytes=MAX_WRITE)
+    wal = await open_wal(MemoryBlockDevice(CAPACITY))
     with pytest.raises(WalStateError):
         await wal.append(b"x")
     with pytest.raises(WalStateError):
@@ -285,17 +320,10 @@ async def test_an_admitted_record_is_always_placed_however_full_the_ring(seed: i
 
 async def test_graceful_close_marks_the_header(tmp_path: Path) -> None:
     path = tmp_path / "wal"
-    wal = await BlockWal.open_file(
-        path, node_id=7, node_epoch=1, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
-    async for _ in wal.recover():
-        pass
-    await wal.reset()
+    wal = await open_ready(path)
     await wal.append(b"last words")
     await wal.close()
-    reopened = await BlockWal.open_file(
-        path, node_id=7, node_epoch=2, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
+    reopened = await open_wal(path, 2)
     assert reopened.header.shutdown_type is ShutdownType.GRACEFUL
     assert [record.body async for record in reopened.recover()] == [b"last words"]
     await reopened.close()
@@ -303,12 +331,7 @@ async def test_graceful_close_marks_the_header(tmp_path: Path) -> None:
 
 async def test_real_file_torn_tail_truncation_and_garbage(tmp_path: Path) -> None:
     path = tmp_path / "wal"
-    wal = await BlockWal.open_file(
-        path, node_id=7, node_epoch=1, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
-    async for _ in wal.recover():
-        pass
-    await wal.reset()
+    wal = await open_ready(path)
     results = [await wal.append(body(index, 1000)) for index in range(12)]
     await wal.close()
     ninth = RING_START_BYTES + results[8].record_offset
@@ -318,20 +341,13 @@ async def test_real_file_torn_tail_truncation_and_garbage(tmp_path: Path) -> Non
     with path.open("r+b") as file:
         file.seek(ninth + 10)
         file.write(os.urandom(3000))
-    reopened, recovered = await _recover_file(path)
+    reopened, recovered = await recover_all(path)
     assert [record.body for record in recovered] == [body(index, 1000) for index in range(8)]
     await reopened.close()
 
     # Truncation into the ninth record: the file is cut short, the WAL restores its size.
     path.write_bytes(original[: ninth + 100])
-    reopened, recovered = await _recover_file(path)
+    reopened, recovered = await recover_all(path)
     assert [record.body for record in recovered] == [body(index, 1000) for index in range(8)]
     await reopened.close()
     assert path.stat().st_size == CAPACITY
-
-
-async def _recover_file(path: Path) -> tuple[BlockWal, list[RecoveredRecord]]:
-    wal = await BlockWal.open_file(
-        path, node_id=7, node_epoch=2, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
-    return wal, [record async for record in wal.recover()]

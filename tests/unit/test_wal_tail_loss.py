@@ -1,5 +1,9 @@
 """Losing the un-fsynced tail of a WAL file after a kill, and a broker that acks before fsync.
 
+The checker's modes reach the WAL through its seams (``automq_ref.checker.broken``): the WAL
+openers must journal and acknowledge before fsync as the broker flags ask, and the production
+WAL must refuse the flags themselves.
+
 The undo journal must list exactly the writes since the last sync; ``lose_unsynced_tail`` must
 leave synced bytes alone and give the same disk as ``MemoryBlockDevice.crash`` for the same
 seed; the WAL must recover a prefix from what is left. Against a broker process: nothing
@@ -20,21 +24,31 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from automq_ref.checker.broken import (
+    ACK_BEFORE_FSYNC as ACK_BEFORE_FSYNC_MODE,
+)
+from automq_ref.checker.broken import (
+    DISCARD_WAL_AT_START,
+    WAL_UNDO_JOURNAL,
+    AckBeforeFsync,
+    modes_from_config,
+    seams_for,
+    undo_journal,
+)
 from automq_ref.checker.cluster import BrokerProcess
-from automq_ref.io.faults import (
+from automq_ref.checker.faults import (
     MemoryBlockDevice,
     UndoJournalBlockDevice,
     lose_unsynced_tail,
     read_undo_journal,
     undo_journal_path,
 )
-from automq_ref.io.storage import wal_block
+from automq_ref.config import load_config
 from automq_ref.io.storage.block_device import FileBlockDevice
-from automq_ref.io.storage.wal_block import BlockWal, RecoveredRecord
+from automq_ref.io.storage.wal_block import BlockWal
+from tests.unit.test_wal_block import open_wal, ready, recover_all
 
 SIZE = 64 * 1024
-CAPACITY = 1 << 20
-MAX_WRITE = 64 * 1024
 JOURNAL = "automq.ref.test.wal.undo.journal=true"
 ACK_BEFORE_FSYNC = "automq.ref.test.ack.before.fsync=true"
 
@@ -143,31 +157,18 @@ def test_tail_loss_matches_the_memory_device_crash_model(tmp_path: Path) -> None
 # ---------------------------------------------------------------------------- the WAL
 
 
-async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(tmp_path: Path) -> None:
     """Synced records survive; of the acknowledged-but-unsynced ones a prefix comes back."""
     lost_some = kept_some = 0
     for seed in range(12):
         path = tmp_path / f"wal-{seed}"
-        wal = await BlockWal.open_file(
-            path,
-            node_id=7,
-            node_epoch=1,
-            capacity_bytes=CAPACITY,
-            max_write_bytes=MAX_WRITE,
-            undo_journal=True,
-            ack_before_fsync=True,
-        )
-        async for _ in wal.recover():
-            pass
-        await wal.reset()
-        monkeypatch.setattr(wal_block, "ACK_BEFORE_FSYNC_SYNC_INTERVAL_S", 0.0)
+        policy = AckBeforeFsync(interval_s=0.0)
+        wal = await ready(await open_wal(path, wrap_device=undo_journal(path), sync_policy=policy))
         synced = [pattern(seed * 100 + index, 700) for index in range(5)]
         for data in synced:
             await wal.append(data)
         assert read_undo_journal(undo_journal_path(path)) == []
-        monkeypatch.setattr(wal_block, "ACK_BEFORE_FSYNC_SYNC_INTERVAL_S", 3600.0)
+        policy.interval_s = 3600.0
         unsynced = [pattern(seed * 100 + 50 + index, 1500) for index in range(8)]
         for data in unsynced:
             await wal.append(data)  # acknowledged, never synced
@@ -179,7 +180,8 @@ async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(
         shutil.copy(undo_journal_path(path), crashed / "wal.undo")
         await wal.close()
         lose_unsynced_tail(crashed / "wal", random.Random(seed))
-        recovered = await recover_file(crashed / "wal")
+        reopened, recovered = await recover_all(crashed / "wal")
+        await reopened.close()
         bodies = [record.body for record in recovered]
         assert bodies[:5] == synced
         assert bodies[5:] == unsynced[: len(bodies) - 5]
@@ -188,13 +190,62 @@ async def test_the_wal_recovers_a_prefix_after_the_tail_is_lost(
     assert lost_some and kept_some
 
 
-async def recover_file(path: Path) -> list[RecoveredRecord]:
-    wal = await BlockWal.open_file(
-        path, node_id=7, node_epoch=2, capacity_bytes=CAPACITY, max_write_bytes=MAX_WRITE
-    )
-    recovered = [record async for record in wal.recover()]
-    await wal.close()
-    return recovered
+def test_seams_for_gives_each_mode_its_seam(tmp_path: Path) -> None:
+    assert seams_for(set()) == (None, None)
+    opener, before_open = seams_for({WAL_UNDO_JOURNAL})
+    assert opener is not None and before_open is None
+    opener, before_open = seams_for({DISCARD_WAL_AT_START})
+    assert opener is None and before_open is not None
+    with pytest.raises(ValueError, match="unknown broken modes"):
+        seams_for({"ack-never"})
+    config = load_config(overrides=[f"log.dirs={tmp_path}", JOURNAL, ACK_BEFORE_FSYNC])
+    assert modes_from_config(config) == {WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC_MODE}
+    config.wal_file.write_bytes(b"old WAL")
+    before_open(config)
+    assert not config.wal_file.exists()
+
+
+async def test_the_undo_journal_opener_journals_the_wal_file(tmp_path: Path) -> None:
+    config = load_config(overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"])
+    opener, _ = seams_for({WAL_UNDO_JOURNAL})
+    assert opener is not None
+    wal = await ready(await opener(config, 1))
+    journal = undo_journal_path(config.wal_file)
+    try:
+        assert journal.exists()
+        syncs = wal.sync_count
+        await wal.append(b"x" * 100)
+        # Acknowledged after its fdatasync, which empties the journal.
+        assert wal.sync_count == syncs + 1
+        assert read_undo_journal(journal) == []
+        assert wal.header.capacity_bytes == 16777216 and wal.header.node_id == config.node_id
+    finally:
+        await wal.close()
+
+
+async def test_the_ack_before_fsync_opener_acknowledges_unsynced_writes(tmp_path: Path) -> None:
+    config = load_config(overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"])
+    opener, _ = seams_for({WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC_MODE})
+    assert opener is not None
+    wal = await ready(await opener(config, 1))
+    try:
+        syncs = wal.sync_count
+        for index in range(3):
+            await wal.append(pattern(index, 100))
+        # Within the deferred-sync interval (a second since reset's header sync): none synced.
+        assert wal.sync_count == syncs
+        assert wal.write_count == 3
+        assert len(read_undo_journal(undo_journal_path(config.wal_file))) == 3
+    finally:
+        await wal.close()
+    assert read_undo_journal(undo_journal_path(config.wal_file)) == []  # close wrote a header
+
+
+async def test_the_production_wal_refuses_the_test_flags(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="checker"):
+        await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, undo_journal=True)
+    with pytest.raises(ValueError, match="checker"):
+        await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, ack_before_fsync=True)
 
 
 # ------------------------------------------------------------------- a broker process

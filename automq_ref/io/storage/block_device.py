@@ -1,8 +1,8 @@
 """What the block WAL needs from a disk: positioned writes, positioned reads, and a barrier.
 
 ``FileBlockDevice`` is a regular file or a raw block device opened with ``os.open``. Its calls
-block, so the WAL runs them on a thread of its own. ``automq_ref.io.faults`` holds an in-memory
-device that can lose power at any operation, for crash tests.
+block, so the WAL runs them on a thread of its own. ``automq_ref.checker.faults`` (test code,
+never imported here) holds an in-memory device that can lose power at any operation.
 """
 
 from __future__ import annotations

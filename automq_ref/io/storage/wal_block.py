@@ -49,12 +49,13 @@ at the first invalid record instead of scanning a window beyond it); explicit pa
 instead of "jump to the next 4 KiB boundary on failure"; a header sequence number instead of a
 wall-clock timestamp; buffered I/O plus ``fdatasync`` instead of direct I/O; CRC-32C.
 
-Two switches exist for tests only, never for real data. ``undo_journal`` (``open_file``) wraps
-the file in :class:`automq_ref.io.faults.UndoJournalBlockDevice`, so that a test can throw away
-what was written but not fsynced after it kills the process. ``ack_before_fsync`` breaks the WAL
-on purpose: a group is acknowledged once written, and the fdatasync runs only with a header write
-or when ``ACK_BEFORE_FSYNC_SYNC_INTERVAL_S`` has passed since the last one, so losing the
-un-fsynced tail loses acknowledged records (a broken broker for the history checker to catch).
+Two seams let a caller change how the WAL meets its disk without the WAL knowing why (the
+checker's broken modes and crash recorders use them; they live in ``automq_ref.checker``, and
+nothing here imports them). ``wrap_device`` (``open_file``) wraps the file's
+:class:`FileBlockDevice` in another :class:`BlockDevice`. ``sync_policy`` is asked, on the I/O
+thread after each group is written, whether to defer that group's fdatasync; a deferred group is
+acknowledged unsynced, which breaks durability and is therefore never done without one. The
+default (``None``) syncs every group, with no call on the hot path.
 """
 
 from __future__ import annotations
@@ -64,12 +65,11 @@ import enum
 import functools
 import logging
 import struct
-import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Final, TypeVar
+from typing import Final, Protocol, TypeVar
 
 from crc32c import crc32c
 
@@ -83,7 +83,6 @@ from automq_ref.formats.wal_record import (
     encode_padding_header,
     encode_wal_record_header,
 )
-from automq_ref.io.faults import UndoJournalBlockDevice
 from automq_ref.io.storage.block_device import BlockDevice, Buffer, FileBlockDevice
 
 log = logging.getLogger(__name__)
@@ -99,9 +98,6 @@ MAX_RECORDS_PER_WRITE: Final = 500
 # Groups handed to the I/O thread and not yet durable: one on disk, one queued behind it.
 MAX_GROUPS_IN_FLIGHT: Final = 2
 RECOVERY_READ_BYTES: Final = 4 * 1024 * 1024
-# Test only (ack_before_fsync): the longest a group may stay acknowledged but unsynced while
-# groups keep coming.
-ACK_BEFORE_FSYNC_SYNC_INTERVAL_S: Final = 1.0
 
 WAL_HEADER_MAGIC: Final = 0x12345678
 _WAL_HEADER = struct.Struct(">iqqqqiiq")
@@ -196,6 +192,23 @@ class RecoveredRecord:
     body: bytes
 
 
+class SyncPolicy(Protocol):
+    """When the WAL may skip the fdatasync after a group. Both calls run on the WAL's I/O thread.
+
+    Without a policy every group is synced before it is acknowledged, the WAL's guarantee; a
+    policy that defers a sync gives that guarantee up, so only the checker's broken modes do.
+    """
+
+    def defer_sync(self) -> bool:
+        """After a group's writes: True acknowledges the group without syncing it (a later
+        group's or header's sync covers it)."""
+        ...
+
+    def synced(self) -> None:
+        """After every sync of the device, a group's or a header's."""
+        ...
+
+
 def align_up(value: int, alignment: int = BLOCK_SIZE_BYTES) -> int:
     return -(-value // alignment) * alignment
 
@@ -230,11 +243,10 @@ class BlockWal:
         node_epoch: int,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
         header_fallback: bool = False,
-        ack_before_fsync: bool = False,
+        sync_policy: SyncPolicy | None = None,
     ) -> None:
         self._header_fallback = header_fallback
-        self._ack_before_fsync = ack_before_fsync
-        self._last_sync_s = time.monotonic()
+        self._sync_policy = sync_policy
         if max_groups_in_flight < 1:
             raise ValueError("max_groups_in_flight must be at least 1")
         self._max_groups_in_flight = max_groups_in_flight
@@ -279,17 +291,28 @@ class BlockWal:
         capacity_bytes: int = DEFAULT_CAPACITY_BYTES,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
+        wrap_device: Callable[[BlockDevice], BlockDevice] | None = None,
+        sync_policy: SyncPolicy | None = None,
         undo_journal: bool = False,
         ack_before_fsync: bool = False,
     ) -> BlockWal:
-        """Open (creating and preallocating) a WAL file. ``undo_journal`` and
-        ``ack_before_fsync`` are for tests only (see the module docstring)."""
+        """Open (creating and preallocating) a WAL file, the device wrapped by ``wrap_device``.
+
+        ``undo_journal`` and ``ack_before_fsync`` only keep the start-up code that still passes
+        the ``automq.ref.test.*`` flags here working until it takes a WAL opener instead; the
+        modes themselves live in ``automq_ref.checker.broken``, so True is refused here.
+        """
+        if undo_journal or ack_before_fsync:
+            raise ValueError(
+                "the automq.ref.test.* WAL modes belong to the checker: start the broker with "
+                "python -m automq_ref.checker.serve"
+            )
         capacity_bytes = capacity_bytes // BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES
         file_device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
         device: BlockDevice = file_device
         try:
-            if undo_journal:
-                device = UndoJournalBlockDevice(file_device)
+            if wrap_device is not None:
+                device = wrap_device(file_device)
             return await cls.open(
                 device,
                 node_id=node_id,
@@ -297,7 +320,7 @@ class BlockWal:
                 capacity_bytes=capacity_bytes,
                 max_write_bytes=max_write_bytes,
                 max_groups_in_flight=max_groups_in_flight,
-                ack_before_fsync=ack_before_fsync,
+                sync_policy=sync_policy,
             )
         except BaseException:
             device.close()
@@ -313,7 +336,7 @@ class BlockWal:
         capacity_bytes: int | None = None,
         max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
-        ack_before_fsync: bool = False,
+        sync_policy: SyncPolicy | None = None,
     ) -> BlockWal:
         """Read the header (or format a blank device) and check who owns the WAL."""
         if max_write_bytes < BLOCK_SIZE_BYTES or max_write_bytes % BLOCK_SIZE_BYTES:
@@ -344,7 +367,7 @@ class BlockWal:
                 fresh=True,
                 node_epoch=node_epoch,
                 max_groups_in_flight=max_groups_in_flight,
-                ack_before_fsync=ack_before_fsync,
+                sync_policy=sync_policy,
             )
         header, slot = max(candidates, key=lambda candidate: candidate[0].sequence)
         other_slot = slots[(1 - slot) * HEADER_SLOT_BYTES : (2 - slot) * HEADER_SLOT_BYTES]
@@ -373,7 +396,7 @@ class BlockWal:
             node_epoch=node_epoch,
             max_groups_in_flight=max_groups_in_flight,
             header_fallback=header_fallback,
-            ack_before_fsync=ack_before_fsync,
+            sync_policy=sync_policy,
         )
 
     # --------------------------------------------------------------- properties
@@ -646,15 +669,17 @@ class BlockWal:
             for physical, buffers in writes:
                 self._device.write(buffers, physical)
                 self.write_count += 1
-            if self._ack_before_fsync and (
-                time.monotonic() - self._last_sync_s < ACK_BEFORE_FSYNC_SYNC_INTERVAL_S
-            ):
-                return  # test only: acknowledged now, synced by a later group or header
-            self._device.sync()
+            policy = self._sync_policy
+            if policy is not None:
+                if policy.defer_sync():
+                    return
+                self._device.sync()
+                policy.synced()
+            else:
+                self._device.sync()
         except BaseException:
             self._device_failed = True
             raise
-        self._last_sync_s = time.monotonic()
         self.sync_count += 1
 
     def _fail_pending(self, group: list[_Pending], error: BaseException) -> None:
@@ -722,7 +747,8 @@ class BlockWal:
     def _write_header_sync(self, data: bytes, physical: int) -> None:
         self._device.write([data], physical)
         self._device.sync()
-        self._last_sync_s = time.monotonic()
+        if self._sync_policy is not None:
+            self._sync_policy.synced()
 
     async def _run_io(self, function: Callable[..., _T], *args: object) -> _T:
         loop = asyncio.get_running_loop()

@@ -1,6 +1,10 @@
 """Fault injection for storage: a block device that loses power on cue, and a WAL file whose
 un-fsynced tail can be thrown away after its process is killed.
 
+Test code only: it lives under ``automq_ref.checker`` so that no production module can reach it
+(``tests/unit/test_layers.py`` checks the imports). It reaches the WAL through the WAL's own seams
+(``BlockWal.open_file(wrap_device=...)``); ``automq_ref.checker.broken`` builds those.
+
 ``MemoryBlockDevice`` keeps two images: what a crash would keep (``durable``) and what reads
 see now (``volatile``). Writes land in ``volatile`` and are remembered until the next ``sync``.
 ``crash(rng)`` builds the disk a reboot would find: the durable image plus, for each write since
@@ -13,7 +17,8 @@ Losing the un-fsynced tail of a real WAL file
 A SIGKILL alone loses nothing a process wrote: its writes sit in the kernel's page cache, and the
 next process reads them whether or not they were fsynced. A power loss is what throws unsynced
 writes away, and a test cannot cut the power of its own machine. ``UndoJournalBlockDevice``
-(test only: ``automq.ref.test.wal.undo.journal=true``) makes that loss reproducible for a file:
+(the broken mode ``wal-undo-journal``, ``automq.ref.test.wal.undo.journal=true``) makes that loss
+reproducible for a file:
 before each write it appends to a journal beside the file (``<wal>.undo``) the position and the
 bytes the write is about to overwrite, with a CRC; after each ``sync`` it truncates the journal.
 The journal itself is written with plain writes and never fsynced, which is enough: it must
@@ -47,7 +52,7 @@ from typing import Final
 
 from crc32c import crc32c
 
-from automq_ref.io.storage.block_device import Buffer, FileBlockDevice
+from automq_ref.io.storage.block_device import BlockDevice, Buffer, FileBlockDevice
 
 UNDO_JOURNAL_SUFFIX: Final = ".undo"
 # An entry: position, length, CRC-32C of (position, length, old bytes); then the old bytes.
@@ -140,16 +145,19 @@ def undo_journal_path(wal_path: Path | str) -> Path:
 
 
 class UndoJournalBlockDevice:
-    """A ``FileBlockDevice`` that journals the bytes each write overwrites until the next sync.
+    """A device that journals the bytes each write overwrites until the next sync.
 
     Test only (see the module docstring): it makes ``lose_unsynced_tail`` possible after a kill.
+    The journal goes to ``journal_path``, by default ``<file>.undo`` beside a ``FileBlockDevice``.
     """
 
-    def __init__(self, device: FileBlockDevice, journal_path: Path | None = None) -> None:
+    def __init__(self, device: BlockDevice, journal_path: Path | None = None) -> None:
         self._device = device
-        self.journal_path = (
-            journal_path if journal_path is not None else undo_journal_path(device.path)
-        )
+        if journal_path is None:
+            if not isinstance(device, FileBlockDevice):
+                raise TypeError("an undo journal for a device that is not a file needs a path")
+            journal_path = undo_journal_path(device.path)
+        self.journal_path = journal_path
         # O_TRUNC: whatever an earlier process left unsynced survived its crash.
         self._journal_fd = os.open(
             self.journal_path,

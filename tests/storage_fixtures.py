@@ -1,0 +1,84 @@
+"""S3Storage for tests and benchmarks: a metadata log, a controller and the storage in one call.
+
+Every test and benchmark that runs :class:`S3Storage` wires the same pieces: a file metadata log
+in ``<directory>/meta``, a controller over it, then ``S3Storage.start`` with a WAL, a store and
+the node's identity. :func:`start_storage` writes that argument list once; the WAL and the store
+stay the caller's (a memory device to crash, a store behind a fault proxy, a counting store).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import ObjectStore
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.state_machines import log_cache as lc
+
+NODE_ID = 1
+
+
+@dataclass(slots=True)
+class RunningStorage:
+    storage: S3Storage
+    controller: Controller
+    metadata_log: FileMetadataLog
+    store: ObjectStore
+
+    async def stop(self, *, shut_down: bool = True, close_store: bool = False) -> None:
+        """A graceful stop (or, with ``shut_down=False``, the metadata log closed under a
+        storage left running, as a crash leaves it); the store is the caller's unless asked."""
+        if shut_down:
+            await self.storage.shutdown()
+        await self.metadata_log.close()
+        if close_store:
+            await self.store.close()
+
+
+async def start_storage(
+    directory: Path,
+    wal: BlockWal,
+    store: ObjectStore,
+    *,
+    params: lc.LogCacheParams,
+    node_epoch: int = 1,
+    namespace: str = "_kafka_test",
+    controller_type: type[Controller] = Controller,
+    block_size_threshold_bytes: int | None = None,
+    clock_ms: Callable[[], int] | None = None,
+    block_cache_bytes: int | None = None,
+) -> RunningStorage:
+    """Open ``<directory>/meta`` and its controller, then start node ``NODE_ID`` at
+    ``node_epoch`` over ``wal`` (opened for that node) and ``store``. Options left None keep
+    ``S3Storage.start``'s defaults."""
+    options: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("block_size_threshold_bytes", block_size_threshold_bytes),
+            ("clock_ms", clock_ms),
+            ("block_cache_bytes", block_cache_bytes),
+        )
+        if value is not None
+    }
+    metadata_log = await FileMetadataLog.open(directory / "meta")
+    try:
+        controller = await controller_type.open(metadata_log)
+        storage = await S3Storage.start(
+            wal=wal,
+            store=store,
+            controller=controller,
+            node_id=NODE_ID,
+            node_epoch=node_epoch,
+            namespace=namespace,
+            params=params,
+            **options,
+        )
+    except BaseException:
+        await metadata_log.close()
+        raise
+    return RunningStorage(storage, controller, metadata_log, store)
