@@ -49,19 +49,15 @@ async def handle_create_topics(context: Context, request: Request) -> Reply:
                 topic_id=topic.topic_id,
                 num_partitions=topic.partitions,
                 replication_factor=1,
-                configs=[
-                    CreatableTopicConfig(
-                        name,
-                        context.topics.topic_config(topic, name),
-                        CONFIG_SOURCE_DYNAMIC_TOPIC
-                        if name in topic.configs
-                        else CONFIG_SOURCE_DEFAULT,
-                    )
-                    for name in sorted(TOPIC_CONFIG_DEFAULTS)
-                ],
+                configs=[_config(context, topic, name) for name in sorted(TOPIC_CONFIG_DEFAULTS)],
             )
         )
     return respond(request, CreateTopicsResponse(results))
+
+
+def _config(context: Context, topic: Topic, name: str) -> CreatableTopicConfig:
+    source = CONFIG_SOURCE_DYNAMIC_TOPIC if name in topic.configs else CONFIG_SOURCE_DEFAULT
+    return CreatableTopicConfig(name, context.topics.topic_config(topic, name), source)
 
 
 async def _create(context: Context, creatable: Any, validate_only: bool) -> Topic:
