@@ -167,14 +167,11 @@ def _run(config: BrokerConfig) -> int:
 
 
 async def _serve(config: BrokerConfig) -> int:
-    from automq_ref.kafka.broker import Broker
-    from automq_ref.kafka.server import KafkaServer
+    from automq_ref.node import start_node
 
-    broker = await Broker.start(config)
-    server = KafkaServer(broker, max_request_bytes=config.socket_request_max_bytes)
-    host, port = await server.start(config.host, config.port)
-    advertised_host, advertised_port = config.advertised_address or (host, port)
-    broker.advertised_host, broker.advertised_port = advertised_host, advertised_port
+    node = await start_node(config)
+    host, port = await node.listen()
+    advertised_host, advertised_port = node.advertised_address
     print(
         f"automq-ref: serving Kafka on {host}:{port} "
         f"(bootstrap.servers={advertised_host}:{advertised_port})",
@@ -187,8 +184,7 @@ async def _serve(config: BrokerConfig) -> int:
             loop.add_signal_handler(signum, stop.set)
     await stop.wait()
     log.info("shutting down: uploading the WAL's data, then closing")
-    await server.close()
-    await broker.shutdown()
+    await node.shutdown()
     print("automq-ref: stopped", flush=True)
     return 0
 

@@ -51,7 +51,12 @@ class CloseConnection(Exception):
 @dataclass(frozen=True, slots=True)
 class Peer:
     connection_id: int
-    address: str
+    address: str  # "host:port", or "?" when the socket did not say
+
+    @property
+    def host(self) -> str:
+        host, colon, _ = self.address.rpartition(":")
+        return host if colon else self.address
 
 
 class RequestHandler(Protocol):

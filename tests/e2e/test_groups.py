@@ -138,3 +138,31 @@ def test_kafka_python_group_consumer_commits(broker: BrokerProcess) -> None:
     committed = check.committed([TopicPartition(topic, i) for i in range(PARTITIONS)], timeout=10)
     assert sum(tp.offset for tp in committed) == len(values)
     check.close()
+
+
+def test_described_member_host_is_the_connections(broker: BrokerProcess) -> None:
+    """DescribeGroups reports each member's host as the broker saw its connection (Kafka's
+    ``/address`` form), recorded by JoinGroup from the connection's peer."""
+    topic, group = f"hosts-{uuid.uuid4().hex[:6]}", f"hg-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "client.id": "host-reporter",
+            "session.timeout.ms": 6000,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while not consumer.assignment():
+            assert time.monotonic() < deadline, "the consumer never got its assignment"
+            consumer.poll(0.2)
+        described = admin.describe_consumer_groups([group])[group].result()
+        (member,) = described.members
+        assert member.client_id == "host-reporter"
+        assert member.host == "/127.0.0.1"  # the broker listens on, and clients come from, it
+    finally:
+        consumer.close()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kafka.protocol.broker_version_data import BROKER_API_VERSIONS
 from kio.index import load_request_schema
 
-from automq_ref.kafka.broker import API_VERSIONS
+from automq_ref.kafka.dispatch import API_VERSIONS
 
 
 def test_ranges_are_kafka_4_0s() -> None:

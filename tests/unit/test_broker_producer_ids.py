@@ -7,7 +7,8 @@ import asyncio
 from pathlib import Path
 
 from automq_ref.config import load_config
-from automq_ref.kafka.broker import PRODUCER_ID_BLOCK, Broker
+from automq_ref.kafka.producer_ids import PRODUCER_ID_BLOCK
+from automq_ref.node import start_node
 
 
 async def test_concurrent_allocations_are_distinct_across_blocks_and_restarts(
@@ -16,17 +17,17 @@ async def test_concurrent_allocations_are_distinct_across_blocks_and_restarts(
     config = load_config(
         overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
     )
-    broker = await Broker.start(config)
+    node = await start_node(config)
     try:
         first = await asyncio.gather(
-            *(broker._allocate_producer_id() for _ in range(PRODUCER_ID_BLOCK + 50))
+            *(node.producer_ids.allocate() for _ in range(PRODUCER_ID_BLOCK + 50))
         )
     finally:
-        await broker.shutdown()
+        await node.shutdown()
     assert len(set(first)) == len(first)
-    broker = await Broker.start(config)
+    node = await start_node(config)
     try:
-        again = await asyncio.gather(*(broker._allocate_producer_id() for _ in range(10)))
+        again = await asyncio.gather(*(node.producer_ids.allocate() for _ in range(10)))
     finally:
-        await broker.shutdown()
-    assert not set(again) & set(first), "a restarted broker reused producer ids"
+        await node.shutdown()
+    assert not set(again) & set(first), "a restarted node reused producer ids"

@@ -220,7 +220,7 @@ def test_locate_errors(tmp_path: Path) -> None:
 
 
 def test_namespace_is_the_brokers() -> None:
-    from automq_ref.kafka.broker import NAMESPACE
+    from automq_ref.vocabulary.naming import NAMESPACE
 
     assert im.NAMESPACE == NAMESPACE
 

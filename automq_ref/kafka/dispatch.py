@@ -1,0 +1,122 @@
+"""The dispatcher: one table from API key to handler and version range, and the admission of a
+request frame (decode it, route it) that the listener calls.
+
+Every request but Produce is decoded with kio (unknown tagged fields skipped); Produce is decoded
+by hand so that its record batches stay slices of the frame (no copy). What a request cannot be
+answered with closes the connection, as Kafka does: an unknown API key, a version this broker
+does not speak (except ApiVersions, answered in v0 with UNSUPPORTED_VERSION so the client can
+retry lower: KIP-511), a frame that does not decode.
+
+The version ranges are Kafka 4.0's for the keys implemented (``tests/unit/test_broker_api_versions
+.py`` compares them with kafka-python's table of real releases); ApiVersions answers from the
+table. Produce v0-2 are advertised, as Kafka 4.0 does for librdkafka's feature detection, and
+refused when used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import cast
+
+from automq_ref.formats.errors import FormatError
+from automq_ref.kafka.handlers import (
+    api_versions,
+    configs,
+    fetch,
+    groups,
+    metadata,
+    offsets,
+    produce,
+    producer_ids,
+    topics,
+)
+from automq_ref.kafka.request import ApiKey, Context, Handler, Request
+from automq_ref.kafka.server import CloseConnection, Peer, Reply
+from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
+from automq_ref.protocol.kio_codec import RequestDecodeError, decode_request, peek_header
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    handler: Handler
+    min_version: int
+    max_version: int
+
+
+async def _api_versions(context: Context, request: Request) -> Reply:
+    return api_versions.answer(request, API_VERSIONS)
+
+
+ROUTES: Mapping[ApiKey, Route] = {
+    ApiKey.PRODUCE: Route(produce.handle_produce, 0, 12),
+    ApiKey.FETCH: Route(fetch.handle_fetch, 4, 17),
+    ApiKey.LIST_OFFSETS: Route(offsets.handle_list_offsets, 1, 10),
+    ApiKey.METADATA: Route(metadata.handle_metadata, 0, 13),
+    ApiKey.OFFSET_COMMIT: Route(groups.handle_offset_commit, 2, 9),
+    ApiKey.OFFSET_FETCH: Route(groups.handle_offset_fetch, 1, 9),
+    ApiKey.FIND_COORDINATOR: Route(groups.handle_find_coordinator, 0, 6),
+    ApiKey.JOIN_GROUP: Route(groups.handle_join_group, 2, 9),
+    ApiKey.HEARTBEAT: Route(groups.handle_heartbeat, 0, 4),
+    ApiKey.LEAVE_GROUP: Route(groups.handle_leave_group, 0, 5),
+    ApiKey.SYNC_GROUP: Route(groups.handle_sync_group, 0, 5),
+    ApiKey.DESCRIBE_GROUPS: Route(groups.handle_describe_groups, 0, 6),
+    ApiKey.LIST_GROUPS: Route(groups.handle_list_groups, 0, 5),
+    ApiKey.API_VERSIONS: Route(_api_versions, 0, 4),
+    ApiKey.CREATE_TOPICS: Route(topics.handle_create_topics, 2, 7),
+    ApiKey.DELETE_TOPICS: Route(topics.handle_delete_topics, 1, 6),
+    ApiKey.DELETE_RECORDS: Route(offsets.handle_delete_records, 0, 2),
+    ApiKey.INIT_PRODUCER_ID: Route(producer_ids.handle_init_producer_id, 0, 5),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: Route(offsets.handle_offset_for_leader_epoch, 2, 4),
+    ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
+    ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
+    ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: Route(configs.handle_incremental_alter_configs, 0, 1),
+    ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
+}
+
+# Plain ints for admit's comparisons, the per-request path.
+_PRODUCE = int(ApiKey.PRODUCE)
+_API_VERSIONS = int(ApiKey.API_VERSIONS)
+
+# The advertised table, by plain API key number.
+API_VERSIONS: dict[int, tuple[int, int]] = {
+    int(key): (route.min_version, route.max_version) for key, route in sorted(ROUTES.items())
+}
+
+
+class Dispatcher:
+    """The listener's request handler (:class:`automq_ref.kafka.server.RequestHandler`)."""
+
+    def __init__(self, context: Context, routes: Mapping[ApiKey, Route] = ROUTES) -> None:
+        self.context = context
+        self._routes = {int(key): route for key, route in routes.items()}
+        self._api_versions_max = self._routes[ApiKey.API_VERSIONS].max_version
+
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        # peek_header reads with struct.unpack_from: any buffer does.
+        api_key, api_version, correlation_id = peek_header(cast(bytes, frame))
+        if api_key == _API_VERSIONS and api_version > self._api_versions_max:
+            return api_versions.unsupported_version(correlation_id, API_VERSIONS)
+        route = self._routes.get(api_key)
+        if route is None:
+            raise CloseConnection(f"unknown or unsupported API key {api_key}")
+        if not route.min_version <= api_version <= route.max_version:
+            raise CloseConnection(f"API key {api_key} version {api_version} is not supported")
+        try:
+            if api_key == _PRODUCE and api_version >= PRODUCE_MIN_VERSION:
+                # By hand: the records stay memoryview slices of the frame (no copy), writable
+                # when the frame is a bytearray (the partition patches them in place).
+                produce_header, body = decode_produce_frame(frame)
+                client_id = produce_header.client_id
+            else:
+                header, body = decode_request(bytes(frame))  # bytes: no copy
+                client_id = header.client_id
+        except (RequestDecodeError, FormatError) as error:
+            log.debug("undecodable frame: %s", frame[:256].hex())
+            raise CloseConnection(f"undecodable request: {error}") from error
+        request = Request(api_key, api_version, correlation_id, client_id, body, peer)
+        return await route.handler(self.context, request)

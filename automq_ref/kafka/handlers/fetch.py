@@ -1,0 +1,141 @@
+"""Fetch: record batches read from partitions, with the long poll.
+
+A Fetch reads every asked partition once; if that found fewer than ``min_bytes`` and nothing
+went wrong, it waits (up to ``max_wait``, on the injected clock) for any of the partitions that
+had nothing to receive data, and reads again. Stored batches are passed through as they are, and
+the response is encoded by hand (:func:`automq_ref.protocol.encode_fetch_response`). Topics are
+named from v13 by id. There are no fetch sessions (session id 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.io.storage.s3stream import StorageError
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.request import Context, Request
+from automq_ref.kafka.server import Chunks, Reply
+from automq_ref.protocol import FetchableTopicResponse, FetchPartitionData, encode_fetch_response
+
+log = logging.getLogger(__name__)
+
+# (the topic as the response names it: id or name, its name if known, the partitions asked)
+Wanted = list[tuple[Any, str | None, list[Any]]]
+
+
+async def handle_fetch(context: Context, request: Request) -> Reply:
+    return _fetch(context, request)
+
+
+async def _fetch(context: Context, request: Request) -> Chunks:
+    body = request.body
+    version = request.api_version
+    clock = context.clock
+    by_id = version >= 13
+    max_wait_s = max(body.max_wait.total_seconds(), 0.0)
+    deadline = clock.monotonic_s() + max_wait_s
+    wanted: Wanted = []
+    for fetch_topic in body.topics:
+        if by_id:
+            topic = context.topics.topic_by_id(fetch_topic.topic_id)
+            name = topic.name if topic is not None else None
+            key = fetch_topic.topic_id
+        else:
+            name = fetch_topic.topic
+            key = name
+        wanted.append((key, name, list(fetch_topic.partitions)))
+    while True:
+        responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+        remaining = deadline - clock.monotonic_s()
+        if total >= int(body.min_bytes) or remaining <= 0 or errors or not waits:
+            break
+        waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in waits]
+        done, pending = await asyncio.wait(
+            waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+        )
+        for future in pending:
+            future.cancel()
+        if not done:
+            responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+            break
+    chunks = encode_fetch_response(version, request.correlation_id, responses)
+    # The encoder's first chunk starts with the frame size; the listener writes its own.
+    return [memoryview(chunks[0])[4:], *chunks[1:]]
+
+
+async def _fetch_once(
+    context: Context, body: Any, wanted: Wanted, by_id: bool
+) -> tuple[list[FetchableTopicResponse], int, list[Partition], bool]:
+    partitions_by_key = context.topics.partitions
+    budget = int(body.max_bytes)
+    total = 0
+    waits: list[Partition] = []
+    errors = False
+    responses = []
+    for key, name, fetch_partitions in wanted:
+        partitions: list[FetchPartitionData] = []
+        for fetch_partition in fetch_partitions:
+            index = int(fetch_partition.partition)
+            partition = partitions_by_key.get((name, index)) if name is not None else None
+            if partition is None:
+                code = (
+                    KafkaErrorCode.UNKNOWN_TOPIC_ID
+                    if by_id and name is None
+                    else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                )
+                errors = True
+                partitions.append(FetchPartitionData(partition_index=index, error_code=code))
+                continue
+            code, chunks = await _read_partition(
+                partition, fetch_partition, budget, first=(total == 0)
+            )
+            if code is not KafkaErrorCode.NONE:
+                errors = True
+            size = sum(len(chunk) for chunk in chunks)
+            total += size
+            budget -= size
+            if not chunks:
+                waits.append(partition)
+            high_watermark = partition.high_watermark
+            partitions.append(
+                FetchPartitionData(
+                    partition_index=index,
+                    error_code=code,
+                    high_watermark=high_watermark,
+                    last_stable_offset=high_watermark,
+                    log_start_offset=partition.log_start_offset,
+                    records=chunks,
+                )
+            )
+        if by_id:
+            responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
+        else:
+            responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
+    return responses, total, waits, errors
+
+
+async def _read_partition(
+    partition: Partition, fetch_partition: Any, budget: int, first: bool
+) -> tuple[KafkaErrorCode, list[bytes | memoryview]]:
+    leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
+    if leader_epoch >= 0 and leader_epoch != partition.epoch:
+        code = (
+            KafkaErrorCode.FENCED_LEADER_EPOCH
+            if leader_epoch < partition.epoch
+            else KafkaErrorCode.UNKNOWN_LEADER_EPOCH
+        )
+        return code, []
+    offset = int(fetch_partition.fetch_offset)
+    if offset < partition.log_start_offset or offset > partition.log_end_offset:
+        return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
+    limit = min(int(fetch_partition.partition_max_bytes), budget)
+    if limit <= 0 and not first:
+        return KafkaErrorCode.NONE, []
+    try:
+        return KafkaErrorCode.NONE, await partition.read(offset, max(limit, 1))
+    except StorageError as error:
+        log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
+        return KafkaErrorCode.KAFKA_STORAGE_ERROR, []

@@ -1,0 +1,337 @@
+"""The classic consumer-group APIs (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
+OffsetFetch, ListGroups, DescribeGroups, DeleteGroups) and FindCoordinator.
+
+Each group request is translated into an event of the Group machine
+(:mod:`automq_ref.state_machines.group`), stamped with the injected clock's time, and handed to
+the coordinator (:mod:`automq_ref.kafka.groups`); its response is translated back into the
+request's version. Requests the machine may answer later (a JoinGroup waits for the rebalance, a
+commit for durability) are answered in the awaitable returned, so that they do not hold up the
+connection's later requests. This node coordinates every group; there is no transaction
+coordinator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka import responses as r
+from automq_ref.kafka.request import Context, Request
+from automq_ref.kafka.server import Chunks, Peer, Reply
+from automq_ref.state_machines import group as gc
+
+GROUP_KEY_TYPE = 0
+
+
+async def _group(context: Context, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
+    """Step ``make_event(request_id, now_ms)`` in the coordinator and await the machine's answer."""
+    clock = context.clock
+    return await context.groups.request(
+        lambda request_id, _: make_event(request_id, clock.now_ms())
+    )
+
+
+def client_host(peer: Peer) -> str:
+    """The member's host as Kafka reports it (``InetAddress.toString()``: ``/127.0.0.1``)."""
+    return "/" + peer.host
+
+
+async def handle_find_coordinator(context: Context, request: Request) -> Reply:
+    body = request.body
+    host, port = context.advertised_host, context.advertised_port
+    node_id = context.config.node_id
+    key_type = int(body.key_type) if request.api_version >= 1 else GROUP_KEY_TYPE
+    error = KafkaErrorCode.NONE
+    message = None
+    if key_type != GROUP_KEY_TYPE:
+        # Transactions are not supported, so there is no transaction coordinator.
+        error = KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+        message = "this broker has no transaction coordinator"
+    if request.api_version >= 4:
+        coordinators = [
+            r.Coordinator(key, node_id, host, port, error, message) for key in body.coordinator_keys
+        ]
+        return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
+    if error is not KafkaErrorCode.NONE:
+        node_id, host, port = -1, "", -1
+    return r.respond(
+        request,
+        r.FindCoordinatorResponse(
+            node_id=node_id, host=host, port=port, error_code=error, error_message=message
+        ),
+    )
+
+
+async def handle_join_group(context: Context, request: Request) -> Reply:
+    body = request.body
+    version = request.api_version
+    session_ms = int(body.session_timeout.total_seconds() * 1000)
+    rebalance_ms = (
+        int(body.rebalance_timeout.total_seconds() * 1000) if version >= 1 else session_ms
+    )
+    protocols = tuple(gc.Protocol(p.name, bytes(p.metadata)) for p in body.protocols)
+    host = client_host(request.peer)
+
+    async def answer() -> Chunks:
+        response = await _group(
+            context,
+            lambda request_id, now: gc.JoinGroup(
+                request_id,
+                now,
+                body.group_id,
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+                request.client_id or "",
+                host,
+                session_ms,
+                rebalance_ms,
+                body.protocol_type,
+                protocols,
+                version >= 4,
+            ),
+        )
+        assert isinstance(response, gc.JoinGroupResponse)
+        return r.respond(
+            request,
+            r.JoinGroupResponse(
+                error_code=response.error_code,
+                generation_id=response.generation_id,
+                protocol_type=response.protocol_type,
+                protocol_name=response.protocol_name or ("" if version < 7 else None),
+                leader=response.leader,
+                member_id=response.member_id,
+                members=[
+                    r.JoinGroupMember(m.member_id, m.group_instance_id, m.metadata)
+                    for m in response.members
+                ],
+            ),
+        )
+
+    return answer()
+
+
+async def handle_sync_group(context: Context, request: Request) -> Reply:
+    body = request.body
+    assignments = tuple(
+        gc.MemberAssignment(a.member_id, bytes(a.assignment)) for a in body.assignments
+    )
+
+    async def answer() -> Chunks:
+        response = await _group(
+            context,
+            lambda request_id, now: gc.SyncGroup(
+                request_id,
+                now,
+                body.group_id,
+                int(body.generation_id),
+                body.member_id,
+                getattr(body, "group_instance_id", None),
+                assignments,
+                getattr(body, "protocol_type", None),
+                getattr(body, "protocol_name", None),
+            ),
+        )
+        assert isinstance(response, gc.SyncGroupResponse)
+        return r.respond(
+            request,
+            r.SyncGroupResponse(
+                response.error_code,
+                response.protocol_type,
+                response.protocol_name,
+                response.assignment,
+            ),
+        )
+
+    return answer()
+
+
+async def handle_heartbeat(context: Context, request: Request) -> Reply:
+    body = request.body
+    response = await _group(
+        context,
+        lambda request_id, now: gc.Heartbeat(
+            request_id,
+            now,
+            body.group_id,
+            int(body.generation_id),
+            body.member_id,
+            getattr(body, "group_instance_id", None),
+        ),
+    )
+    assert isinstance(response, gc.HeartbeatResponse)
+    return r.respond(request, r.HeartbeatResponse(response.error_code))
+
+
+async def handle_leave_group(context: Context, request: Request) -> Reply:
+    body = request.body
+    if request.api_version >= 3:
+        members = tuple(gc.LeavingMember(m.member_id, m.group_instance_id) for m in body.members)
+    else:
+        members = (gc.LeavingMember(body.member_id),)
+    response = await _group(
+        context, lambda request_id, now: gc.LeaveGroup(request_id, now, body.group_id, members)
+    )
+    assert isinstance(response, gc.LeaveGroupResponse)
+    error = response.error_code
+    if request.api_version < 3 and error is KafkaErrorCode.NONE and response.members:
+        error = response.members[0].error_code
+    return r.respond(
+        request,
+        r.LeaveGroupResponse(
+            error,
+            [
+                r.LeaveGroupMember(m.member_id, m.group_instance_id, m.error_code)
+                for m in response.members
+            ],
+        ),
+    )
+
+
+async def handle_offset_commit(context: Context, request: Request) -> Reply:
+    body = request.body
+    known = context.topics.partitions
+    unknown: list[tuple[str, int]] = []
+    entries: list[gc.OffsetCommitEntry] = []
+    for topic in body.topics:
+        for p in topic.partitions:
+            index = int(p.partition_index)
+            if (topic.name, index) not in known:
+                unknown.append((topic.name, index))
+                continue
+            entries.append(
+                gc.OffsetCommitEntry(
+                    topic.name,
+                    index,
+                    int(p.committed_offset),
+                    int(getattr(p, "committed_leader_epoch", -1)),
+                    p.committed_metadata or "",
+                )
+            )
+
+    async def answer() -> Chunks:
+        results: list[tuple[str, int, KafkaErrorCode]] = [
+            (name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for name, index in unknown
+        ]
+        if entries:
+            response = await _group(
+                context,
+                lambda request_id, now: gc.OffsetCommit(
+                    request_id,
+                    now,
+                    body.group_id,
+                    int(body.generation_id_or_member_epoch),
+                    body.member_id,
+                    getattr(body, "group_instance_id", None),
+                    tuple(entries),
+                ),
+            )
+            assert isinstance(response, gc.OffsetCommitResponse)
+            results += [(p.topic, p.partition, p.error_code) for p in response.partitions]
+        by_topic: dict[str, list[r.OffsetCommitPartition]] = {}
+        for name, index, error in results:
+            by_topic.setdefault(name, []).append(r.OffsetCommitPartition(index, error))
+        topics = [r.OffsetCommitTopic(name, parts) for name, parts in by_topic.items()]
+        return r.respond(request, r.OffsetCommitResponse(topics))
+
+    return answer()
+
+
+async def handle_offset_fetch(context: Context, request: Request) -> Reply:
+    body = request.body
+
+    def wanted(topics: Any) -> tuple[tuple[str, int], ...] | None:
+        if topics is None:
+            return None
+        return tuple((t.name, int(i)) for t in topics for i in t.partition_indexes)
+
+    if request.api_version >= 8:
+        groups = tuple(gc.OffsetFetchGroup(g.group_id, wanted(g.topics)) for g in body.groups)
+    else:
+        groups = (gc.OffsetFetchGroup(body.group_id, wanted(body.topics)),)
+    response = await _group(
+        context, lambda request_id, now: gc.OffsetFetch(request_id, now, groups)
+    )
+    assert isinstance(response, gc.OffsetFetchResponse)
+    if request.api_version >= 8:
+        return r.respond(
+            request,
+            r.OffsetFetchResponse(
+                groups=[
+                    r.OffsetFetchGroup(g.group_id, _fetched_topics(g), g.error_code)
+                    for g in response.groups
+                ]
+            ),
+        )
+    first = response.groups[0]
+    return r.respond(
+        request, r.OffsetFetchResponse(topics=_fetched_topics(first), error_code=first.error_code)
+    )
+
+
+def _fetched_topics(result: gc.OffsetFetchGroupResult) -> list[r.OffsetFetchTopic]:
+    by_topic: dict[str, list[r.OffsetFetchPartition]] = {}
+    for p in result.partitions:
+        by_topic.setdefault(p.topic, []).append(
+            r.OffsetFetchPartition(p.partition, p.offset, p.leader_epoch, p.metadata, p.error_code)
+        )
+    return [r.OffsetFetchTopic(name, parts) for name, parts in by_topic.items()]
+
+
+async def handle_list_groups(context: Context, request: Request) -> Reply:
+    body = request.body
+    states = tuple(getattr(body, "states_filter", ()) or ())
+    types = tuple(getattr(body, "types_filter", ()) or ())
+    response = await _group(
+        context, lambda request_id, now: gc.ListGroups(request_id, now, states, types)
+    )
+    assert isinstance(response, gc.ListGroupsResponse)
+    listed = [
+        r.ListedGroup(g.group_id, g.protocol_type, g.group_state, g.group_type)
+        for g in response.groups
+    ]
+    return r.respond(request, r.ListGroupsResponse(response.error_code, listed))
+
+
+async def handle_describe_groups(context: Context, request: Request) -> Reply:
+    group_ids = tuple(request.body.groups)
+    response = await _group(
+        context, lambda request_id, now: gc.DescribeGroups(request_id, now, group_ids)
+    )
+    assert isinstance(response, gc.DescribeGroupsResponse)
+    described = []
+    for g in response.groups:
+        error = g.error_code
+        if request.api_version < 6 and error is KafkaErrorCode.GROUP_ID_NOT_FOUND:
+            error = KafkaErrorCode.NONE  # before v6 an unknown group is "Dead", no error
+        members = [
+            r.DescribedGroupMember(
+                m.member_id,
+                m.group_instance_id,
+                m.client_id,
+                m.client_host,
+                m.member_metadata,
+                m.member_assignment,
+            )
+            for m in g.members
+        ]
+        described.append(
+            r.DescribedGroup(
+                g.group_id, g.group_state, g.protocol_type, g.protocol_data, members, error
+            )
+        )
+    return r.respond(request, r.DescribeGroupsResponse(described))
+
+
+async def handle_delete_groups(context: Context, request: Request) -> Reply:
+    group_ids = tuple(request.body.groups_names)
+
+    async def answer() -> Chunks:
+        response = await _group(
+            context, lambda request_id, now: gc.DeleteGroups(request_id, now, group_ids)
+        )
+        assert isinstance(response, gc.DeleteGroupsResponse)
+        results = [r.DeletableGroupResult(g.group_id, g.error_code) for g in response.results]
+        return r.respond(request, r.DeleteGroupsResponse(results))
+
+    return answer()

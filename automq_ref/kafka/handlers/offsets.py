@@ -1,0 +1,130 @@
+"""ListOffsets, OffsetForLeaderEpoch and DeleteRecords: questions about, and the trimming of, a
+partition's offsets.
+
+ListOffsets answers the earliest (-2, and -4/-5: local and tiered are the same here), the latest
+(-1), the record with the largest timestamp (-3), or the first record at or after a timestamp.
+DeleteRecords moves a partition's log start forward (-1: to the high watermark).
+"""
+
+from __future__ import annotations
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.record_batch import iter_batches
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.request import Context, Request
+from automq_ref.kafka.responses import (
+    DeleteRecordsPartition,
+    DeleteRecordsResponse,
+    DeleteRecordsTopic,
+    EpochEndOffset,
+    EpochEndOffsetTopic,
+    ListOffsetsPartition,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
+    OffsetForLeaderEpochResponse,
+    respond,
+)
+from automq_ref.kafka.server import Reply
+
+UNKNOWN = KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+async def handle_list_offsets(context: Context, request: Request) -> Reply:
+    partitions_by_key = context.topics.partitions
+    topics = []
+    for list_topic in request.body.topics:
+        partitions = []
+        for list_partition in list_topic.partitions:
+            index = int(list_partition.partition_index)
+            partition = partitions_by_key.get((list_topic.name, index))
+            if partition is None:
+                partitions.append(ListOffsetsPartition(index, error_code=UNKNOWN))
+                continue
+            epoch = partition.epoch
+            offset, timestamp = await _list_offset(partition, int(list_partition.timestamp))
+            partitions.append(
+                ListOffsetsPartition(index, timestamp=timestamp, offset=offset, leader_epoch=epoch)
+            )
+        topics.append(ListOffsetsTopic(list_topic.name, partitions))
+    return respond(request, ListOffsetsResponse(topics))
+
+
+async def _list_offset(partition: Partition, timestamp: int) -> tuple[int, int]:
+    if timestamp in (-2, -4, -5):  # earliest; earliest local; earliest tiered
+        return partition.log_start_offset, -1
+    if timestamp == -1:  # latest
+        return partition.high_watermark, -1
+    if timestamp == -3:  # the record with the largest timestamp
+        found = partition.max_timestamp_offset()
+        if found is None:
+            return -1, -1
+        batch_last, max_timestamp = found
+        return await _record_at_timestamp(partition, batch_last, max_timestamp, exact=True)
+    located = partition.offset_for_timestamp(timestamp)
+    if located is None:
+        return -1, -1
+    batch_offset, _ = located
+    return await _record_at_timestamp(partition, batch_offset, timestamp, exact=False)
+
+
+async def _record_at_timestamp(
+    partition: Partition, offset: int, timestamp: int, *, exact: bool
+) -> tuple[int, int]:
+    """The first record of the batch at ``offset`` whose timestamp is >= (or, ``exact``, ==)
+    ``timestamp``."""
+    chunks = await partition.read(offset, 1)
+    for chunk in chunks:
+        for view in iter_batches(chunk, verify_crc=False):
+            for record in view.records():
+                if record.offset < partition.log_start_offset:
+                    continue
+                if (record.timestamp == timestamp) if exact else (record.timestamp >= timestamp):
+                    return record.offset, record.timestamp
+    return -1, -1
+
+
+async def handle_offset_for_leader_epoch(context: Context, request: Request) -> Reply:
+    partitions_by_key = context.topics.partitions
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for asked in topic.partitions:
+            index = int(asked.partition)
+            partition = partitions_by_key.get((topic.topic, index))
+            current_epoch = int(asked.current_leader_epoch)
+            if partition is None:
+                partitions.append(EpochEndOffset(index, error_code=UNKNOWN))
+            elif 0 <= current_epoch < partition.epoch:
+                partitions.append(EpochEndOffset(index, KafkaErrorCode.FENCED_LEADER_EPOCH))
+            elif current_epoch > partition.epoch:
+                partitions.append(EpochEndOffset(index, KafkaErrorCode.UNKNOWN_LEADER_EPOCH))
+            else:
+                epoch, end = partition.end_offset_for_epoch(int(asked.leader_epoch))
+                partitions.append(EpochEndOffset(index, leader_epoch=epoch, end_offset=end))
+        topics.append(EpochEndOffsetTopic(topic.topic, partitions))
+    return respond(request, OffsetForLeaderEpochResponse(topics))
+
+
+async def handle_delete_records(context: Context, request: Request) -> Reply:
+    partitions_by_key = context.topics.partitions
+    topics = []
+    for topic in request.body.topics:
+        partitions = []
+        for asked in topic.partitions:
+            index = int(asked.partition_index)
+            partition = partitions_by_key.get((topic.name, index))
+            if partition is None:
+                partitions.append(DeleteRecordsPartition(index, error_code=UNKNOWN))
+                continue
+            offset = int(asked.offset)
+            offset = partition.high_watermark if offset == -1 else offset
+            if offset < 0 or offset > partition.high_watermark:
+                partitions.append(
+                    DeleteRecordsPartition(index, error_code=KafkaErrorCode.OFFSET_OUT_OF_RANGE)
+                )
+                continue
+            if offset > partition.log_start_offset:
+                await partition.trim(offset)
+            partitions.append(DeleteRecordsPartition(index, partition.log_start_offset))
+        topics.append(DeleteRecordsTopic(topic.name, partitions))
+    return respond(request, DeleteRecordsResponse(topics))

@@ -1,0 +1,142 @@
+"""CreateTopics, DeleteTopics and CreatePartitions: the topic admin APIs, each topic answered on
+its own (one topic's error does not fail the others).
+
+Replication is shared storage's: a topic has one copy, so a replication factor other than 1 (or
+-1, the default) and manual replica assignments are refused. The changes themselves, and their
+ordering against the controller's KV, are the registry's (:mod:`automq_ref.kafka.topic_registry`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.topic_record import Topic
+from automq_ref.kafka.request import Context, Request
+from automq_ref.kafka.responses import (
+    CONFIG_SOURCE_DEFAULT,
+    CONFIG_SOURCE_DYNAMIC_TOPIC,
+    ZERO_UUID,
+    CreatableTopicConfig,
+    CreatableTopicResult,
+    CreatePartitionsResponse,
+    CreatePartitionsTopicResult,
+    CreateTopicsResponse,
+    DeletableTopicResult,
+    DeleteTopicsResponse,
+    respond,
+)
+from automq_ref.kafka.server import Reply
+from automq_ref.kafka.topics import TOPIC_CONFIG_DEFAULTS, TopicError
+
+
+async def handle_create_topics(context: Context, request: Request) -> Reply:
+    body = request.body
+    results = []
+    for creatable in body.topics:
+        try:
+            topic = await _create(context, creatable, bool(body.validate_only))
+        except TopicError as error:
+            results.append(
+                CreatableTopicResult(
+                    creatable.name, error_code=error.code, error_message=str(error)
+                )
+            )
+            continue
+        results.append(
+            CreatableTopicResult(
+                creatable.name,
+                topic_id=topic.topic_id,
+                num_partitions=topic.partitions,
+                replication_factor=1,
+                configs=[_config(context, topic, name) for name in sorted(TOPIC_CONFIG_DEFAULTS)],
+            )
+        )
+    return respond(request, CreateTopicsResponse(results))
+
+
+def _config(context: Context, topic: Topic, name: str) -> CreatableTopicConfig:
+    source = CONFIG_SOURCE_DYNAMIC_TOPIC if name in topic.configs else CONFIG_SOURCE_DEFAULT
+    return CreatableTopicConfig(name, context.topics.topic_config(topic, name), source)
+
+
+async def _create(context: Context, creatable: Any, validate_only: bool) -> Topic:
+    replication = int(creatable.replication_factor)
+    if replication not in (-1, 1):
+        raise TopicError(
+            KafkaErrorCode.INVALID_REPLICATION_FACTOR,
+            f"replication factor {replication}: this broker keeps one copy in "
+            "shared storage (use 1 or -1)",
+        )
+    if creatable.assignments:
+        raise TopicError(
+            KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
+            "manual replica assignment is not supported",
+        )
+    count = int(creatable.num_partitions)
+    count = context.config.num_partitions if count == -1 else count
+    configs = {config.name: config.value for config in creatable.configs}
+    if any(value is None for value in configs.values()):
+        raise TopicError(KafkaErrorCode.INVALID_CONFIG, "a config without a value")
+    return await context.topics.create_topic(
+        creatable.name,
+        count,
+        {k: v for k, v in configs.items() if v is not None},
+        validate_only,
+    )
+
+
+async def handle_delete_topics(context: Context, request: Request) -> Reply:
+    body = request.body
+    registry = context.topics
+    wanted: list[tuple[str | None, uuid.UUID | None]]
+    if request.api_version >= 6:
+        wanted = [(state.name, state.topic_id) for state in body.topics]
+    else:
+        wanted = [(name, None) for name in body.topic_names]
+    results = []
+    for name, topic_id in wanted:
+        if name is None and topic_id is not None:
+            found = registry.topic_by_id(topic_id)
+            name_or_none = found.name if found is not None else None
+        else:
+            name_or_none = name
+        try:
+            if name_or_none is None:
+                raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_ID, f"no topic {topic_id}")
+            topic = await registry.delete_topic(name_or_none)
+        except TopicError as error:
+            results.append(
+                DeletableTopicResult(
+                    name,
+                    topic_id=topic_id or ZERO_UUID,
+                    error_code=error.code,
+                    error_message=str(error),
+                )
+            )
+            continue
+        results.append(DeletableTopicResult(name_or_none, topic_id=topic.topic_id))
+    return respond(request, DeleteTopicsResponse(results))
+
+
+async def handle_create_partitions(context: Context, request: Request) -> Reply:
+    body = request.body
+    results = []
+    for asked in body.topics:
+        try:
+            await context.topics.add_partitions(
+                asked.name,
+                int(asked.count),
+                manual_assignment=bool(asked.assignments),
+                validate_only=bool(body.validate_only),
+            )
+        except TopicError as error:
+            results.append(
+                CreatePartitionsTopicResult(
+                    asked.name, error_code=error.code, error_message=str(error)
+                )
+            )
+            continue
+        results.append(CreatePartitionsTopicResult(asked.name))
+    return respond(request, CreatePartitionsResponse(results))

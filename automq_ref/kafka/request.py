@@ -1,0 +1,81 @@
+"""What a Kafka API handler is given: the decoded :class:`Request` and the node's :class:`Context`.
+
+Every handler has the shape ``async def handle(context, request) -> Reply`` (see
+:mod:`automq_ref.kafka.dispatch` for the table that routes API keys to them). A handler keeps the
+listener's one rule for ordering (:mod:`automq_ref.kafka.server`): whatever must happen in
+request order (offset assignment) happens before it returns; waiting (WAL sync, Fetch long poll,
+a group rebalance) happens in the awaitable it returns.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from automq_ref.config import BrokerConfig
+from automq_ref.io.clock import Clock
+from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.producer_ids import ProducerIdAllocator
+from automq_ref.kafka.server import Peer, Reply
+from automq_ref.kafka.topic_registry import TopicRegistry
+
+
+class ApiKey(enum.IntEnum):
+    """The Kafka API keys this broker answers (Kafka's ``ApiKeys`` ids)."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    CREATE_PARTITIONS = 37
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    DESCRIBE_CLUSTER = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One decoded request and the connection it came on."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    body: Any  # kio's request dataclass (Produce: automq_ref.protocol.ProduceRequest)
+    peer: Peer
+
+
+@dataclass(slots=True)
+class Context:
+    """The node's parts a handler may use. ``advertised_host``/``advertised_port`` are what
+    Metadata, DescribeCluster and FindCoordinator tell clients to connect to: the listener's
+    bound address (or ``advertised.listeners``), set once it listens."""
+
+    config: BrokerConfig
+    topics: TopicRegistry
+    groups: GroupCoordinator
+    producer_ids: ProducerIdAllocator
+    clock: Clock
+    advertised_host: str
+    advertised_port: int
+
+
+Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

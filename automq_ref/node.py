@@ -1,0 +1,190 @@
+"""The composition root: one broker node built from a :class:`BrokerConfig`.
+
+:func:`start_node` opens, in this order, the metadata log, the controller, the WAL, the object
+store and S3Storage over them, then the topic registry (every existing partition opened), the
+group coordinator, the producer-id allocator, the retention task and the Kafka front end
+(:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them. :meth:`Node.listen`
+puts the listener (:mod:`automq_ref.kafka.server`) in front; :meth:`Node.shutdown` closes it all
+gracefully, uploading what the WAL holds.
+
+What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
+the production modules: the clock every part reads time from, the WAL opener, and a hook run
+before anything is opened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from automq_ref.config import BrokerConfig
+from automq_ref.io.clock import Clock, SystemClock
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.kafka.dispatch import Dispatcher
+from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.producer_ids import ProducerIdAllocator
+from automq_ref.kafka.request import Context
+from automq_ref.kafka.retention import retention_forever
+from automq_ref.kafka.server import KafkaServer
+from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.state_machines import log_cache as lc
+from automq_ref.vocabulary.naming import NAMESPACE
+
+log = logging.getLogger(__name__)
+
+# (config, node epoch) -> the opened WAL.
+WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
+
+
+@dataclass(frozen=True)
+class Seams:
+    """What :func:`start_node` lets a caller replace."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    open_wal: WalOpener | None = None  # None: :func:`open_wal`
+    before_open: Callable[[BrokerConfig], None] | None = None  # run before anything is opened
+
+
+async def open_wal(config: BrokerConfig, node_epoch: int) -> BlockWal:
+    """The WAL file at ``s3.wal.path``, with the config's test-only modes applied."""
+    if config.test_discard_wal_at_start:
+        log.warning("automq.ref.test.discard.wal.at.start: discarding the WAL (test only)")
+        config.wal_file.unlink(missing_ok=True)
+    if config.test_ack_before_fsync:
+        log.warning("automq.ref.test.ack.before.fsync: WAL acks before fsync (test only)")
+    return await BlockWal.open_file(
+        config.wal_file,
+        node_id=config.node_id,
+        node_epoch=node_epoch,
+        capacity_bytes=config.s3_wal_capacity,
+        undo_journal=config.test_wal_undo_journal,
+        ack_before_fsync=config.test_ack_before_fsync,
+    )
+
+
+class Node:
+    """A running node: its parts, the task it runs, and the listener once it listens."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        clock: Clock,
+        metadata_log: FileMetadataLog,
+        controller: Controller,
+        store: ObjectStore,
+        storage: S3Storage,
+        topics: TopicRegistry,
+        groups: GroupCoordinator,
+        producer_ids: ProducerIdAllocator,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.controller = controller
+        self.storage = storage
+        self.topics = topics
+        self.groups = groups
+        self.producer_ids = producer_ids
+        self._metadata_log = metadata_log
+        self._store = store
+        self.context = Context(
+            config=config,
+            topics=topics,
+            groups=groups,
+            producer_ids=producer_ids,
+            clock=clock,
+            advertised_host=config.host,
+            advertised_port=config.port,
+        )
+        self.front_end = Dispatcher(self.context)
+        self._retention_task = asyncio.create_task(
+            retention_forever(topics, config.log_retention_check_interval_ms, clock)
+        )
+        self._server: KafkaServer | None = None
+
+    @property
+    def advertised_address(self) -> tuple[str, int]:
+        return self.context.advertised_host, self.context.advertised_port
+
+    async def listen(self) -> tuple[str, int]:
+        """Start the listener on ``listeners``; return the bound address (port 0 picks one).
+        Clients are told to connect to ``advertised.listeners``, else the bound address."""
+        server = KafkaServer(self.front_end, max_request_bytes=self.config.socket_request_max_bytes)
+        host, port = await server.start(self.config.host, self.config.port)
+        self._server = server
+        advertised = self.config.advertised_address or (host, port)
+        self.context.advertised_host, self.context.advertised_port = advertised
+        return host, port
+
+    async def shutdown(self) -> None:
+        """Graceful: stop listening, close every partition (uploading its data), then the
+        storage."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        self._retention_task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._retention_task
+        partitions = self.topics.partitions.values()
+        for partition in partitions:
+            partition.wake_waiters()
+        try:
+            # Together: the first close seals the block holding everyone's data, the others
+            # wait for that same upload.
+            closing = [partition.close() for partition in partitions]
+            closing.append(self.groups.close())
+            await asyncio.gather(*closing)
+            await self.storage.shutdown()
+        finally:
+            await self._metadata_log.close()
+            await self._store.close()
+
+
+async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    if seams.before_open is not None:
+        seams.before_open(config)
+    metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
+    controller = await Controller.open(metadata_log)
+    node_epoch = seams.clock.now_ms()
+    wal = await (seams.open_wal or open_wal)(config, node_epoch)
+    store = open_object_store(config.object_store_uri)
+    await store.__aenter__()
+    params = lc.LogCacheParams(
+        upload_threshold_bytes=config.upload_threshold_bytes,
+        upload_interval_ms=config.s3_wal_upload_interval_ms,
+        stream_object_split_bytes=config.s3_stream_object_split_size,
+        capacity_bytes=config.s3_wal_cache_size,
+    )
+    storage = await S3Storage.start(
+        wal=wal,
+        store=store,
+        controller=controller,
+        node_id=config.node_id,
+        node_epoch=node_epoch,
+        namespace=NAMESPACE,
+        params=params,
+        block_cache_bytes=config.s3_block_cache_size,
+    )
+    topics = await TopicRegistry.open(storage, config)
+    groups = await GroupCoordinator.open(
+        storage, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
+    )
+    return Node(
+        config=config,
+        clock=seams.clock,
+        metadata_log=metadata_log,
+        controller=controller,
+        store=store,
+        storage=storage,
+        topics=topics,
+        groups=groups,
+        producer_ids=ProducerIdAllocator(controller),
+    )
