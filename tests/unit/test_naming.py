@@ -22,9 +22,7 @@ def test_kv_keys() -> None:
 
 
 def test_the_broker_and_its_readers_share_the_namespace() -> None:
-    from automq_ref import node
     from automq_ref.spark import image
 
     assert naming.NAMESPACE == "_kafka_automq_ref"
-    assert node.NAMESPACE is naming.NAMESPACE
     assert image.NAMESPACE is naming.NAMESPACE
