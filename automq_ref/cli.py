@@ -10,14 +10,20 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from automq_ref import __version__
 from automq_ref.config import BrokerConfig, ConfigError, load_config
 
+if TYPE_CHECKING:
+    from automq_ref.node import Seams
+
 log = logging.getLogger("automq_ref")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, seams: Seams | None = None) -> int:
+    """The command line. ``seams`` replace parts of a served node (the checker's broken
+    brokers, :mod:`automq_ref.checker.serve`); None for the real thing."""
     parser = argparse.ArgumentParser(prog="automq-ref", description=__doc__)
     parser.add_argument("--version", action="version", version=f"automq-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -44,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="a property for the broker under test (e.g. a test-only broken mode)",
+        help="a property for the broker under test",
+    )
+    check.add_argument(
+        "--broken",
+        action="append",
+        default=[],
+        metavar="MODE",
+        help="run a deliberately broken broker, for the checker to catch: ack-before-fsync, "
+        "discard-wal-at-start (test only; repeatable)",
     )
     _add_spark_commands(commands)
     arguments = parser.parse_args(argv)
@@ -64,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, OSError) as error:
             print(f"automq-ref serve: {error}", file=sys.stderr)
             return 2
-        return _run(config)
+        return _run(config, seams)
     return 0
 
 
@@ -83,7 +97,9 @@ def _check(arguments: argparse.Namespace) -> int:
         nemeses=nemeses,
         seed=seed,
     )
-    outcome = run_check(arguments.out, settings, tuple(arguments.broker_override))
+    outcome = run_check(
+        arguments.out, settings, tuple(arguments.broker_override), broken=tuple(arguments.broken)
+    )
     return 0 if outcome.valid else 1
 
 
@@ -158,18 +174,18 @@ def _verify(arguments: argparse.Namespace) -> int:
     )
 
 
-def _run(config: BrokerConfig) -> int:
+def _run(config: BrokerConfig, seams: Seams | None) -> int:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio works too
-        return asyncio.run(_serve(config))
-    return uvloop.run(_serve(config))
+        return asyncio.run(_serve(config, seams))
+    return uvloop.run(_serve(config, seams))
 
 
-async def _serve(config: BrokerConfig) -> int:
+async def _serve(config: BrokerConfig, seams: Seams | None) -> int:
     from automq_ref.node import start_node
 
-    node = await start_node(config)
+    node = await start_node(config) if seams is None else await start_node(config, seams)
     host, port = await node.listen()
     advertised_host, advertised_port = node.advertised_address
     print(

@@ -55,18 +55,6 @@ class BrokerConfig(BaseModel):
     log_retention_check_interval_ms: int = Field(
         300_000, alias="log.retention.check.interval.ms", ge=100
     )
-    # Test only: a deliberately broken broker for the history checker to catch. It throws
-    # its WAL away at start-up, so what was acknowledged but not yet uploaded is lost after a
-    # crash. Never set it for real data.
-    test_discard_wal_at_start: bool = Field(False, alias="automq.ref.test.discard.wal.at.start")
-    # Test only, never for real data: journal, beside the WAL file (``<wal>.undo``), the bytes
-    # each WAL write overwrites until the next fsync, so that a checker can throw away what was
-    # not fsynced after it kills the process (``automq_ref.io.faults.lose_unsynced_tail``).
-    test_wal_undo_journal: bool = Field(False, alias="automq.ref.test.wal.undo.journal")
-    # Test only, never for real data: a deliberately broken broker for the checker to catch.
-    # The WAL acknowledges a group as soon as it is written and fsyncs at most once a second
-    # (and with each header write), so losing the un-fsynced tail loses acknowledged records.
-    test_ack_before_fsync: bool = Field(False, alias="automq.ref.test.ack.before.fsync")
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod

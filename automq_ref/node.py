@@ -53,19 +53,12 @@ class Seams:
 
 
 async def open_wal(config: BrokerConfig, node_epoch: int) -> BlockWal:
-    """The WAL file at ``s3.wal.path``, with the config's test-only modes applied."""
-    if config.test_discard_wal_at_start:
-        log.warning("automq.ref.test.discard.wal.at.start: discarding the WAL (test only)")
-        config.wal_file.unlink(missing_ok=True)
-    if config.test_ack_before_fsync:
-        log.warning("automq.ref.test.ack.before.fsync: WAL acks before fsync (test only)")
+    """The WAL file at ``s3.wal.path``."""
     return await BlockWal.open_file(
         config.wal_file,
         node_id=config.node_id,
         node_epoch=node_epoch,
         capacity_bytes=config.s3_wal_capacity,
-        undo_journal=config.test_wal_undo_journal,
-        ack_before_fsync=config.test_ack_before_fsync,
     )
 
 

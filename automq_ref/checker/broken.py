@@ -1,17 +1,18 @@
 """The checker's test-only broker modes, as seams a broker's composition root injects.
 
-A production module never imports this one (``tests/unit/test_layers.py``); the modes reach a
-broker only through the seams it offers: a WAL opener and a hook run before the WAL is opened.
+A production module never imports this one (``tests/unit/test_checker_isolation.py``); the modes
+reach a broker only through the seams it offers, a WAL opener and a hook run before the WAL is
+opened (``python -m automq_ref.checker.serve --broken MODE``).
 
-- ``wal-undo-journal`` (``automq.ref.test.wal.undo.journal``): not broken, a recorder. The WAL
+- ``wal-undo-journal``: not broken, a recorder. The WAL
   file's device journals the bytes each write overwrites until the next fsync
   (:class:`automq_ref.checker.faults.UndoJournalBlockDevice`), so that after a kill
   ``lose_unsynced_tail`` can throw away what was never fsynced, as a power loss would.
-- ``ack-before-fsync`` (``automq.ref.test.ack.before.fsync``): broken on purpose. The WAL
+- ``ack-before-fsync``: broken on purpose. The WAL
   acknowledges a group as soon as it is written and fsyncs only with a header write or once
   ``ACK_BEFORE_FSYNC_SYNC_INTERVAL_S`` has passed since the last sync, so losing the un-fsynced
   tail loses acknowledged records, which the history checker must catch.
-- ``discard-wal-at-start`` (``automq.ref.test.discard.wal.at.start``): broken on purpose. The WAL
+- ``discard-wal-at-start``: broken on purpose. The WAL
   file is deleted before it is opened, so what was acknowledged but not yet uploaded is lost.
 
 :func:`seams_for` turns a set of modes into ``(wal_opener, before_open)``: ``wal_opener(config,
@@ -110,16 +111,6 @@ def discard_wal(config: BrokerConfig) -> None:
     """``discard-wal-at-start``: delete the WAL file before the broker opens it."""
     log.warning("discard-wal-at-start: discarding the WAL (test only)")
     config.wal_file.unlink(missing_ok=True)
-
-
-def modes_from_config(config: BrokerConfig) -> set[str]:
-    """The modes a broker's ``automq.ref.test.*`` properties ask for."""
-    flags = {
-        WAL_UNDO_JOURNAL: config.test_wal_undo_journal,
-        ACK_BEFORE_FSYNC: config.test_ack_before_fsync,
-        DISCARD_WAL_AT_START: config.test_discard_wal_at_start,
-    }
-    return {mode for mode, on in flags.items() if on}
 
 
 def _check(modes: Collection[str]) -> None:

@@ -1,7 +1,7 @@
 """A broker process for tests and checks: ``automq-ref serve`` on a free port, data in a directory.
 
-It runs through ``automq_ref.checker.serve``, which gives the broker the checker's test-only WAL
-modes when its ``automq.ref.test.*`` properties ask for them.
+It runs through ``automq_ref.checker.serve``, which builds the node with the checker's broken
+modes (``broken``: :mod:`automq_ref.checker.broken`) when asked.
 
 ``BrokerProcess`` starts the command, waits for its "serving Kafka on HOST:PORT" line, and can
 stop it gracefully (SIGTERM), kill it (SIGKILL), pause and resume it (SIGSTOP / SIGCONT) and start
@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 SERVING = re.compile(r"serving Kafka on ([\d.]+):(\d+)")
@@ -33,10 +34,16 @@ def free_port() -> int:
 
 class BrokerProcess:
     def __init__(
-        self, data_dir: Path, *overrides: str, env: dict[str, str] | None = None, port: int = 0
+        self,
+        data_dir: Path,
+        *overrides: str,
+        broken: Collection[str] = (),
+        env: dict[str, str] | None = None,
+        port: int = 0,
     ) -> None:
         self.data_dir = data_dir
         self.overrides = overrides
+        self.broken = tuple(broken)
         self.env = env or {}
         self.process: subprocess.Popen[str] | None = None
         self.port = port
@@ -69,6 +76,8 @@ class BrokerProcess:
         ]
         for override in self.overrides:
             command += ["--override", override]
+        for mode in self.broken:
+            command += ["--broken", mode]
         log_file = self.log_path.open("a")
         self.process = subprocess.Popen(
             command,

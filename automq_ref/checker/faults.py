@@ -17,7 +17,7 @@ Losing the un-fsynced tail of a real WAL file
 A SIGKILL alone loses nothing a process wrote: its writes sit in the kernel's page cache, and the
 next process reads them whether or not they were fsynced. A power loss is what throws unsynced
 writes away, and a test cannot cut the power of its own machine. ``UndoJournalBlockDevice``
-(the broken mode ``wal-undo-journal``, ``automq.ref.test.wal.undo.journal=true``) makes that loss
+(the broker mode ``wal-undo-journal``, ``--broken wal-undo-journal``) makes that loss
 reproducible for a file:
 before each write it appends to a journal beside the file (``<wal>.undo``) the position and the
 bytes the write is about to overwrite, with a CRC; after each ``sync`` it truncates the journal.

@@ -68,6 +68,7 @@ class Environment:
         nemeses: tuple[str, ...],
         broker_overrides: tuple[str, ...] = (),
         *,
+        broken: tuple[str, ...] = (),
         seed: int = 0,
     ) -> Environment:
         unknown = sorted(set(nemeses) - set(NEMESES))
@@ -76,11 +77,13 @@ class Environment:
                 f"unknown nemesis {', '.join(unknown)} (known: {', '.join(sorted(NEMESES))})"
             )
         overrides = list(broker_overrides)
+        modes = list(broken)
         env: dict[str, str] = {}
         closers: list[Any] = []
         s3_proxy = tcp_proxy = None
         for name in nemeses:
             overrides += NEMESES[name].broker_overrides
+            modes += NEMESES[name].broken
         try:
             if "s3" in nemeses:
                 s3_proxy, stop_moto = _start_s3(seed)
@@ -99,7 +102,7 @@ class Environment:
                 tcp_proxy.start()
                 closers.append(tcp_proxy.stop)
                 overrides.append(f"advertised.listeners=PLAINTEXT://127.0.0.1:{tcp_proxy.port}")
-            broker = BrokerProcess(data_dir, *overrides, env=env, port=port)
+            broker = BrokerProcess(data_dir, *overrides, broken=modes, env=env, port=port)
             broker.start()
         except BaseException:
             for close in reversed(closers):
@@ -149,6 +152,7 @@ class Nemesis(ABC):
 
     name: ClassVar[str]
     broker_overrides: ClassVar[tuple[str, ...]] = ()
+    broken: ClassVar[tuple[str, ...]] = ()  # the checker's broker modes it needs
 
     @abstractmethod
     def inject(self, env: Environment, rng: random.Random) -> str: ...
@@ -181,7 +185,7 @@ class Pause(Nemesis):
 
 class WalLoss(Nemesis):
     name = "wal-loss"
-    broker_overrides = ("automq.ref.test.wal.undo.journal=true",)
+    broken = ("wal-undo-journal",)
 
     def inject(self, env: Environment, rng: random.Random) -> str:
         from automq_ref.checker.faults import lose_unsynced_tail

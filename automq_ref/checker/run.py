@@ -38,13 +38,19 @@ class CheckOutcome:
 
 
 def run_check(
-    out_dir: Path, settings: WorkloadSettings, broker_overrides: tuple[str, ...] = ()
+    out_dir: Path,
+    settings: WorkloadSettings,
+    broker_overrides: tuple[str, ...] = (),
+    *,
+    broken: tuple[str, ...] = (),
 ) -> CheckOutcome:
+    """Run the workload against a broker under ``settings.nemeses``; ``broken`` names the
+    deliberately broken modes of :mod:`automq_ref.checker.broken` the broker runs in."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}")
     env = Environment.start(
-        out_dir / "data", settings.nemeses, broker_overrides, seed=settings.seed
+        out_dir / "data", settings.nemeses, broker_overrides, broken=broken, seed=settings.seed
     )
     try:
         result = run_workload(env, settings)

@@ -35,7 +35,7 @@ def test_a_broker_that_acknowledges_before_fsync_is_caught(tmp_path: Path) -> No
     outcome = run_check(
         tmp_path / "check",
         WorkloadSettings(duration_s=20, fault_interval_s=5, seed=SEED, nemeses=("wal-loss",)),
-        ("automq.ref.test.ack.before.fsync=true",),
+        broken=("ack-before-fsync",),
     )
     assert "wal-loss" in outcome.faults
     assert not outcome.valid
@@ -47,7 +47,7 @@ def test_a_broker_that_loses_its_wal_is_caught(tmp_path: Path) -> None:
     outcome = run_check(
         tmp_path / "check",
         WorkloadSettings(duration_s=20, fault_interval_s=5, seed=SEED, nemeses=("kill",)),
-        ("automq.ref.test.discard.wal.at.start=true",),
+        broken=("discard-wal-at-start",),
     )
     assert "kill" in outcome.faults
     assert not outcome.valid

@@ -118,7 +118,7 @@ def test_tcp_proxy_forwards_both_ways_transparently(tcp_proxy: TcpProxy) -> None
     with connect(tcp_proxy.port) as sock:
         sock.sendall(payload)
         assert receive_exactly(sock, len(payload)) == payload
-        assert round_trip(sock, b"x") < 1.0
+        round_trip(sock, b"x")  # a small write is passed on by itself, not held for more
     stats = tcp_proxy.stats
     assert stats["connections"] == 1
     assert stats["bytes_up"] == stats["bytes_down"] == len(payload) + 1
@@ -135,23 +135,25 @@ def test_tcp_proxy_eof_is_passed_on(tcp_proxy: TcpProxy) -> None:
 
 def test_tcp_proxy_delay_adds_latency_and_keeps_order(tcp_proxy: TcpProxy) -> None:
     with connect(tcp_proxy.port) as sock:
-        assert round_trip(sock, b"warm") < 0.2
+        round_trip(sock, b"warm")
         tcp_proxy.set_delay(0.15)
         for index in range(20):  # many small writes, each its own chunk, in order
             sock.sendall(f"{index:03d}".encode())
-        started = time.monotonic()
         assert receive_exactly(sock, 60) == b"".join(f"{i:03d}".encode() for i in range(20))
         assert round_trip(sock, b"ping") >= 0.29  # up and down, each delayed
+        # The heal lifts any delay: with a minute's delay left in place the round trip would
+        # outlast the socket's 5 s timeout, however slow the machine.
+        tcp_proxy.set_delay(60)
         tcp_proxy.heal()
-        assert round_trip(sock, b"fast") < 0.2
-        assert time.monotonic() - started < 5
+        round_trip(sock, b"fast")
 
 
 def test_tcp_proxy_drop_black_holes_then_heal_serves_new_connections(
     tcp_proxy: TcpProxy,
 ) -> None:
-    with connect(tcp_proxy.port, timeout=0.5) as before:
-        assert round_trip(before, b"hello") < 0.5
+    with connect(tcp_proxy.port) as before:
+        round_trip(before, b"hello")
+        before.settimeout(0.5)  # a black hole answers nothing, however long one waits
         tcp_proxy.set_drop(True)
         before.sendall(b"into the void")
         with pytest.raises(TimeoutError):
@@ -162,22 +164,23 @@ def test_tcp_proxy_drop_black_holes_then_heal_serves_new_connections(
                 during.recv(1)
         assert tcp_proxy.stats["dropped_bytes"] >= len(b"into the void") + len(b"anyone?")
         tcp_proxy.heal()
-        with connect(tcp_proxy.port, timeout=2) as after:
-            assert round_trip(after, b"back again") < 1.0
+        with connect(tcp_proxy.port) as after:
+            round_trip(after, b"back again")
 
 
 def test_tcp_proxy_stall_holds_bytes_and_delivers_them_in_order_after_heal(
     tcp_proxy: TcpProxy,
 ) -> None:
-    with connect(tcp_proxy.port, timeout=0.5) as sock:
-        assert round_trip(sock, b"hello") < 0.5
+    with connect(tcp_proxy.port) as sock:
+        round_trip(sock, b"hello")
+        sock.settimeout(0.5)  # stalled bytes never arrive before the heal
         tcp_proxy.set_stall(True)
         sock.sendall(b"held ")
         sock.sendall(b"back")
         with pytest.raises(TimeoutError):
             sock.recv(1)
         tcp_proxy.heal()
-        sock.settimeout(2)
+        sock.settimeout(5)
         assert receive_exactly(sock, 9) == b"held back"  # nothing lost, order kept
         assert tcp_proxy.stats["dropped_bytes"] == 0
 
@@ -194,8 +197,8 @@ def test_tcp_proxy_reset_all_aborts_clients(tcp_proxy: TcpProxy) -> None:
                 sock.sendall(b"after")
                 receive_exactly(sock, 5)
         assert tcp_proxy.stats["resets"] == 3
-        with connect(tcp_proxy.port, timeout=2) as fresh:
-            assert round_trip(fresh, b"still serving") < 1.0
+        with connect(tcp_proxy.port) as fresh:
+            round_trip(fresh, b"still serving")
     finally:
         for sock in clients:
             sock.close()

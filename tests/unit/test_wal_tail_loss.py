@@ -8,7 +8,7 @@ The undo journal must list exactly the writes since the last sync; ``lose_unsync
 leave synced bytes alone and give the same disk as ``MemoryBlockDevice.crash`` for the same
 seed; the WAL must recover a prefix from what is left. Against a broker process: nothing
 acknowledged is lost across kill + tail loss + restart, and the deliberately broken
-``automq.ref.test.ack.before.fsync`` broker loses acknowledged records under the same sequence.
+``ack-before-fsync`` broker (``--broken``) loses acknowledged records under the same sequence.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from automq_ref.checker.broken import (
     DISCARD_WAL_AT_START,
     WAL_UNDO_JOURNAL,
     AckBeforeFsync,
-    modes_from_config,
     seams_for,
     undo_journal,
 )
@@ -43,14 +42,11 @@ from automq_ref.checker.faults import (
     read_undo_journal,
     undo_journal_path,
 )
-from automq_ref.config import load_config
+from automq_ref.config import ConfigError, load_config
 from automq_ref.io.storage.block_device import FileBlockDevice
-from automq_ref.io.storage.wal_block import BlockWal
 from tests.unit.test_wal_block import open_wal, ready, recover_all
 
 SIZE = 64 * 1024
-JOURNAL = "automq.ref.test.wal.undo.journal=true"
-ACK_BEFORE_FSYNC = "automq.ref.test.ack.before.fsync=true"
 
 
 def open_journaled(path: Path) -> UndoJournalBlockDevice:
@@ -198,8 +194,7 @@ def test_seams_for_gives_each_mode_its_seam(tmp_path: Path) -> None:
     assert opener is None and before_open is not None
     with pytest.raises(ValueError, match="unknown broken modes"):
         seams_for({"ack-never"})
-    config = load_config(overrides=[f"log.dirs={tmp_path}", JOURNAL, ACK_BEFORE_FSYNC])
-    assert modes_from_config(config) == {WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC_MODE}
+    config = load_config(overrides=[f"log.dirs={tmp_path}"])
     config.wal_file.write_bytes(b"old WAL")
     before_open(config)
     assert not config.wal_file.exists()
@@ -241,11 +236,12 @@ async def test_the_ack_before_fsync_opener_acknowledges_unsynced_writes(tmp_path
     assert read_undo_journal(undo_journal_path(config.wal_file)) == []  # close wrote a header
 
 
-async def test_the_production_wal_refuses_the_test_flags(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="checker"):
-        await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, undo_journal=True)
-    with pytest.raises(ValueError, match="checker"):
-        await BlockWal.open_file(tmp_path / "wal", node_id=0, node_epoch=1, ack_before_fsync=True)
+@pytest.mark.parametrize(
+    "name", ["automq.ref.test.ack.before.fsync", "automq.ref.test.wal.undo.journal"]
+)
+def test_the_user_configuration_has_no_test_only_switch(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ConfigError, match=name.replace(".", r"\.")):
+        load_config(overrides=[f"log.dirs={tmp_path}", f"{name}=true"])
 
 
 # ------------------------------------------------------------------- a broker process
@@ -345,7 +341,7 @@ def produce_until_killed(broker: BrokerProcess, topic: str, prefix: str) -> list
 
 def test_the_correct_broker_keeps_every_acknowledged_record(tmp_path: Path) -> None:
     """Kill while a producer sends, lose the un-fsynced tail, restart: all acks are there."""
-    broker = BrokerProcess(tmp_path / "data", JOURNAL)
+    broker = BrokerProcess(tmp_path / "data", broken=[WAL_UNDO_JOURNAL])
     broker.start()
     try:
         topic = create_topic(broker)
@@ -365,7 +361,7 @@ def test_the_correct_broker_keeps_every_acknowledged_record(tmp_path: Path) -> N
 
 
 def test_a_broker_that_acks_before_fsync_loses_acknowledged_records(tmp_path: Path) -> None:
-    broker = BrokerProcess(tmp_path / "data", JOURNAL, ACK_BEFORE_FSYNC)
+    broker = BrokerProcess(tmp_path / "data", broken=[WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC_MODE])
     broker.start()
     try:
         topic = create_topic(broker)

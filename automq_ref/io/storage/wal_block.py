@@ -293,20 +293,10 @@ class BlockWal:
         max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
         wrap_device: Callable[[BlockDevice], BlockDevice] | None = None,
         sync_policy: SyncPolicy | None = None,
-        undo_journal: bool = False,
-        ack_before_fsync: bool = False,
     ) -> BlockWal:
-        """Open (creating and preallocating) a WAL file, the device wrapped by ``wrap_device``.
-
-        ``undo_journal`` and ``ack_before_fsync`` only keep the start-up code that still passes
-        the ``automq.ref.test.*`` flags here working until it takes a WAL opener instead; the
-        modes themselves live in ``automq_ref.checker.broken``, so True is refused here.
-        """
-        if undo_journal or ack_before_fsync:
-            raise ValueError(
-                "the automq.ref.test.* WAL modes belong to the checker: start the broker with "
-                "python -m automq_ref.checker.serve"
-            )
+        """Open (creating and preallocating) a WAL file, the device wrapped by ``wrap_device``
+        and its syncs governed by ``sync_policy`` (both seams for the checker; None in
+        production)."""
         capacity_bytes = capacity_bytes // BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES
         file_device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
         device: BlockDevice = file_device
