@@ -4,26 +4,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from automq_ref import __version__
-from automq_ref.config import BrokerConfig, ConfigError, load_config
-
-if TYPE_CHECKING:
-    from automq_ref.node import Seams
+from automq_ref.config import ConfigError, load_config
 
 log = logging.getLogger("automq_ref")
 
 
-def main(argv: list[str] | None = None, *, seams: Seams | None = None) -> int:
-    """The command line. ``seams`` replace parts of a served node (the checker's broken
-    brokers, :mod:`automq_ref.checker.serve`); None for the real thing."""
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="automq-ref", description=__doc__)
     parser.add_argument("--version", action="version", version=f"automq-ref {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -78,7 +69,9 @@ def main(argv: list[str] | None = None, *, seams: Seams | None = None) -> int:
         except (ConfigError, OSError) as error:
             print(f"automq-ref serve: {error}", file=sys.stderr)
             return 2
-        return _run(config, seams)
+        from automq_ref import node
+
+        return node.run(config, node.Seams())
     return 0
 
 
@@ -172,37 +165,6 @@ def _verify(arguments: argparse.Namespace) -> int:
             examples=arguments.examples,
         )
     )
-
-
-def _run(config: BrokerConfig, seams: Seams | None) -> int:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio works too
-        return asyncio.run(_serve(config, seams))
-    return uvloop.run(_serve(config, seams))
-
-
-async def _serve(config: BrokerConfig, seams: Seams | None) -> int:
-    from automq_ref.node import start_node
-
-    node = await start_node(config) if seams is None else await start_node(config, seams)
-    host, port = await node.listen()
-    advertised_host, advertised_port = node.advertised_address
-    print(
-        f"automq-ref: serving Kafka on {host}:{port} "
-        f"(bootstrap.servers={advertised_host}:{advertised_port})",
-        flush=True,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    log.info("shutting down: uploading the WAL's data, then closing")
-    await node.shutdown()
-    print("automq-ref: stopped", flush=True)
-    return 0
 
 
 if __name__ == "__main__":

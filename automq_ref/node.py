@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -181,3 +182,36 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         groups=groups,
         producer_ids=ProducerIdAllocator(controller),
     )
+
+
+def run(config: BrokerConfig, seams: Seams) -> int:
+    """Serve in the foreground until SIGINT or SIGTERM (on uvloop when it is there)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio works too
+        return asyncio.run(serve(config, seams))
+    return uvloop.run(serve(config, seams))
+
+
+async def serve(config: BrokerConfig, seams: Seams) -> int:
+    """Start the node, print where it serves (the line test harnesses wait for), and shut it
+    down gracefully at SIGINT or SIGTERM: the WAL's data is uploaded first, so the next start
+    recovers nothing."""
+    node = await start_node(config, seams)
+    host, port = await node.listen()
+    advertised_host, advertised_port = node.advertised_address
+    print(
+        f"automq-ref: serving Kafka on {host}:{port} "
+        f"(bootstrap.servers={advertised_host}:{advertised_port})",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("shutting down: uploading the WAL's data, then closing")
+    await node.shutdown()
+    print("automq-ref: stopped", flush=True)
+    return 0

@@ -1,5 +1,5 @@
-"""``python -m automq_ref.checker.serve [--broken MODE ...] [serve options]``: ``automq-ref
-serve`` for the checker and the tests.
+"""``python -m automq_ref.checker.serve [--broken MODE ...] [--override NAME=VALUE ...]``: the
+broker as ``automq-ref serve`` runs it, for the checker and the tests.
 
 The broker processes of the checker and of the tests start here (``BrokerProcess``). A
 ``--broken`` mode (:mod:`automq_ref.checker.broken`) is handed to the node as its seams: the
@@ -10,11 +10,12 @@ switch to set by mistake.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
-from automq_ref import cli
 from automq_ref.checker.broken import MODES, seams_for
-from automq_ref.node import Seams
+from automq_ref.config import ConfigError, load_config
+from automq_ref.node import Seams, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,9 +24,20 @@ def main(argv: list[str] | None = None) -> int:
         description="automq-ref serve, optionally broken on purpose for the checker",
     )
     parser.add_argument("--broken", action="append", default=[], choices=sorted(MODES))
-    own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
-    open_wal, before_open = seams_for(set(own.broken))
-    return cli.main(["serve", *rest], seams=Seams(open_wal=open_wal, before_open=before_open))
+    parser.add_argument("--override", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--log-level", default="INFO")
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(
+        level=arguments.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(None, arguments.override)
+    except ConfigError as error:
+        print(f"automq_ref.checker.serve: {error}", file=sys.stderr)
+        return 2
+    open_wal, before_open = seams_for(set(arguments.broken))
+    return run(config, Seams(open_wal=open_wal, before_open=before_open))
 
 
 if __name__ == "__main__":
