@@ -49,6 +49,107 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
+from automq_ref.vocabulary.metadata_records import (
+    AssignedS3ObjectIdRecord,
+    AssignedStreamIdRecord,
+    KVRecord,
+    MetadataRecord,
+    NodeWALMetadataRecord,
+    RangeRecord,
+    RemoveKVRecord,
+    RemoveRangeRecord,
+    RemoveS3ObjectRecord,
+    RemoveS3StreamObjectRecord,
+    RemoveS3StreamRecord,
+    RemoveStreamSetObjectRecord,
+    S3ObjectRecord,
+    S3ObjectState,
+    S3StreamEndOffsetsRecord,
+    S3StreamObjectRecord,
+    S3StreamRecord,
+    S3StreamSetObjectRecord,
+    StreamOffsetRange,
+    StreamState,
+)
+
+# The record types are the vocabulary's; they are re-exported for the machine's callers.
+__all__ = [
+    "ANY_STREAM_EPOCH",
+    "DEFAULT_PARAMS",
+    "EMPTY_IMAGE",
+    "INVARIANTS",
+    "NO_EPOCH",
+    "NO_OBJECT",
+    "AssignedS3ObjectIdRecord",
+    "AssignedStreamIdRecord",
+    "CloseStream",
+    "CommitRange",
+    "CommitStreamObject",
+    "CommitStreamObjectEntry",
+    "CommitStreamSetObject",
+    "CreateStream",
+    "DeleteKV",
+    "DeleteStream",
+    "ExpireObject",
+    "FenceNode",
+    "InvariantViolation",
+    "KVRecord",
+    "MetadataRecord",
+    "NodeMetadata",
+    "NodeWALMetadataRecord",
+    "ObjectSlice",
+    "OpenStream",
+    "OpeningStream",
+    "PrepareObject",
+    "PutKV",
+    "RangeRecord",
+    "RegisterNode",
+    "RemoveKVRecord",
+    "RemoveObject",
+    "RemoveRangeRecord",
+    "RemoveS3ObjectRecord",
+    "RemoveS3StreamObjectRecord",
+    "RemoveS3StreamRecord",
+    "RemoveStreamSetObjectRecord",
+    "Response",
+    "S3Object",
+    "S3ObjectRecord",
+    "S3ObjectState",
+    "S3StreamEndOffsetsRecord",
+    "S3StreamObjectRecord",
+    "S3StreamRecord",
+    "S3StreamSetObjectRecord",
+    "StreamErrorCode",
+    "StreamMetadata",
+    "StreamMetadataEvent",
+    "StreamMetadataImage",
+    "StreamMetadataParams",
+    "StreamOffsetRange",
+    "StreamRange",
+    "StreamSetObject",
+    "StreamState",
+    "Transition",
+    "TrimStream",
+    "check_invariants",
+    "expired_objects",
+    "get_objects",
+    "image_records",
+    "inv_no_fenced_commit_visible",
+    "inv_nothing_referenced_is_destroyed",
+    "inv_objects_cover_stream",
+    "inv_ranges_contiguous",
+    "inv_single_writer",
+    "opening_streams",
+    "removable_objects",
+    "replay",
+    "replay_all",
+    "step",
+    "stream_object_slices",
+    "tla_action",
+    "tla_node",
+    "tla_state",
+]
+
 NO_OBJECT: Final = -1
 NO_EPOCH: Final = -1
 ANY_STREAM_EPOCH: Final = -1  # a commit range that does not claim an epoch (AutoMQ sends -1)
@@ -74,156 +175,6 @@ class StreamErrorCode(enum.Enum):
     KEY_EXIST = "KEY_EXIST"
     INVALID_REQUEST = "INVALID_REQUEST"
 
-
-class StreamState(enum.IntEnum):
-    CLOSED = 0
-    OPENED = 1
-
-
-class S3ObjectState(enum.IntEnum):
-    PREPARED = 1
-    COMMITTED = 2
-    MARK_DESTROYED = 3
-
-
-# ===================================================================== records (AutoMQ 4.1)
-
-
-@dataclass(frozen=True, slots=True)
-class S3StreamRecord:
-    stream_id: int
-    epoch: int
-    range_index: int
-    start_offset: int
-    state: StreamState
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveS3StreamRecord:
-    stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class RangeRecord:
-    stream_id: int
-    epoch: int
-    range_index: int
-    start_offset: int
-    end_offset: int
-    node_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveRangeRecord:
-    stream_id: int
-    range_index: int
-
-
-@dataclass(frozen=True, slots=True)
-class S3StreamObjectRecord:
-    stream_id: int
-    start_offset: int
-    end_offset: int
-    object_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveS3StreamObjectRecord:
-    stream_id: int
-    object_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class StreamOffsetRange:
-    stream_id: int
-    start_offset: int
-    end_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class S3StreamSetObjectRecord:
-    node_id: int
-    object_id: int
-    order_id: int
-    ranges: tuple[StreamOffsetRange, ...]
-    data_time_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveStreamSetObjectRecord:
-    node_id: int
-    object_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class S3ObjectRecord:
-    object_id: int
-    object_size: int
-    state: S3ObjectState
-    # PREPARED: the deadline; COMMITTED: the commit time; MARK_DESTROYED: the mark time.
-    timestamp_ms: int
-    attributes: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveS3ObjectRecord:
-    object_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class AssignedStreamIdRecord:
-    assigned_stream_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class AssignedS3ObjectIdRecord:
-    assigned_object_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class NodeWALMetadataRecord:
-    node_id: int
-    node_epoch: int
-    failover_mode: bool
-
-
-@dataclass(frozen=True, slots=True)
-class S3StreamEndOffsetsRecord:
-    """A stream's end offset on its own (snapshots; AutoMQ uses it in huge-cluster mode)."""
-
-    stream_id: int
-    end_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class KVRecord:
-    key: str
-    value: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveKVRecord:
-    key: str
-
-
-MetadataRecord: TypeAlias = (
-    S3StreamRecord
-    | RemoveS3StreamRecord
-    | RangeRecord
-    | RemoveRangeRecord
-    | S3StreamObjectRecord
-    | RemoveS3StreamObjectRecord
-    | S3StreamSetObjectRecord
-    | RemoveStreamSetObjectRecord
-    | S3ObjectRecord
-    | RemoveS3ObjectRecord
-    | AssignedStreamIdRecord
-    | AssignedS3ObjectIdRecord
-    | NodeWALMetadataRecord
-    | S3StreamEndOffsetsRecord
-    | KVRecord
-    | RemoveKVRecord
-)
 
 # ======================================================================================= image
 
