@@ -71,6 +71,10 @@ def decode_record(payload: bytes) -> gc.DurableRecord:
     raise ValueError(f"offsets stream: unknown record type {document['type']!r}")
 
 
+class CoordinatorError(RuntimeError):
+    """The machine refused an event this shell made: the shell broke its side of the contract."""
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -149,6 +153,8 @@ class GroupCoordinator:
                 answer = self._answers.pop(effect.request_id, None)
                 if answer is not None and not answer.done():
                     answer.set_result(effect.response)
+            elif isinstance(effect, gc.Rejected):
+                raise CoordinatorError(f"{type(event).__name__}: {effect.message}")
             else:
                 self._persist(effect)
 

@@ -86,9 +86,10 @@ class Controller:
         async with self._lock:
             for _ in range(MAX_CONFLICT_RETRIES):
                 transition = sm.step(self._image, event, self._params)
-                if not transition.records:
-                    return transition.response
-                payloads = [encode_record(record) for record in transition.records]
+                records = sm.records_of(transition)
+                if not records:
+                    return sm.response_of(transition)
+                payloads = [encode_record(record) for record in records]
                 try:
                     next_index = await self._log.append(
                         payloads, expected_next_index=self._applied_index
@@ -97,9 +98,9 @@ class Controller:
                     log.debug("metadata log moved past %d; catching up", self._applied_index)
                     await self.catch_up()
                     continue
-                self._image = transition.image
+                self._image = transition.state
                 self._applied_index = next_index
-                return transition.response
+                return sm.response_of(transition)
             raise ControllerError(
                 f"{type(event).__name__}: the metadata log kept moving ahead "
                 f"({MAX_CONFLICT_RETRIES} tries)"

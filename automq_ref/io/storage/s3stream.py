@@ -486,6 +486,8 @@ class S3Storage:
 
     def _apply(self, event: lc.LogCacheEvent) -> None:
         transition = lc.step(self._cache, event, self._params)
+        if (refused := transition.rejection) is not None:
+            raise StorageError(f"LogCache refused {type(event).__name__}: {refused.message}")
         self._cache = transition.state
         for effect in transition.effects:
             self._spawn(self._execute(effect))

@@ -67,11 +67,12 @@ from automq_ref.state_machines.failover.events import (
     CommitRecords,
     Crash,
     DetectFence,
-    Effect,
     EndGrace,
     ExpireSession,
+    FailoverEffect,
     FailoverError,
     FailoverEvent,
+    FailoverTransition,
     FenceWal,
     FinishShutdown,
     HaltNode,
@@ -83,14 +84,12 @@ from automq_ref.state_machines.failover.events import (
     RemoveFailoverContext,
     ResetWal,
     Restart,
-    Transition,
     TrimWal,
     UploadWal,
     WriteWal,
 )
 from automq_ref.state_machines.failover.invariants import (
     INVARIANTS,
-    InvariantViolation,
     check_invariants,
     inv_acked_record_durable,
     inv_no_acked_record_lost,
@@ -130,6 +129,7 @@ from automq_ref.state_machines.failover.table import (
 from automq_ref.state_machines.failover.tla import (
     tla_state,
 )
+from automq_ref.state_machines.transition import InvariantViolation, Rejected, Transition
 
 __all__ = [
     "DEFAULT_PARAMS",
@@ -155,15 +155,16 @@ __all__ = [
     "Completion",
     "Crash",
     "DetectFence",
-    "Effect",
     "EndGrace",
     "ExpireSession",
     "FailoverContext",
+    "FailoverEffect",
     "FailoverError",
     "FailoverEvent",
     "FailoverParams",
     "FailoverState",
     "FailoverTask",
+    "FailoverTransition",
     "FenceWal",
     "FinishShutdown",
     "HaltNode",
@@ -175,6 +176,7 @@ __all__ = [
     "PutFailoverContext",
     "RecoverFailedWal",
     "RecoverOwnWal",
+    "Rejected",
     "RemoveFailoverContext",
     "Reservation",
     "ResetWal",

@@ -14,12 +14,13 @@ from automq_ref.state_machines.failover.state import (
     Reservation,
     WalEntry,
 )
+from automq_ref.state_machines.transition import Rejected, Transition
 
 
 class FailoverError(enum.Enum):
-    """Why a request is refused. A refusal changes nothing and produces no effect."""
+    """Why a request is refused: the ``Rejected`` effect's error. A refusal changes nothing and
+    produces no other effect."""
 
-    NONE = "NONE"
     NODE_NOT_RUNNING = "NODE_NOT_RUNNING"
     NODE_NOT_SERVING = "NODE_NOT_SERVING"
     NODE_NOT_DRAINING = "NODE_NOT_DRAINING"
@@ -243,7 +244,7 @@ class RemoveFailoverContext:
     context: FailoverContext
 
 
-Effect: TypeAlias = (
+FailoverEffect: TypeAlias = (
     AcquireReservation
     | WriteWal
     | AcknowledgeProduce
@@ -254,15 +255,6 @@ Effect: TypeAlias = (
     | HaltNode
     | PutFailoverContext
     | RemoveFailoverContext
+    | Rejected[FailoverError]
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    state: FailoverState
-    effects: tuple[Effect, ...] = ()
-    error: FailoverError = FailoverError.NONE
-
-    @property
-    def ok(self) -> bool:
-        return self.error is FailoverError.NONE
+FailoverTransition: TypeAlias = Transition[FailoverState, FailoverEffect]

@@ -11,10 +11,7 @@ from automq_ref.state_machines.failover.state import (
     FailoverState,
     StreamState,
 )
-
-
-class InvariantViolation(AssertionError):
-    pass
+from automq_ref.state_machines.transition import InvariantViolation
 
 
 def _settled(state: FailoverState, ack: AckEntry) -> bool:

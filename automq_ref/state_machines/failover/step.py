@@ -21,11 +21,12 @@ from automq_ref.state_machines.failover.events import (
     CommitRecords,
     Crash,
     DetectFence,
-    Effect,
     EndGrace,
     ExpireSession,
+    FailoverEffect,
     FailoverError,
     FailoverEvent,
+    FailoverTransition,
     FenceWal,
     FinishShutdown,
     HaltNode,
@@ -37,7 +38,6 @@ from automq_ref.state_machines.failover.events import (
     RemoveFailoverContext,
     ResetWal,
     Restart,
-    Transition,
     TrimWal,
     UploadWal,
     WriteWal,
@@ -65,12 +65,13 @@ from automq_ref.state_machines.failover.table import (
     _to_session,
     _to_stage,
 )
+from automq_ref.state_machines.transition import Rejected, Transition
 
 
 def step(
     state: FailoverState, event: FailoverEvent, params: FailoverParams = DEFAULT_PARAMS
-) -> Transition:
-    """Apply one event: a refusal returns the state unchanged with its error."""
+) -> FailoverTransition:
+    """Apply one event: a refusal returns the state unchanged with a ``Rejected`` effect."""
     match event:
         case Heartbeat():
             return _on_heartbeat(state, event)
@@ -114,8 +115,8 @@ def step(
             return _on_clear_failover(state, event)
 
 
-def _reject(state: FailoverState, error: FailoverError) -> Transition:
-    return Transition(state, (), error)
+def _reject(state: FailoverState, error: FailoverError) -> FailoverTransition:
+    return Transition(state, (Rejected(error),))
 
 
 def _with_node(state: FailoverState, node_id: int, node: NodeState) -> FailoverState:
@@ -159,14 +160,14 @@ def _ignore_heartbeat(state: FailoverState, event: Heartbeat) -> FailoverError |
     return None
 
 
-def _on_heartbeat(state: FailoverState, event: Heartbeat) -> Transition:
+def _on_heartbeat(state: FailoverState, event: Heartbeat) -> FailoverTransition:
     if (error := _ignore_heartbeat(state, event)) is not None:
         return _reject(state, error)
     node = _to_session(state.nodes[event.node_id], "Heartbeat", Session.ACTIVE)
     return Transition(_with_node(state, event.node_id, node))
 
 
-def _on_expire_session(state: FailoverState, event: ExpireSession) -> Transition:
+def _on_expire_session(state: FailoverState, event: ExpireSession) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if node.session is not Session.ACTIVE:
         return _reject(state, FailoverError.SESSION_NOT_ACTIVE)
@@ -174,7 +175,7 @@ def _on_expire_session(state: FailoverState, event: ExpireSession) -> Transition
     return Transition(_with_node(state, event.node_id, node))
 
 
-def _on_end_grace(state: FailoverState, event: EndGrace) -> Transition:
+def _on_end_grace(state: FailoverState, event: EndGrace) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if not node.grace:
         return _reject(state, FailoverError.NOT_IN_GRACE)
@@ -184,14 +185,14 @@ def _on_end_grace(state: FailoverState, event: EndGrace) -> Transition:
 # ---------------------------------------------------------------------------- a node's life
 
 
-def _on_crash(state: FailoverState, event: Crash) -> Transition:
+def _on_crash(state: FailoverState, event: Crash) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if not node.up:
         return _reject(state, FailoverError.NODE_NOT_RUNNING)
     return Transition(_with_node(state, event.node_id, _gone(node, "Crash")))
 
 
-def _on_restart(state: FailoverState, event: Restart) -> Transition:
+def _on_restart(state: FailoverState, event: Restart) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if node.phase not in (Phase.DOWN, Phase.STOPPED):
         return _reject(state, FailoverError.NODE_NOT_STOPPED)
@@ -204,7 +205,7 @@ def _on_restart(state: FailoverState, event: Restart) -> Transition:
 
 def _on_recover_own_wal(
     state: FailoverState, event: RecoverOwnWal, params: FailoverParams
-) -> Transition:
+) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if node.phase is not Phase.RECOVERING:
         return _reject(state, FailoverError.NODE_NOT_RECOVERING)
@@ -214,7 +215,7 @@ def _on_recover_own_wal(
     state = replace(state, committed=state.committed | uploaded)
     state, closing = _close_all_of(state, event.node_id)
     node = replace(_to_phase(node, "RecoverOwnWal", Phase.SERVING), wal=frozenset())
-    effects: tuple[Effect, ...] = (
+    effects: tuple[FailoverEffect, ...] = (
         CommitRecords(event.node_id, uploaded),
         ResetWal(event.node_id),
         CloseStreams(event.node_id, closing),
@@ -222,7 +223,7 @@ def _on_recover_own_wal(
     return Transition(_with_node(state, event.node_id, node), effects)
 
 
-def _on_begin_shutdown(state: FailoverState, event: BeginShutdown) -> Transition:
+def _on_begin_shutdown(state: FailoverState, event: BeginShutdown) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if node.phase is not Phase.SERVING:
         return _reject(state, FailoverError.NODE_NOT_SERVING)
@@ -241,7 +242,7 @@ def _ignore_finish_shutdown(node: NodeState) -> FailoverError | None:
     return None
 
 
-def _on_finish_shutdown(state: FailoverState, event: FinishShutdown) -> Transition:
+def _on_finish_shutdown(state: FailoverState, event: FinishShutdown) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if (error := _ignore_finish_shutdown(node)) is not None:
         return _reject(state, error)
@@ -264,7 +265,9 @@ def _new_stream_epoch(stream: StreamInfo, params: FailoverParams) -> int:
     return stream.epoch
 
 
-def _on_open_stream(state: FailoverState, event: OpenStream, params: FailoverParams) -> Transition:
+def _on_open_stream(
+    state: FailoverState, event: OpenStream, params: FailoverParams
+) -> FailoverTransition:
     node = state.nodes[event.node_id]
     stream = state.streams[event.stream_id]
     if node.phase is not Phase.SERVING:
@@ -305,13 +308,13 @@ def _ignore_close_stream(
 
 def _on_close_stream(
     state: FailoverState, event: CloseStream, params: FailoverParams
-) -> Transition:
+) -> FailoverTransition:
     if (error := _ignore_close_stream(state, event, params)) is not None:
         return _reject(state, error)
     node = state.nodes[event.node_id]
     stream = state.streams[event.stream_id]
     believed = node.leads[event.stream_id]
-    effects: tuple[Effect, ...] = ()
+    effects: tuple[FailoverEffect, ...] = ()
     owned = stream.owner == event.node_id and stream.epoch == believed
     if stream.state is StreamState.OPENED and owned:
         closed = replace(stream, state=StreamState.CLOSED)
@@ -322,7 +325,7 @@ def _on_close_stream(
     return Transition(_with_node(state, event.node_id, replace(node, leads=leads)), effects)
 
 
-def _on_append_record(state: FailoverState, event: AppendRecord) -> Transition:
+def _on_append_record(state: FailoverState, event: AppendRecord) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if node.phase is not Phase.SERVING:
         return _reject(state, FailoverError.NODE_NOT_SERVING)
@@ -334,7 +337,9 @@ def _on_append_record(state: FailoverState, event: AppendRecord) -> Transition:
     return Transition(_with_node(state, event.node_id, node), (WriteWal(event.node_id, entry),))
 
 
-def _on_ack_append(state: FailoverState, event: AckAppend, params: FailoverParams) -> Transition:
+def _on_ack_append(
+    state: FailoverState, event: AckAppend, params: FailoverParams
+) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if not node.running:
         return _reject(state, FailoverError.NODE_NOT_RUNNING)
@@ -358,7 +363,7 @@ def _on_ack_append(state: FailoverState, event: AckAppend, params: FailoverParam
 
 def _on_detect_fence(
     state: FailoverState, event: DetectFence, params: FailoverParams
-) -> Transition:
+) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if not params.verify_reservation or not node.up:
         return _reject(state, FailoverError.NODE_NOT_RUNNING)
@@ -370,7 +375,7 @@ def _on_detect_fence(
     return Transition(_with_node(state, event.node_id, node), (HaltNode(event.node_id),))
 
 
-def _on_upload_wal(state: FailoverState, event: UploadWal) -> Transition:
+def _on_upload_wal(state: FailoverState, event: UploadWal) -> FailoverTransition:
     node = state.nodes[event.node_id]
     if not node.running:
         return _reject(state, FailoverError.NODE_NOT_RUNNING)
@@ -414,7 +419,7 @@ def _ignore_assign_failover(
 
 def _on_assign_failover(
     state: FailoverState, event: AssignFailover, params: FailoverParams
-) -> Transition:
+) -> FailoverTransition:
     if (error := _ignore_assign_failover(state, event, params)) is not None:
         return _reject(state, error)
     epoch = state.nodes[event.failed_node_id].node_epoch
@@ -436,7 +441,7 @@ def _task_of(state: FailoverState, target_node_id: int) -> FailoverTask | Failov
     return target.task
 
 
-def _on_fence_wal(state: FailoverState, event: FenceWal) -> Transition:
+def _on_fence_wal(state: FailoverState, event: FenceWal) -> FailoverTransition:
     task = _task_of(state, event.target_node_id)
     if isinstance(task, FailoverError):
         return _reject(state, task)
@@ -456,7 +461,7 @@ def _on_fence_wal(state: FailoverState, event: FenceWal) -> Transition:
 
 def _on_recover_failed_wal(
     state: FailoverState, event: RecoverFailedWal, params: FailoverParams
-) -> Transition:
+) -> FailoverTransition:
     task = _task_of(state, event.target_node_id)
     if isinstance(task, FailoverError):
         return _reject(state, task)
@@ -479,7 +484,7 @@ def _on_recover_failed_wal(
     return Transition(_with_node(state, event.target_node_id, target), effects)
 
 
-def _on_close_failed_streams(state: FailoverState, event: CloseFailedStreams) -> Transition:
+def _on_close_failed_streams(state: FailoverState, event: CloseFailedStreams) -> FailoverTransition:
     task = _task_of(state, event.target_node_id)
     if isinstance(task, FailoverError):
         return _reject(state, task)
@@ -500,14 +505,14 @@ def _on_close_failed_streams(state: FailoverState, event: CloseFailedStreams) ->
         | {Completion(task.failed_node_id, task.node_epoch, task.uploaded)},
     )
     target = _to_stage(state.nodes[event.target_node_id], "CloseFailedStreams", None)
-    effects: tuple[Effect, ...] = (
+    effects: tuple[FailoverEffect, ...] = (
         CloseStreams(task.failed_node_id, closing),
         *(RemoveFailoverContext(context) for context in sorted(done, key=repr)),
     )
     return Transition(_with_node(state, event.target_node_id, target), effects)
 
 
-def _on_abort_failover(state: FailoverState, event: AbortFailover) -> Transition:
+def _on_abort_failover(state: FailoverState, event: AbortFailover) -> FailoverTransition:
     target = state.nodes[event.target_node_id]
     if not target.up:
         return _reject(state, FailoverError.NODE_NOT_RUNNING)
@@ -531,7 +536,7 @@ def _context_obsolete(state: FailoverState, context: FailoverContext) -> bool:
     )
 
 
-def _on_clear_failover(state: FailoverState, event: ClearFailover) -> Transition:
+def _on_clear_failover(state: FailoverState, event: ClearFailover) -> FailoverTransition:
     contexts = [c for c in state.contexts if c.failed_node_id == event.failed_node_id]
     obsolete = [c for c in contexts if _context_obsolete(state, c)]
     if not obsolete:

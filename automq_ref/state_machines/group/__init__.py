@@ -139,7 +139,6 @@ from automq_ref.state_machines.group.events import (
 from automq_ref.state_machines.group.invariants import (
     INVARIANTS,
     TRANSITION_INVARIANTS,
-    InvariantViolation,
     check_invariants,
     inv_awaiting_join_only_while_preparing,
     inv_awaiting_sync_only_while_completing,
@@ -196,16 +195,16 @@ from automq_ref.state_machines.group.state import (
     CommittedOffset,
     CoordinatorState,
     Group,
-    GroupError,
     GroupParams,
     GroupState,
+    GroupTransition,
     Member,
     PendingWrite,
-    Transition,
 )
 from automq_ref.state_machines.group.step import (
     step,
 )
+from automq_ref.state_machines.transition import InvariantViolation, Rejected, Transition
 
 __all__ = [
     "CLASSIC_GROUP_TYPE",
@@ -229,10 +228,10 @@ __all__ = [
     "FetchedOffset",
     "Group",
     "GroupEffect",
-    "GroupError",
     "GroupEvent",
     "GroupParams",
     "GroupState",
+    "GroupTransition",
     "Heartbeat",
     "HeartbeatResponse",
     "InvariantViolation",
@@ -263,6 +262,7 @@ __all__ = [
     "PersistGroupDeletion",
     "PersistOffsets",
     "Protocol",
+    "Rejected",
     "Respond",
     "Response",
     "SyncGroup",

@@ -28,14 +28,14 @@ from automq_ref.state_machines.group.responses import (
 from automq_ref.state_machines.group.state import (
     CoordinatorState,
     GroupState,
+    GroupTransition,
     PendingWrite,
-    Transition,
-    _check_new_request_id,
     _respond,
 )
+from automq_ref.state_machines.transition import Transition
 
 
-def _on_list_groups(state: CoordinatorState, event: ListGroups) -> Transition:
+def _on_list_groups(state: CoordinatorState, event: ListGroups) -> GroupTransition:
     states = {name.lower() for name in event.states_filter}
     types = {name.lower() for name in event.types_filter}
     listed = tuple(
@@ -70,13 +70,12 @@ def describe_group(state: CoordinatorState, group_id: str) -> DescribedGroup:
     )
 
 
-def _on_describe_groups(state: CoordinatorState, event: DescribeGroups) -> Transition:
+def _on_describe_groups(state: CoordinatorState, event: DescribeGroups) -> GroupTransition:
     described = tuple(describe_group(state, group_id) for group_id in event.group_ids)
     return _respond(state, Respond(event.request_id, DescribeGroupsResponse(described)))
 
 
-def _on_delete_groups(state: CoordinatorState, event: DeleteGroups) -> Transition:
-    _check_new_request_id(state, event.request_id)
+def _on_delete_groups(state: CoordinatorState, event: DeleteGroups) -> GroupTransition:
     results: dict[str, KafkaErrorCode] = {}
     for group_id in event.group_ids:
         group = state.groups.get(group_id)

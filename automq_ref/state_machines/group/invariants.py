@@ -13,10 +13,7 @@ from automq_ref.state_machines.group.state import (
     CoordinatorState,
     GroupState,
 )
-
-
-class InvariantViolation(AssertionError):
-    pass
+from automq_ref.state_machines.transition import InvariantViolation
 
 
 def inv_member_ids_unique(state: CoordinatorState) -> None:

@@ -47,11 +47,12 @@ from automq_ref.state_machines.group.state import (
     Group,
     GroupParams,
     GroupState,
+    GroupTransition,
     Member,
-    Transition,
     _respond,
     _with_group,
 )
+from automq_ref.state_machines.transition import Transition
 
 # ======================================================================================== JoinGroup
 
@@ -60,7 +61,9 @@ def _new_member_id(state: CoordinatorState, prefix: str, params: GroupParams) ->
     return f"{prefix}-{params.member_id_token}-{state.next_member_number}"
 
 
-def _on_join_group(state: CoordinatorState, event: JoinGroup, params: GroupParams) -> Transition:
+def _on_join_group(
+    state: CoordinatorState, event: JoinGroup, params: GroupParams
+) -> GroupTransition:
     now_ms = state.now_ms
     if event.group_id == "":
         return _respond(
@@ -205,7 +208,9 @@ def _join_current_member(
 # ======================================================================================== SyncGroup
 
 
-def _on_sync_group(state: CoordinatorState, event: SyncGroup, params: GroupParams) -> Transition:
+def _on_sync_group(
+    state: CoordinatorState, event: SyncGroup, params: GroupParams
+) -> GroupTransition:
     if event.group_id == "":
         return _respond(state, Respond(event.request_id, SyncGroupResponse(Error.INVALID_GROUP_ID)))
     group = state.groups.get(event.group_id)
@@ -271,7 +276,7 @@ def _set_and_propagate_assignment(
 # ======================================================================================== Heartbeat
 
 
-def _on_heartbeat(state: CoordinatorState, event: Heartbeat) -> Transition:
+def _on_heartbeat(state: CoordinatorState, event: Heartbeat) -> GroupTransition:
     def answer(error: KafkaErrorCode) -> Respond:
         return Respond(event.request_id, HeartbeatResponse(error))
 
@@ -296,7 +301,9 @@ def _on_heartbeat(state: CoordinatorState, event: Heartbeat) -> Transition:
 # ======================================================================================= LeaveGroup
 
 
-def _on_leave_group(state: CoordinatorState, event: LeaveGroup, params: GroupParams) -> Transition:
+def _on_leave_group(
+    state: CoordinatorState, event: LeaveGroup, params: GroupParams
+) -> GroupTransition:
     if event.group_id == "":
         return _respond(
             state, Respond(event.request_id, LeaveGroupResponse(Error.INVALID_GROUP_ID))
@@ -339,7 +346,7 @@ def _on_leave_group(state: CoordinatorState, event: LeaveGroup, params: GroupPar
 _TICK_ROUNDS_MAX: Final = 4
 
 
-def _on_tick(state: CoordinatorState, params: GroupParams) -> Transition:
+def _on_tick(state: CoordinatorState, params: GroupParams) -> GroupTransition:
     now_ms = state.now_ms
     answers: _Answers = []
     for group_id in sorted(state.groups):

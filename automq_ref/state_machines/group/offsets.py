@@ -40,15 +40,14 @@ from automq_ref.state_machines.group.state import (
     CommittedOffset,
     CoordinatorState,
     Group,
-    GroupError,
     GroupParams,
     GroupState,
+    GroupTransition,
     PendingWrite,
-    Transition,
-    _check_new_request_id,
     _respond,
     _with_group,
 )
+from automq_ref.state_machines.transition import Transition
 
 # ===================================================================================== OffsetCommit
 
@@ -76,8 +75,7 @@ def _validate_offset_commit(group: Group, event: OffsetCommit) -> KafkaErrorCode
 
 def _on_offset_commit(
     state: CoordinatorState, event: OffsetCommit, params: GroupParams
-) -> Transition:
-    _check_new_request_id(state, event.request_id)
+) -> GroupTransition:
     group = state.groups.get(event.group_id)
     if group is None:
         if event.generation_id >= 0:
@@ -130,10 +128,8 @@ def _on_offset_commit(
     return Transition(state, (PersistOffsets(event.request_id, event.group_id, records),))
 
 
-def _on_offsets_persisted(state: CoordinatorState, event: OffsetsPersisted) -> Transition:
-    write = state.pending_writes.get(event.request_id)
-    if write is None:
-        raise GroupError(f"no write in flight for request {event.request_id}")
+def _on_offsets_persisted(state: CoordinatorState, event: OffsetsPersisted) -> GroupTransition:
+    write = state.pending_writes[event.request_id]  # step refuses a completion for no write
     pending = {rid: w for rid, w in state.pending_writes.items() if rid != event.request_id}
     offsets = dict(state.offsets)
     if write.offsets:
@@ -148,10 +144,10 @@ def _on_offsets_persisted(state: CoordinatorState, event: OffsetsPersisted) -> T
     return Transition(state, (Respond(event.request_id, write.response),))
 
 
-def _on_offsets_persist_failed(state: CoordinatorState, event: OffsetsPersistFailed) -> Transition:
-    write = state.pending_writes.get(event.request_id)
-    if write is None:
-        raise GroupError(f"no write in flight for request {event.request_id}")
+def _on_offsets_persist_failed(
+    state: CoordinatorState, event: OffsetsPersistFailed
+) -> GroupTransition:
+    write = state.pending_writes[event.request_id]  # step refuses a completion for no write
     pending = {rid: w for rid, w in state.pending_writes.items() if rid != event.request_id}
     state = replace(state, pending_writes=pending)
     return Transition(state, (Respond(event.request_id, write.failure_response),))
@@ -169,7 +165,7 @@ def committed_offset(state: CoordinatorState, group_id: str, key: TopicPartition
     )
 
 
-def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> Transition:
+def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransition:
     results: list[OffsetFetchGroupResult] = []
     for request in event.groups:
         # Answered whatever the group's state: standalone consumers have no group to speak of.

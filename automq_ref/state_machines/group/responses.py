@@ -14,6 +14,7 @@ from automq_ref.state_machines.group.events import (
     NO_GENERATION,
     UNKNOWN_MEMBER_ID,
 )
+from automq_ref.state_machines.transition import Rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,5 +199,7 @@ class PersistGroupDeletion:
     group_ids: tuple[str, ...]
 
 
-GroupEffect: TypeAlias = Respond | PersistOffsets | PersistGroupDeletion
+# Rejected: an event that breaks the shell's contract (a completion for no write in flight, a
+# request id reused while its write is in flight); no request is answered for it.
+GroupEffect: TypeAlias = Respond | PersistOffsets | PersistGroupDeletion | Rejected[KafkaErrorCode]
 DurableRecord: TypeAlias = PersistOffsets | PersistGroupDeletion

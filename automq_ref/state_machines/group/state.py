@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeAlias
 
 from automq_ref.state_machines.group.events import (
     Protocol,
@@ -17,6 +18,7 @@ from automq_ref.state_machines.group.responses import (
     Respond,
     Response,
 )
+from automq_ref.state_machines.transition import Transition
 
 
 class GroupState(enum.Enum):
@@ -136,24 +138,12 @@ class CoordinatorState:
     next_write_seq: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
-    state: CoordinatorState
-    effects: tuple[GroupEffect, ...]
-
-
-class GroupError(ValueError):
-    """An event the coordinator cannot accept: a completion for no write, a reused request id."""
+GroupTransition: TypeAlias = Transition[CoordinatorState, GroupEffect]
 
 
 def _with_group(state: CoordinatorState, group: Group) -> CoordinatorState:
     return replace(state, groups={**state.groups, group.group_id: group})
 
 
-def _respond(state: CoordinatorState, answer: Respond) -> Transition:
+def _respond(state: CoordinatorState, answer: Respond) -> GroupTransition:
     return Transition(state, (answer,))
-
-
-def _check_new_request_id(state: CoordinatorState, request_id: int) -> None:
-    if request_id in state.pending_writes:
-        raise GroupError(f"request id {request_id} is already waiting for a write")

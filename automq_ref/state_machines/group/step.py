@@ -1,11 +1,13 @@
-"""``step``: the dispatch of one event to its handler. Time never runs backwards: a request
-stamped earlier than the coordinator's clock happens now.
+"""``step``: the dispatch of one event to its handler, after the checks of the shell's side of
+the contract. Time never runs backwards: a request stamped earlier than the coordinator's clock
+happens now.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.state_machines.group.admin import (
     _on_delete_groups,
     _on_describe_groups,
@@ -42,11 +44,16 @@ from automq_ref.state_machines.group.offsets import (
 from automq_ref.state_machines.group.state import (
     CoordinatorState,
     GroupParams,
-    Transition,
+    GroupTransition,
 )
+from automq_ref.state_machines.transition import Rejected, Transition
 
 
-def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Transition:
+def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> GroupTransition:
+    """One event. An event that breaks the shell's contract is refused (``Rejected`` with
+    ``INVALID_REQUEST``, the state unchanged); every other one is handled."""
+    if (refused := _refusal(state, event)) is not None:
+        return Transition(state, (refused,))
     if not isinstance(event, OffsetsPersisted | OffsetsPersistFailed):
         # Time never runs backwards: a late-stamped event happens now.
         state = replace(state, now_ms=max(state.now_ms, event.now_ms))
@@ -77,3 +84,19 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Tra
             return _on_offsets_persisted(state, event)
         case OffsetsPersistFailed():
             return _on_offsets_persist_failed(state, event)
+
+
+def _refusal(state: CoordinatorState, event: GroupEvent) -> Rejected[KafkaErrorCode] | None:
+    """The shell's side of the contract: a completion names a write in flight, and a request
+    that starts a write does not reuse the request id of one still in flight (its answer would
+    go to the wrong request)."""
+    match event:
+        case OffsetsPersisted() | OffsetsPersistFailed():
+            if event.request_id not in state.pending_writes:
+                message = f"no write in flight for request {event.request_id}"
+                return Rejected(KafkaErrorCode.INVALID_REQUEST, message)
+        case OffsetCommit() | DeleteGroups():
+            if event.request_id in state.pending_writes:
+                message = f"request id {event.request_id} is already waiting for a write"
+                return Rejected(KafkaErrorCode.INVALID_REQUEST, message)
+    return None

@@ -1,6 +1,6 @@
 """What the controller is asked and what it answers: the request events (one per TLA+ action,
-plus the KV requests), the ``Response`` every request gets, its error codes (AutoMQ's names) and
-the machine's parameters.
+plus the KV requests), the ``Response`` every request gets and its error codes (AutoMQ's names),
+the effects of a step (``AppendRecords`` then ``Respond``), and the machine's parameters.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Final, TypeAlias
 from automq_ref.state_machines.stream_metadata.image import (
     StreamMetadataImage,
 )
+from automq_ref.state_machines.transition import InvariantViolation, Transition
 from automq_ref.vocabulary.metadata_records import (
     MetadataRecord,
 )
@@ -226,10 +227,39 @@ class Response:
 
 
 @dataclass(frozen=True, slots=True)
-class Transition:
-    image: StreamMetadataImage
+class AppendRecords:
+    """Make ``records`` durable on the metadata log, as one batch. Emitted first: the image of
+    the transition (these records replayed) may be published, and the response released, only
+    once they are durable."""
+
     records: tuple[MetadataRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer the request. Every request gets exactly one, a refusal too (its error code)."""
+
     response: Response
+
+
+StreamMetadataEffect: TypeAlias = AppendRecords | Respond
+StreamMetadataTransition: TypeAlias = Transition[StreamMetadataImage, StreamMetadataEffect]
+
+
+def records_of(transition: StreamMetadataTransition) -> tuple[MetadataRecord, ...]:
+    """The records a transition appends (none for a refusal or a no-op)."""
+    for effect in transition.effects:
+        if isinstance(effect, AppendRecords):
+            return effect.records
+    return ()
+
+
+def response_of(transition: StreamMetadataTransition) -> Response:
+    """The answer a transition gives."""
+    for effect in transition.effects:
+        if isinstance(effect, Respond):
+            return effect.response
+    raise InvariantViolation(f"a transition without an answer: {transition.effects}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,10 @@ from automq_ref.state_machines.stream_metadata.image import (
 from automq_ref.state_machines.stream_metadata.queries import (
     stream_object_slices,
 )
+from automq_ref.state_machines.transition import InvariantViolation
 from automq_ref.vocabulary.metadata_records import (
     S3ObjectState,
 )
-
-
-class InvariantViolation(AssertionError):
-    pass
 
 
 def inv_single_writer(image: StreamMetadataImage) -> None:

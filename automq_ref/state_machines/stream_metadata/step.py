@@ -1,6 +1,7 @@
 """``step``: one request decided on the image. Each handler ``_on_<action>`` checks the request
 against the image and either rejects it with an error code and no records, or accepts it with the
-records that carry the decision; the records replayed give the next image.
+records that carry the decision; the records replayed give the next image. ``step`` turns the
+decision into the transition's effects.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     ANY_STREAM_EPOCH,
     DEFAULT_PARAMS,
     NO_OBJECT,
+    AppendRecords,
     CloseStream,
     CommitRange,
     CommitStreamObject,
@@ -28,11 +30,12 @@ from automq_ref.state_machines.stream_metadata.events import (
     PutKV,
     RegisterNode,
     RemoveObject,
+    Respond,
     Response,
     StreamErrorCode,
     StreamMetadataEvent,
     StreamMetadataParams,
-    Transition,
+    StreamMetadataTransition,
     TrimStream,
 )
 from automq_ref.state_machines.stream_metadata.image import (
@@ -45,6 +48,7 @@ from automq_ref.state_machines.stream_metadata.image import (
 from automq_ref.state_machines.stream_metadata.queries import (
     opening_streams,
 )
+from automq_ref.state_machines.transition import Transition
 from automq_ref.vocabulary.metadata_records import (
     AssignedS3ObjectIdRecord,
     AssignedStreamIdRecord,
@@ -72,8 +76,13 @@ def step(
     image: StreamMetadataImage,
     event: StreamMetadataEvent,
     params: StreamMetadataParams = DEFAULT_PARAMS,
-) -> Transition:
-    """Handle one request: decide, produce records, and replay them into the next image."""
+) -> StreamMetadataTransition:
+    """Handle one request: decide, produce records, and replay them into the next image.
+
+    The effects are ``AppendRecords(records)`` (when the decision writes any) and then
+    ``Respond(response)``: the records must be durable before the next image is published and
+    before the answer is released. A refusal is a ``Respond`` whose response carries the error
+    code, with no records and the image unchanged."""
     match event:
         case RegisterNode():
             records, response = _on_register_node(image, event)
@@ -103,7 +112,10 @@ def step(
             records, response = _on_put_kv(image, event)
         case DeleteKV():
             records, response = _on_delete_kv(image, event)
-    return Transition(replay_all(image, records), tuple(records), response)
+    if not records:
+        return Transition(image, (Respond(response),))
+    appended = tuple(records)
+    return Transition(replay_all(image, appended), (AppendRecords(appended), Respond(response)))
 
 
 _Outcome: TypeAlias = tuple[list[MetadataRecord], Response]
