@@ -42,12 +42,13 @@ plain integer.
 
 Layout
 ------
-``image`` holds the image and its replay (and the snapshot of an image as records);
-``events`` the requests, their answer (``Response``) and the machine's parameters; ``step`` the
-handlers that decide; ``queries`` the lookups the shell and the handlers make on an image;
-``invariants`` the spec's invariants as checks; ``tla`` the mapping of an image onto the spec's
-variables for trace validation. The record types are the vocabulary's
-(``automq_ref/vocabulary/metadata_records.py``); this package re-exports them.
+``image`` holds the image and its replay (and the snapshot of an image as records); ``events``
+the requests, their answer (``Response``), the effects of a step (``AppendRecords`` then
+``Respond``) and the machine's parameters; ``step`` the handlers that decide; ``queries`` the
+lookups the shell and the handlers make on an image; ``invariants`` the spec's invariants as
+checks; ``tla`` the mapping of an image onto the spec's variables for trace validation. The
+record types are the vocabulary's (``automq_ref/vocabulary/metadata_records.py``); this package
+re-exports them.
 """
 
 from __future__ import annotations
