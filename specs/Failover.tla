@@ -4,7 +4,7 @@
 (* node's WAL, and why no acknowledged record is lost when a node goes     *)
 (* away, even when it is not really gone.                                  *)
 (*                                                                         *)
-(* Machine: automq_ref/state_machines/failover.py.  Properties:            *)
+(* Machine: automq_ref/state_machines/failover/.  Properties:             *)
 (* tests/properties/test_failover.py::FailoverMachine.                     *)
 (* Sources: AUTOMQ.md 2.3-2.5, 3.7, 4.3, 7.1-7.2 and 13.18-13.21; the      *)
 (* seed on single-replica cloud disks (graceful shutdown uploads the       *)

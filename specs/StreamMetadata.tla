@@ -3,7 +3,7 @@
 (* The AutoMQ controller's stream metadata: who may write a stream, which  *)
 (* objects hold which offsets, and when an object may be destroyed.        *)
 (*                                                                         *)
-(* Machine: automq_ref/state_machines/stream_metadata.py.  Properties:     *)
+(* Machine: automq_ref/state_machines/stream_metadata/.  Properties:      *)
 (* tests/properties/test_stream_metadata.py::StreamMetadataMachine.        *)
 (* Sources: AUTOMQ.md 3.6 and 4.1-4.6 (AutoMQ/automq f1ce98e,              *)
 (* StreamControlManager.java, S3ObjectControlManager.java).                *)

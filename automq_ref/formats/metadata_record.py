@@ -1,6 +1,6 @@
 """Metadata records on the log: one JSON object per record, a JSON array per snapshot.
 
-Each record of :mod:`automq_ref.state_machines.stream_metadata` is written as
+Each record of :mod:`automq_ref.vocabulary.metadata_records` is written as
 ``{"type": "<RecordClass>", <field>: <value>, ...}``: integers and booleans as JSON numbers and
 booleans, enums by value, ``bytes`` as hex strings, stream ranges as ``[stream, start, end]``
 triples. JSON keeps the metadata log readable with ordinary tools; the controller's records are
@@ -16,17 +16,17 @@ import json
 from typing import Any, Final
 
 from automq_ref.formats.errors import InvalidFieldError
-from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary import metadata_records as mr
 
 RECORD_TYPES: Final[dict[str, type[Any]]] = {
-    cls.__name__: cls for cls in sm.MetadataRecord.__args__
+    cls.__name__: cls for cls in mr.MetadataRecord.__args__
 }
 _ENUM_FIELDS: Final = {"state"}
 
 
 def _encode_value(value: object) -> object:
     if isinstance(value, bool | int | str):
-        return int(value) if isinstance(value, sm.StreamState | sm.S3ObjectState) else value
+        return int(value) if isinstance(value, mr.StreamState | mr.S3ObjectState) else value
     if isinstance(value, bytes):
         return value.hex()
     if isinstance(value, tuple):
@@ -34,20 +34,20 @@ def _encode_value(value: object) -> object:
     raise TypeError(f"cannot encode {type(value).__name__} in a metadata record")
 
 
-def record_to_json(record: sm.MetadataRecord) -> dict[str, object]:
+def record_to_json(record: mr.MetadataRecord) -> dict[str, object]:
     encoded: dict[str, object] = {"type": type(record).__name__}
     for field in dataclasses.fields(record):
         encoded[field.name] = _encode_value(getattr(record, field.name))
     return encoded
 
 
-def encode_record(record: sm.MetadataRecord) -> bytes:
+def encode_record(record: mr.MetadataRecord) -> bytes:
     return json.dumps(record_to_json(record), separators=(",", ":")).encode()
 
 
 def _decode_value(record_type: type[Any], name: str, value: object) -> object:
     if name in _ENUM_FIELDS:
-        enum_type = sm.StreamState if record_type is sm.S3StreamRecord else sm.S3ObjectState
+        enum_type = mr.StreamState if record_type is mr.S3StreamRecord else mr.S3ObjectState
         if not isinstance(value, int) or isinstance(value, bool):
             raise InvalidFieldError(f"{record_type.__name__}.{name} must be an integer")
         try:
@@ -62,7 +62,7 @@ def _decode_value(record_type: type[Any], name: str, value: object) -> object:
             for item in value
         ):
             raise InvalidFieldError(f"{record_type.__name__}.ranges must be [[s, start, end]]")
-        return tuple(sm.StreamOffsetRange(*item) for item in value)
+        return tuple(mr.StreamOffsetRange(*item) for item in value)
     if name == "value":
         if not isinstance(value, str):
             raise InvalidFieldError(f"{record_type.__name__}.value must be a hex string")
@@ -83,7 +83,7 @@ def _decode_value(record_type: type[Any], name: str, value: object) -> object:
     return value
 
 
-def record_from_json(encoded: object) -> sm.MetadataRecord:
+def record_from_json(encoded: object) -> mr.MetadataRecord:
     if not isinstance(encoded, dict):
         raise InvalidFieldError("a metadata record must be a JSON object")
     record_type = RECORD_TYPES.get(str(encoded.get("type")))
@@ -96,11 +96,11 @@ def record_from_json(encoded: object) -> sm.MetadataRecord:
             f"{record_type.__name__} fields {sorted(given)} differ from {sorted(names)}"
         )
     values = {name: _decode_value(record_type, name, encoded[name]) for name in names}
-    record: sm.MetadataRecord = record_type(**values)
+    record: mr.MetadataRecord = record_type(**values)
     return record
 
 
-def decode_record(payload: bytes) -> sm.MetadataRecord:
+def decode_record(payload: bytes) -> mr.MetadataRecord:
     try:
         encoded = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -108,11 +108,11 @@ def decode_record(payload: bytes) -> sm.MetadataRecord:
     return record_from_json(encoded)
 
 
-def encode_snapshot(records: list[sm.MetadataRecord]) -> bytes:
+def encode_snapshot(records: list[mr.MetadataRecord]) -> bytes:
     return json.dumps([record_to_json(record) for record in records]).encode()
 
 
-def decode_snapshot(payload: bytes) -> list[sm.MetadataRecord]:
+def decode_snapshot(payload: bytes) -> list[mr.MetadataRecord]:
     try:
         encoded = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

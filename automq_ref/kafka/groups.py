@@ -1,11 +1,16 @@
 """The group coordinator's shell: the pure Group machine, its clock, and its offsets stream.
 
 Every group request becomes an event with a fresh request id; the caller awaits the answer,
-which the machine may give later (a JoinGroup waits for the rebalance). ``PersistOffsets`` and
-``PersistGroupDeletion`` effects are appended, in emission order, to one *offsets stream* (found
-in the controller's KV under :data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`; records
-encoded by :mod:`automq_ref.formats.group_record`); when an append is durable
-the machine hears ``OffsetsPersisted`` and only then answers the commit and shows the offsets.
+which the machine may give later (a JoinGroup waits for the rebalance). The machine runs under
+the shell's one driver (:mod:`automq_ref.io.driver`), whose executors are synchronous: a
+``Respond`` resolves the caller's future; ``PersistOffsets`` and ``PersistGroupDeletion`` are
+appended, in emission order, to one *offsets stream* (found in the controller's KV under
+:data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`; records encoded by
+:mod:`automq_ref.formats.group_record`); when an append is durable the machine hears
+``OffsetsPersisted`` and only then answers the commit and shows the offsets (so offsets are
+persisted before the commit is answered). An append the storage refuses at once is answered
+``OffsetsPersistFailed`` (stepped after the transition that asked for it). A ``Rejected`` means
+this shell broke its side of the contract and raises ``CoordinatorError``.
 At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
 members rejoin. Time is the wall clock in milliseconds, fed as ``Tick`` every 100 ms and stamped
 on every request.
@@ -23,8 +28,10 @@ import secrets
 import time
 from collections.abc import Callable
 
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import group_record as gr
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
+from automq_ref.io.driver import Driver
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import stream_metadata as sm
@@ -67,6 +74,10 @@ def decode_record(payload: bytes | memoryview) -> gc.DurableRecord:
     return gc.PersistGroupDeletion(-1, record.group_ids)
 
 
+class CoordinatorError(RuntimeError):
+    """The machine refused an event this shell made: the shell broke its side of the contract."""
+
+
 class GroupCoordinator:
     def __init__(
         self,
@@ -79,8 +90,16 @@ class GroupCoordinator:
         self._storage = storage
         self._stream_id = stream_id
         self._epoch = epoch
-        self._params = params
-        self._state = state
+        self._driver: Driver[gc.CoordinatorState, gc.GroupEvent, gc.GroupEffect] = Driver(
+            lambda state, event: gc.step(state, event, params),
+            state,
+            {
+                gc.Respond: self._answer,
+                gc.PersistOffsets: self._persist,
+                gc.PersistGroupDeletion: self._persist,
+                gc.Rejected: self._refused,
+            },
+        )
         self._next_request_id = 0
         self._answers: dict[int, asyncio.Future[gc.Response]] = {}
         self._ticker: asyncio.Task[None] | None = None
@@ -138,15 +157,15 @@ class GroupCoordinator:
         return await answer
 
     def _step(self, event: gc.GroupEvent) -> None:
-        transition = gc.step(self._state, event, self._params)
-        self._state = transition.state
-        for effect in transition.effects:
-            if isinstance(effect, gc.Respond):
-                answer = self._answers.pop(effect.request_id, None)
-                if answer is not None and not answer.done():
-                    answer.set_result(effect.response)
-            else:
-                self._persist(effect)
+        self._driver.apply(event)
+
+    def _answer(self, effect: gc.Respond) -> None:
+        answer = self._answers.pop(effect.request_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(effect.response)
+
+    def _refused(self, effect: gc.Rejected[KafkaErrorCode]) -> None:
+        raise CoordinatorError(f"{effect.error.name}: {effect.message}")
 
     def _persist(self, record: gc.DurableRecord) -> None:
         request_id = record.request_id

@@ -41,10 +41,11 @@ partition offsets are assigned again. Because the proxy only ever replays below 
 offset, nothing it has cached or served is taken back.
 
 State covers the whole protocol, as the spec does: the RouterChannels, the main and the proxy.
-Every event has the name of a TLA+ action; an event whose action is not enabled is refused with
-an error and leaves the state unchanged (a stutter in a trace). ``tla_state`` maps a state onto
-the spec's variables for trace validation. WAL offsets are record counts here (the S3 WAL's are
-sparse byte positions; only their order matters).
+Every event has the name of a TLA+ action; ``step`` returns ``Transition(state, effects)``: what
+the event gives back is a ``Respond`` effect, and an event whose action is not enabled is refused
+with a ``Rejected`` effect and leaves the state unchanged (a stutter in a trace). ``tla_state``
+maps a state onto the spec's variables for trace validation. WAL offsets are record counts here
+(the S3 WAL's are sparse byte positions; only their order matters).
 
 Not modelled: RouterChannel trimming (route epochs), cache eviction and the fallback to the block
 cache, WAL trimming, sessions and their epochs, the v2 inline delta data, MetaStream contents.
@@ -57,6 +58,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
+from automq_ref.state_machines.transition import InvariantViolation as InvariantViolation
+from automq_ref.state_machines.transition import Rejected as Rejected
+from automq_ref.state_machines.transition import Transition as Transition
+
 NO_OFFSET: Final = -1  # a MetaRecord's partition offset; lost_from before any loss
 NO_PRODUCE: Final = 0  # the produce id of a record that carries no data
 NO_CHANNEL: Final = -1  # the channel offset of a record that has no link
@@ -65,9 +70,8 @@ NO_NODE_MODEL: Final = "NoNode"
 
 
 class ConfirmWalError(enum.Enum):
-    """Why an event was refused (the state is unchanged)."""
+    """Why an event was refused (the ``Rejected`` effect's error; the state is unchanged)."""
 
-    NONE = "NONE"
     UNKNOWN_SOURCE = "UNKNOWN_SOURCE"
     CHANNEL_OFFSET_OUT_OF_RANGE = "CHANNEL_OFFSET_OUT_OF_RANGE"
     ALREADY_LINKED = "ALREADY_LINKED"
@@ -301,19 +305,27 @@ ConfirmWalEvent: TypeAlias = (
     | ServeRead
 )
 
-Response: TypeAlias = PollAnswer | ServedRead | int | None  # int: an assigned partition offset
+Response: TypeAlias = PollAnswer | ServedRead | int  # int: an assigned partition offset
 
 
 @dataclass(frozen=True, slots=True)
-class Transition:
-    state: ConfirmWalState
-    error: ConfirmWalError = ConfirmWalError.NONE
-    message: str = ""
-    response: Response = None
+class Respond:
+    """What the event gives back to its caller: the channel offset a Produce wrote at, the
+    partition offset an append was assigned, the answer to a Poll, the record a read served."""
 
-    @property
-    def ok(self) -> bool:
-        return self.error is ConfirmWalError.NONE
+    response: Response
+
+
+ConfirmWalEffect: TypeAlias = Respond | Rejected[ConfirmWalError]
+ConfirmWalTransition: TypeAlias = Transition[ConfirmWalState, ConfirmWalEffect]
+
+
+def response_of(transition: ConfirmWalTransition) -> Response | None:
+    """The response a transition gives (None: the event answers nothing, or was refused)."""
+    for effect in transition.effects:
+        if isinstance(effect, Respond):
+            return effect.response
+    return None
 
 
 # ================================================================== the transition table
@@ -386,7 +398,7 @@ def mermaid_flowchart() -> str:
 # =================================================================================== step
 
 
-def step(state: ConfirmWalState, event: ConfirmWalEvent) -> Transition:
+def step(state: ConfirmWalState, event: ConfirmWalEvent) -> ConfirmWalTransition:
     match event:
         case Produce():
             return _on_produce(state, event)
@@ -416,8 +428,8 @@ def step(state: ConfirmWalState, event: ConfirmWalEvent) -> Transition:
             return _on_serve_read(state, event)
 
 
-def _reject(state: ConfirmWalState, error: ConfirmWalError, message: str) -> Transition:
-    return Transition(state, error, message)
+def _reject(state: ConfirmWalState, error: ConfirmWalError, message: str) -> ConfirmWalTransition:
+    return Transition(state, (Rejected(error, message),))
 
 
 def _with_main(state: ConfirmWalState, **changes: object) -> ConfirmWalState:
@@ -431,14 +443,14 @@ def _with_proxy(state: ConfirmWalState, **changes: object) -> ConfirmWalState:
 # ------------------------------------------------------------------- producers and the main
 
 
-def _on_produce(state: ConfirmWalState, event: Produce) -> Transition:
+def _on_produce(state: ConfirmWalState, event: Produce) -> ConfirmWalTransition:
     channel = state.channels.get(event.source_node_id)
     if channel is None:
         return _reject(state, ConfirmWalError.UNKNOWN_SOURCE, f"no channel {event.source_node_id}")
     record = ChannelRecord(state.next_produce_id, event.payload)
     channels = {**state.channels, event.source_node_id: (*channel, record)}
     after = replace(state, channels=channels, next_produce_id=state.next_produce_id + 1)
-    return Transition(after, response=len(channel))  # the channel offset
+    return Transition(after, (Respond(len(channel)),))  # the channel offset
 
 
 def _is_linked(main: MainState, source_node_id: int, channel_offset: int) -> bool:
@@ -450,7 +462,7 @@ def _is_linked(main: MainState, source_node_id: int, channel_offset: int) -> boo
     )
 
 
-def _on_append_link(state: ConfirmWalState, event: AppendLink) -> Transition:
+def _on_append_link(state: ConfirmWalState, event: AppendLink) -> ConfirmWalTransition:
     channel = state.channels.get(event.source_node_id)
     if channel is None:
         return _reject(state, ConfirmWalError.UNKNOWN_SOURCE, f"no channel {event.source_node_id}")
@@ -464,26 +476,26 @@ def _on_append_link(state: ConfirmWalState, event: AppendLink) -> Transition:
         return _reject(state, ConfirmWalError.ALREADY_LINKED, "this channel record is in the WAL")
     offset = state.main.next_offset
     link = LinkRecord(event.source_node_id, event.channel_offset, offset, event.timestamp_ms)
-    return Transition(_with_main(state, wal=(*state.main.wal, link)), response=offset)
+    return Transition(_with_main(state, wal=(*state.main.wal, link)), (Respond(offset),))
 
 
-def _on_append_direct(state: ConfirmWalState, event: AppendDirect) -> Transition:
+def _on_append_direct(state: ConfirmWalState, event: AppendDirect) -> ConfirmWalTransition:
     offset = state.main.next_offset
     record = DataRecord(offset, state.next_produce_id, event.payload, event.timestamp_ms)
     after = _with_main(state, wal=(*state.main.wal, record))
-    return Transition(replace(after, next_produce_id=state.next_produce_id + 1), response=offset)
+    return Transition(replace(after, next_produce_id=state.next_produce_id + 1), (Respond(offset),))
 
 
-def _on_append_meta(state: ConfirmWalState, event: AppendMeta) -> Transition:
+def _on_append_meta(state: ConfirmWalState, event: AppendMeta) -> ConfirmWalTransition:
     return Transition(_with_main(state, wal=(*state.main.wal, MetaRecord(event.description))))
 
 
-def _on_advance_confirm(state: ConfirmWalState, event: AdvanceConfirm) -> Transition:
+def _on_advance_confirm(state: ConfirmWalState, event: AdvanceConfirm) -> ConfirmWalTransition:
     """The confirm offset only moves forward, and never past the WAL end.
 
     post: __return__.state.main.confirm_offset >= state.main.confirm_offset
-    post: implies(__return__.ok, __return__.state.main.confirm_offset <= len(state.main.wal))
-    post: __return__.ok or __return__.state == state
+    post: __return__.rejection or __return__.state.main.confirm_offset <= len(state.main.wal)
+    post: __return__.rejection is None or __return__.state == state
     """
     main = state.main
     if not main.confirm_offset <= event.confirm_offset <= len(main.wal):
@@ -495,7 +507,7 @@ def _on_advance_confirm(state: ConfirmWalState, event: AdvanceConfirm) -> Transi
     return Transition(_with_main(state, confirm_offset=event.confirm_offset))
 
 
-def _on_restart_main(state: ConfirmWalState, event: RestartMain) -> Transition:
+def _on_restart_main(state: ConfirmWalState, event: RestartMain) -> ConfirmWalTransition:
     main = state.main
     if main.confirm_offset == len(main.wal):
         return Transition(state)  # nothing to lose: the restart changes nothing
@@ -521,13 +533,13 @@ def reported_answer(main: MainState) -> PollAnswer:
     return PollAnswer(main.confirm_offset, main.confirmed_end)
 
 
-def _on_poll(state: ConfirmWalState, event: Poll) -> Transition:
+def _on_poll(state: ConfirmWalState, event: Poll) -> ConfirmWalTransition:
     answer = reported_answer(state.main)
     answers = state.proxy.answers | {answer}
-    return Transition(_with_proxy(state, answers=answers), response=answer)
+    return Transition(_with_proxy(state, answers=answers), (Respond(answer),))
 
 
-def _on_receive_answer(state: ConfirmWalState, event: ReceiveAnswer) -> Transition:
+def _on_receive_answer(state: ConfirmWalState, event: ReceiveAnswer) -> ConfirmWalTransition:
     proxy = state.proxy
     if event.answer not in proxy.answers:
         return _reject(state, ConfirmWalError.UNKNOWN_ANSWER, "the main never sent it")
@@ -579,7 +591,7 @@ def replay_one(cache: Mapping[int, CacheEntry], record: WalRecord) -> Mapping[in
     return {**cache, record.partition_offset: entry}
 
 
-def _on_replay_record(state: ConfirmWalState, event: ReplayRecord) -> Transition:
+def _on_replay_record(state: ConfirmWalState, event: ReplayRecord) -> ConfirmWalTransition:
     proxy, wal = state.proxy, state.main.wal
     if proxy.last_replayed >= min(proxy.target.wal_end, len(wal)):
         return _reject(state, ConfirmWalError.NOTHING_TO_REPLAY, "caught up with the answer")
@@ -587,7 +599,7 @@ def _on_replay_record(state: ConfirmWalState, event: ReplayRecord) -> Transition
     return Transition(_with_proxy(state, cache=cache, last_replayed=proxy.last_replayed + 1))
 
 
-def _on_replay_duplicate(state: ConfirmWalState, event: ReplayDuplicate) -> Transition:
+def _on_replay_duplicate(state: ConfirmWalState, event: ReplayDuplicate) -> ConfirmWalTransition:
     proxy, wal = state.proxy, state.main.wal
     if not 0 <= event.record_index < min(proxy.last_replayed, len(wal)):
         return _reject(state, ConfirmWalError.NOT_REPLAYED, f"record {event.record_index}")
@@ -610,7 +622,7 @@ def resolve(
     return replace(entry, produce_id=record.produce_id, payload=record.payload)
 
 
-def _on_resolve_link(state: ConfirmWalState, event: ResolveLink) -> Transition:
+def _on_resolve_link(state: ConfirmWalState, event: ResolveLink) -> ConfirmWalTransition:
     cache = state.proxy.cache
     entry = cache.get(event.partition_offset)
     if entry is None or entry.resolved:
@@ -629,7 +641,7 @@ def _readable(proxy: ProxyState, partition_offset: int) -> bool:
     return entry is not None and entry.resolved
 
 
-def _on_apply_snapshot(state: ConfirmWalState, event: ApplySnapshot) -> Transition:
+def _on_apply_snapshot(state: ConfirmWalState, event: ApplySnapshot) -> ConfirmWalTransition:
     proxy = state.proxy
     target = proxy.target
     if target.partition_end <= proxy.exposed_end:
@@ -663,7 +675,7 @@ def read(state: ConfirmWalState, partition_offset: int) -> ServedRead | None:
     )
 
 
-def _on_serve_read(state: ConfirmWalState, event: ServeRead) -> Transition:
+def _on_serve_read(state: ConfirmWalState, event: ServeRead) -> ConfirmWalTransition:
     served = read(state, event.partition_offset)
     if served is None:
         return _reject(
@@ -671,7 +683,7 @@ def _on_serve_read(state: ConfirmWalState, event: ServeRead) -> Transition:
             ConfirmWalError.OFFSET_OUT_OF_RANGE,
             f"offset {event.partition_offset}, applied end {state.proxy.exposed_end}",
         )
-    return Transition(_with_proxy(state, last_read=served), response=served)
+    return Transition(_with_proxy(state, last_read=served), (Respond(served),))
 
 
 # ==================================================================================== views
@@ -709,10 +721,6 @@ def cache_view(state: ConfirmWalState) -> dict[int, tuple[int, bytes]]:
 
 
 # =============================================================================== invariants
-
-
-class InvariantViolation(AssertionError):
-    pass
 
 
 def inv_no_read_beyond_confirm(state: ConfirmWalState) -> None:

@@ -40,6 +40,9 @@ from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
 from automq_ref.state_machines.append_only import AppendOnly
+from automq_ref.state_machines.transition import InvariantViolation as InvariantViolation
+from automq_ref.state_machines.transition import Rejected as Rejected
+from automq_ref.state_machines.transition import Transition as Transition
 
 ALL_STREAMS: Final = -1
 
@@ -218,23 +221,33 @@ class TrimWal:
     wal_offset: int
 
 
-LogCacheEffect: TypeAlias = PrepareObjects | UploadBlock | CommitBlock | TrimWal
+class LogCacheError(enum.Enum):
+    """Why an event is refused: the shell broke its side of the contract (records arrive whole
+    and contiguous per stream; an answer names a block that asked for it)."""
+
+    EMPTY_RECORD = "EMPTY_RECORD"  # a record covering no offsets
+    DISCONTINUOUS_RECORD = "DISCONTINUOUS_RECORD"  # not at the stream's next offset
+    UNKNOWN_BLOCK = "UNKNOWN_BLOCK"
+    WRONG_STAGE = "WRONG_STAGE"  # an answer for a request the block is not waiting on
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
-    state: LogCacheState
-    effects: tuple[LogCacheEffect, ...]
+LogCacheEffect: TypeAlias = (
+    PrepareObjects | UploadBlock | CommitBlock | TrimWal | Rejected[LogCacheError]
+)
+LogCacheTransition: TypeAlias = Transition[LogCacheState, LogCacheEffect]
 
 
-class LogCacheError(ValueError):
-    """An event the cache cannot accept: a discontinuous record, an answer for no request."""
-
-
-def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> Transition:
+def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> LogCacheTransition:
+    """One event. The effects ask for object ids, uploads, commits (only ever in block order)
+    and WAL trims (only after the commit of every block up to there); they may run in any order
+    but a commit, which the shell executes once the uploads before it are done. A refused event
+    is a ``Rejected`` effect and leaves the state as it was."""
     match event:
         case RecordAppended():
-            state = _on_record_appended(state, event, params)
+            appended = _on_record_appended(state, event, params)
+            if isinstance(appended, Rejected):
+                return Transition(state, (appended,))
+            state = appended
         case Tick():
             state = _seal_active_if(state, lambda block: _is_due(block, event.now_ms, params))
         case ForceUpload():
@@ -245,7 +258,10 @@ def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> 
         case ObjectsPrepared():
             return _on_objects_prepared(state, event, params)
         case BlockUploaded():
-            state = _set_stage(state, event.block_id, BlockStage.UPLOADING, BlockStage.UPLOADED)
+            staged = _set_stage(state, event.block_id, BlockStage.UPLOADING, BlockStage.UPLOADED)
+            if isinstance(staged, Rejected):
+                return Transition(state, (staged,))
+            state = staged
         case BlockCommitted():
             return _on_block_committed(state, event, params)
     return _advance(state, params)
@@ -253,15 +269,17 @@ def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> 
 
 def _on_record_appended(
     state: LogCacheState, event: RecordAppended, params: LogCacheParams
-) -> LogCacheState:
+) -> LogCacheState | Rejected[LogCacheError]:
     record = event.record
     if record.count <= 0:
-        raise LogCacheError(f"record of stream {record.stream_id} covers {record.count} offsets")
+        return Rejected(
+            LogCacheError.EMPTY_RECORD,
+            f"record of stream {record.stream_id} covers {record.count} offsets",
+        )
     expected = state.stream_ends.get(record.stream_id)
     if expected is not None and record.base_offset != expected:
-        raise LogCacheError(
-            f"stream {record.stream_id}: record starts at {record.base_offset}, expected {expected}"
-        )
+        message = f"record starts at {record.base_offset}, expected {expected}"
+        return Rejected(LogCacheError.DISCONTINUOUS_RECORD, f"stream {record.stream_id}: {message}")
     blocks = list(state.blocks)
     next_block_id = state.next_block_id
     if not blocks or blocks[-1].stage is not BlockStage.ACTIVE:
@@ -301,17 +319,18 @@ def _seal_active_if(state: LogCacheState, predicate: Callable[[CacheBlock], bool
 
 def _set_stage(
     state: LogCacheState, block_id: int, expected: BlockStage, stage: BlockStage
-) -> LogCacheState:
+) -> LogCacheState | Rejected[LogCacheError]:
     blocks = list(state.blocks)
     for index, block in enumerate(blocks):
         if block.block_id == block_id:
             if block.stage is not expected:
-                raise LogCacheError(
-                    f"block {block_id} is {block.stage.value}, not {expected.value}"
+                return Rejected(
+                    LogCacheError.WRONG_STAGE,
+                    f"block {block_id} is {block.stage.value}, not {expected.value}",
                 )
             blocks[index] = replace(block, stage=stage)
             return replace(state, blocks=tuple(blocks))
-    raise LogCacheError(f"no block {block_id}")
+    return Rejected(LogCacheError.UNKNOWN_BLOCK, f"no block {block_id}")
 
 
 def plan_layout(block: CacheBlock, first_object_id: int, params: LogCacheParams) -> UploadLayout:
@@ -339,24 +358,29 @@ def object_count(block: CacheBlock, params: LogCacheParams) -> int:
 
 def _on_objects_prepared(
     state: LogCacheState, event: ObjectsPrepared, params: LogCacheParams
-) -> Transition:
+) -> LogCacheTransition:
     blocks = list(state.blocks)
     for index, block in enumerate(blocks):
         if block.block_id == event.block_id:
             if block.stage is not BlockStage.PREPARING:
-                raise LogCacheError(f"block {block.block_id} did not ask for object ids")
+                message = f"block {block.block_id} did not ask for object ids"
+                return Transition(state, (Rejected(LogCacheError.WRONG_STAGE, message),))
             layout = plan_layout(block, event.first_object_id, params)
             blocks[index] = replace(block, stage=BlockStage.UPLOADING, layout=layout)
             upload = UploadBlock(block.block_id, layout, block.records)
             advanced = _advance(replace(state, blocks=tuple(blocks)), params)
             return Transition(advanced.state, (upload, *advanced.effects))
-    raise LogCacheError(f"no block {event.block_id}")
+    refused = Rejected(LogCacheError.UNKNOWN_BLOCK, f"no block {event.block_id}")
+    return Transition(state, (refused,))
 
 
 def _on_block_committed(
     state: LogCacheState, event: BlockCommitted, params: LogCacheParams
-) -> Transition:
-    state = _set_stage(state, event.block_id, BlockStage.COMMITTING, BlockStage.COMMITTED)
+) -> LogCacheTransition:
+    staged = _set_stage(state, event.block_id, BlockStage.COMMITTING, BlockStage.COMMITTED)
+    if isinstance(staged, Rejected):
+        return Transition(state, (staged,))
+    state = staged
     # Commits are serial and in order, so every block up to this one is committed: the WAL up
     # to its last record is no longer needed.
     block = next(b for b in state.blocks if b.block_id == event.block_id)
@@ -383,7 +407,7 @@ def _evict(state: LogCacheState, params: LogCacheParams) -> LogCacheState:
     return replace(state, blocks=tuple(blocks))
 
 
-def _advance(state: LogCacheState, params: LogCacheParams) -> Transition:
+def _advance(state: LogCacheState, params: LogCacheParams) -> LogCacheTransition:
     """Start whatever may start now: one prepare at a time, in block order; the next commit."""
     blocks = list(state.blocks)
     effects: list[LogCacheEffect] = []
@@ -452,10 +476,6 @@ def uncommitted_blocks(state: LogCacheState) -> Sequence[CacheBlock]:
 
 
 # =============================================================================== invariants
-
-
-class InvariantViolation(AssertionError):
-    pass
 
 
 def inv_only_committed_blocks_evicted(state: LogCacheState, wal_durable: Sequence[int]) -> None:

@@ -49,6 +49,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
+from automq_ref.state_machines.transition import InvariantViolation as InvariantViolation
+from automq_ref.state_machines.transition import Rejected as Rejected
+from automq_ref.state_machines.transition import Transition as Transition
+
 # ================================================================================== state
 
 
@@ -296,22 +300,12 @@ class TrimRouterChannel:
     epoch: int
 
 
-RouteEpochEffect: TypeAlias = (
-    PutEpochRecord
-    | AppendRouterChannel
-    | SendZoneRouteRequest
-    | ReadRouterChannel
-    | RespondZoneRouteRequest
-    | UploadWal
-    | PutNodeCommittedEpoch
-    | TrimRouterChannel
-)
-
-
 class RouteEpochError(enum.Enum):
     """Outcomes. ``ROUTE_EPOCH_FENCED`` is the protocol's refusal (AutoMQ fails the request with
-    "The router request epoch ... is less than fenced epoch"); the others say the event does not
-    apply to the state (the spec's action is not enabled) and leave the state unchanged."""
+    "The router request epoch ... is less than fenced epoch"): it is a step (the request becomes
+    REJECTED) whose answer, ``RespondZoneRouteRequest``, carries the error. The others say the
+    event does not apply to the state (the spec's action is not enabled): they come as a
+    ``Rejected`` effect and leave the state unchanged (a stutter)."""
 
     NONE = "NONE"
     ROUTE_EPOCH_FENCED = "ROUTE_EPOCH_FENCED"
@@ -326,16 +320,32 @@ class RouteEpochError(enum.Enum):
     NOTHING_TO_DO = "NOTHING_TO_DO"
 
 
-@dataclass(frozen=True, slots=True)
-class Transition:
-    state: RouteEpochState
-    effects: tuple[RouteEpochEffect, ...] = ()
-    error: RouteEpochError = RouteEpochError.NONE
+RouteEpochEffect: TypeAlias = (
+    PutEpochRecord
+    | AppendRouterChannel
+    | SendZoneRouteRequest
+    | ReadRouterChannel
+    | RespondZoneRouteRequest
+    | UploadWal
+    | PutNodeCommittedEpoch
+    | TrimRouterChannel
+    | Rejected[RouteEpochError]
+)
 
-    @property
-    def changed(self) -> bool:
-        """Whether the spec's action fired (a refused event is a stutter)."""
-        return self.error in (RouteEpochError.NONE, RouteEpochError.ROUTE_EPOCH_FENCED)
+
+RouteEpochTransition: TypeAlias = Transition[RouteEpochState, RouteEpochEffect]
+
+
+def outcome(transition: RouteEpochTransition) -> RouteEpochError:
+    """How the event ended: a refusal's error, else the error a request's answer carries
+    (``ROUTE_EPOCH_FENCED``), else ``NONE``."""
+    if (refused := transition.rejection) is not None:
+        error: RouteEpochError = refused.error
+        return error
+    for effect in transition.effects:
+        if isinstance(effect, RespondZoneRouteRequest):
+            return effect.error
+    return RouteEpochError.NONE
 
 
 # ============================================================ the request lifecycle, as data
@@ -372,10 +382,6 @@ REQUEST_TRANSITIONS: Final = (
     ),
 )
 _ALLOWED: Final = frozenset((t.source, t.action, t.target) for t in REQUEST_TRANSITIONS)
-
-
-class InvariantViolation(AssertionError):
-    pass
 
 
 def _move(request: ForwardedWrite, action: str, target: RequestState) -> ForwardedWrite:
@@ -460,7 +466,7 @@ def no_report_epoch(state: RouteEpochState) -> int:
 
 def step(
     state: RouteEpochState, event: RouteEpochEvent, params: RouteEpochParams = DEFAULT_PARAMS
-) -> Transition:
+) -> RouteEpochTransition:
     match event:
         case BumpRouteEpoch():
             return _on_bump_route_epoch(state, params)
@@ -484,8 +490,8 @@ def step(
             return _on_restart_node(state, event, params)
 
 
-def _refuse(state: RouteEpochState, error: RouteEpochError) -> Transition:
-    return Transition(state, (), error)
+def _refuse(state: RouteEpochState, error: RouteEpochError) -> RouteEpochTransition:
+    return Transition(state, (Rejected(error),))
 
 
 def _with_node(state: RouteEpochState, node_id: int, node: NodeState) -> RouteEpochState:
@@ -532,7 +538,7 @@ def bumped(old: EpochRecord, minimum: int | None, *, committed_monotone: bool) -
     return EpochRecord(route=old.route + 1, fenced=old.fenced + 1, committed=committed)
 
 
-def _on_bump_route_epoch(state: RouteEpochState, params: RouteEpochParams) -> Transition:
+def _on_bump_route_epoch(state: RouteEpochState, params: RouteEpochParams) -> RouteEpochTransition:
     minimum = committed_minimum(state.nodes, params.count_rule)
     record = bumped(state.controller, minimum, committed_monotone=params.committed_monotone)
     return Transition(replace(state, controller=record), (PutEpochRecord(record),))
@@ -547,7 +553,9 @@ def _ignore_publish_committed_epoch(
     return None
 
 
-def _on_publish_committed_epoch(state: RouteEpochState, params: RouteEpochParams) -> Transition:
+def _on_publish_committed_epoch(
+    state: RouteEpochState, params: RouteEpochParams
+) -> RouteEpochTransition:
     if (error := _ignore_publish_committed_epoch(state, params)) is not None:
         return _refuse(state, error)
     minimum = committed_minimum(state.nodes, params.count_rule)
@@ -559,7 +567,7 @@ def _on_publish_committed_epoch(state: RouteEpochState, params: RouteEpochParams
 # ----------------------------------------------------------------------------------- nodes
 
 
-def _on_learn_route_epoch(state: RouteEpochState, event: LearnRouteEpoch) -> Transition:
+def _on_learn_route_epoch(state: RouteEpochState, event: LearnRouteEpoch) -> RouteEpochTransition:
     if (error := _ignore_node(state, event.node_id, up=True)) is not None:
         return _refuse(state, error)
     node = state.nodes[event.node_id]
@@ -582,7 +590,7 @@ def caught_up(node: NodeState, controller: EpochRecord) -> NodeState:
     return replace(node, view=controller, trimmed=max(node.trimmed, controller.committed))
 
 
-def _on_forward_write(state: RouteEpochState, event: ForwardWrite) -> Transition:
+def _on_forward_write(state: RouteEpochState, event: ForwardWrite) -> RouteEpochTransition:
     if event.proxy_id == event.main_id:
         return _refuse(state, RouteEpochError.SAME_NODE)
     if event.main_id not in state.nodes:
@@ -622,7 +630,7 @@ def _replace_request(
 
 def _on_receive_request(
     state: RouteEpochState, event: ReceiveRequest, params: RouteEpochParams
-) -> Transition:
+) -> RouteEpochTransition:
     if (error := _ignore_request(state, event.request_id, RequestState.SENT)) is not None:
         return _refuse(state, error)
     request = state.requests[event.request_id - 1]
@@ -633,7 +641,6 @@ def _on_receive_request(
         return Transition(
             _replace_request(state, event.request_id, rejected),
             (RespondZoneRouteRequest(event.request_id, RouteEpochError.ROUTE_EPOCH_FENCED),),
-            RouteEpochError.ROUTE_EPOCH_FENCED,
         )
     accepted = _move(seen, "ReceiveRequest", RequestState.ACCEPTED)
     return Transition(
@@ -642,7 +649,7 @@ def _on_receive_request(
     )
 
 
-def _on_append_link_record(state: RouteEpochState, event: AppendLinkRecord) -> Transition:
+def _on_append_link_record(state: RouteEpochState, event: AppendLinkRecord) -> RouteEpochTransition:
     if (error := _ignore_request(state, event.request_id, RequestState.ACCEPTED)) is not None:
         return _refuse(state, error)
     request = state.requests[event.request_id - 1]
@@ -670,7 +677,7 @@ def node_waiting_epoch(
 
 def _on_report_committed_epoch(
     state: RouteEpochState, event: ReportCommittedEpoch, params: RouteEpochParams
-) -> Transition:
+) -> RouteEpochTransition:
     if (error := _ignore_node(state, event.node_id, up=True)) is not None:
         return _refuse(state, error)
     node = state.nodes[event.node_id]
@@ -686,7 +693,7 @@ def _on_report_committed_epoch(
     )
 
 
-def _on_crash_node(state: RouteEpochState, event: CrashNode) -> Transition:
+def _on_crash_node(state: RouteEpochState, event: CrashNode) -> RouteEpochTransition:
     if (error := _ignore_node(state, event.node_id, up=True)) is not None:
         return _refuse(state, error)
     requests = tuple(
@@ -700,7 +707,7 @@ def _on_crash_node(state: RouteEpochState, event: CrashNode) -> Transition:
     return Transition(_with_node(state, event.node_id, node))
 
 
-def _on_failover_node(state: RouteEpochState, event: FailoverNode) -> Transition:
+def _on_failover_node(state: RouteEpochState, event: FailoverNode) -> RouteEpochTransition:
     if (error := _ignore_node(state, event.node_id, up=False)) is not None:
         return _refuse(state, error)
     node = state.nodes[event.node_id]
@@ -718,7 +725,7 @@ def _on_failover_node(state: RouteEpochState, event: FailoverNode) -> Transition
 
 def _on_restart_node(
     state: RouteEpochState, event: RestartNode, params: RouteEpochParams
-) -> Transition:
+) -> RouteEpochTransition:
     if (error := _ignore_node(state, event.node_id, up=False)) is not None:
         return _refuse(state, error)
     node = replace(state.nodes[event.node_id], up=True, open_streams=True)

@@ -79,12 +79,13 @@ class ConfirmWalMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------------------- helpers
 
-    def apply(self, action: str, event: ConfirmWalEvent) -> cw.Transition:
+    def apply(self, action: str, event: ConfirmWalEvent) -> cw.ConfirmWalTransition:
         assert type(event).__name__ == action
         before = self.state
         transition = cw.step(self.state, event)
-        if not transition.ok:
-            assert transition.state == before, (event, transition.error)
+        if (refused := transition.rejection) is not None:
+            assert transition.state == before, (event, refused)
+            assert transition.effects == (refused,), transition.effects
         self.state = transition.state
         cw.check_invariants(self.state)  # also between the steps of a composite rule
         self.trace.append({"action": action, "state": cw.tla_state(self.state)})
@@ -125,10 +126,10 @@ class ConfirmWalMachine(RuleBasedStateMachine):
     def produce(self, source: int, payload: bytes) -> None:
         transition = self.apply("Produce", Produce(source, payload))
         if source in SOURCES:
-            assert transition.response == len(self.sent[source])
+            assert cw.response_of(transition) == len(self.sent[source])
             self.sent[source].append(payload)
         else:
-            assert transition.error is ConfirmWalError.UNKNOWN_SOURCE
+            assert transition.refusal is ConfirmWalError.UNKNOWN_SOURCE
 
     @precondition(
         lambda self: len(self.state.main.wal) < MAX_WAL and any(self.sent[s] for s in SOURCES)
@@ -141,10 +142,10 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         expected_offset = self.state.main.next_offset
         transition = self.apply("AppendLink", AppendLink(source, channel_offset, timestamp_ms))
         if (source, channel_offset) in fresh:
-            assert transition.ok and transition.response == expected_offset
+            assert transition.rejection is None and cw.response_of(transition) == expected_offset
             self.model_wal.append(self.sent[source][channel_offset])
         else:
-            assert not transition.ok
+            assert transition.rejection is not None
 
     @precondition(
         lambda self: (
@@ -156,7 +157,7 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         if not really:  # links are what this protocol is about
             return
         transition = self.apply("AppendDirect", AppendDirect(payload, timestamp_ms))
-        assert transition.ok
+        assert transition.rejection is None
         self.model_wal.append(payload)
 
     @precondition(lambda self: len(self.state.main.wal) < MAX_WAL)
@@ -167,7 +168,7 @@ class ConfirmWalMachine(RuleBasedStateMachine):
     def append_meta(self, description: str, really: bool) -> None:
         if not really:  # index records are rarer than data
             return
-        assert self.apply("AppendMeta", AppendMeta(description)).ok
+        assert self.apply("AppendMeta", AppendMeta(description)).rejection is None
         self.model_wal.append(None)
 
     @precondition(lambda self: self.state.main.confirm_offset < len(self.state.main.wal))
@@ -177,17 +178,17 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         offset = data.draw(st.integers(main.confirm_offset + 1, len(main.wal) + 1))
         transition = self.apply("AdvanceConfirm", AdvanceConfirm(offset))
         if offset <= len(self.model_wal):
-            assert transition.ok
+            assert transition.rejection is None
             self.model_durable = offset
         else:
-            assert transition.error is ConfirmWalError.INVALID_CONFIRM_OFFSET
+            assert transition.refusal is ConfirmWalError.INVALID_CONFIRM_OFFSET
 
     @precondition(lambda self: self.state.main.confirm_offset < len(self.state.main.wal))
     @rule(really=rarely(8))
     def restart_main(self, really: bool) -> None:
         if not really:  # crashes are rare: most draws of this rule do nothing
             return
-        assert self.apply("RestartMain", RestartMain()).ok
+        assert self.apply("RestartMain", RestartMain()).rejection is None
         del self.model_wal[self.model_durable :]
         assert len(self.state.main.wal) == self.model_durable
 
@@ -195,7 +196,7 @@ class ConfirmWalMachine(RuleBasedStateMachine):
     @rule()
     def poll(self) -> None:
         transition = self.apply("Poll", Poll())
-        answer = transition.response
+        answer = cw.response_of(transition)
         assert isinstance(answer, PollAnswer)
         assert answer.wal_end == self.model_durable
         assert answer.partition_end == len(self.acked())
@@ -214,9 +215,9 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         held = self.state.proxy.target
         transition = self.apply("ReceiveAnswer", ReceiveAnswer(answer))
         if answer not in answers:
-            assert transition.error is ConfirmWalError.UNKNOWN_ANSWER
+            assert transition.refusal is ConfirmWalError.UNKNOWN_ANSWER
         elif answer.wal_end <= held.wal_end:
-            assert transition.error is ConfirmWalError.STALE_ANSWER
+            assert transition.refusal is ConfirmWalError.STALE_ANSWER
         else:
             assert self.state.proxy.target == answer
 
@@ -229,7 +230,7 @@ class ConfirmWalMachine(RuleBasedStateMachine):
     @rule()
     def replay_record(self) -> None:
         before = self.state.proxy.last_replayed
-        assert self.apply("ReplayRecord", ReplayRecord()).ok
+        assert self.apply("ReplayRecord", ReplayRecord()).rejection is None
         assert self.state.proxy.last_replayed == before + 1
 
     @precondition(lambda self: self.state.proxy.last_replayed > 0)
@@ -241,21 +242,21 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         before = self.state
         transition = self.apply("ReplayDuplicate", ReplayDuplicate(index))
         if index < self.state.proxy.last_replayed:
-            assert transition.ok
+            assert transition.rejection is None
         assert self.state == before  # replaying again changes nothing
 
     @precondition(lambda self: bool(self.unresolved()))
     @rule(data=st.data())
     def resolve_link(self, data: st.DataObject) -> None:
         offset = data.draw(st.sampled_from(self.unresolved()))
-        assert self.apply("ResolveLink", ResolveLink(offset)).ok
+        assert self.apply("ResolveLink", ResolveLink(offset)).rejection is None
         entry = self.state.proxy.cache[offset]
         assert entry.resolved and entry.payload == self.acked()[offset]
 
     @precondition(lambda self: self.snapshot_ready())
     @rule()
     def apply_snapshot(self) -> None:
-        assert self.apply("ApplySnapshot", ApplySnapshot()).ok
+        assert self.apply("ApplySnapshot", ApplySnapshot()).rejection is None
         assert self.state.proxy.exposed_end == self.state.proxy.target.partition_end
 
     @precondition(lambda self: self.state.proxy.exposed_end > 0)
@@ -267,12 +268,12 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         offset = data.draw(st.integers(0, exposed + 1))
         transition = self.apply("ServeRead", ServeRead(offset))
         if offset < exposed:
-            served = transition.response
+            served = cw.response_of(transition)
             assert isinstance(served, ServedRead)
             assert served.payload == self.acked()[offset]
             assert served.partition_offset == offset
         else:
-            assert transition.error is ConfirmWalError.OFFSET_OUT_OF_RANGE
+            assert transition.refusal is ConfirmWalError.OFFSET_OUT_OF_RANGE
 
     @precondition(lambda self: self.state.main.confirmed_end > self.state.proxy.exposed_end)
     @rule(data=st.data())
@@ -285,18 +286,19 @@ class ConfirmWalMachine(RuleBasedStateMachine):
         newest = max(self.state.proxy.answers, key=lambda answer: answer.wal_end)
         if newest.wal_end > self.state.proxy.target.wal_end:
             self.apply("ReceiveAnswer", ReceiveAnswer(newest))
-        while self.apply("ReplayRecord", ReplayRecord()).ok:
+        while self.apply("ReplayRecord", ReplayRecord()).rejection is None:
             pass
         self.trace.pop()  # the refused last ReplayRecord: keep the trace free of the stutter
         for offset in self.unresolved():
-            assert self.apply("ResolveLink", ResolveLink(offset)).ok
-        assert self.apply("ApplySnapshot", ApplySnapshot()).ok
+            assert self.apply("ResolveLink", ResolveLink(offset)).rejection is None
+        assert self.apply("ApplySnapshot", ApplySnapshot()).rejection is None
         acked = self.acked()
         assert self.state.proxy.exposed_end == len(acked)
         for offset in range(len(acked)):
             transition = self.apply("ServeRead", ServeRead(offset))
-            assert isinstance(transition.response, ServedRead)
-            assert transition.response.payload == acked[offset]
+            served = cw.response_of(transition)
+            assert isinstance(served, ServedRead)
+            assert served.payload == acked[offset]
 
     # ------------------------------------------------------------------------- invariants
 
@@ -355,7 +357,7 @@ TestConfirmWalMachine = ConfirmWalMachine.TestCase
 def run(state: ConfirmWalState, *events: ConfirmWalEvent) -> ConfirmWalState:
     for event in events:
         transition = cw.step(state, event)
-        assert transition.ok, (event, transition)
+        assert transition.rejection is None, (event, transition)
         state = transition.state
         cw.check_invariants(state)
     return state
@@ -395,7 +397,7 @@ def test_unconfirmed_records_are_never_replayed_and_a_crash_reassigns_them() -> 
         ReceiveAnswer(PollAnswer(1, 1)),
         ReplayRecord(),
     )
-    assert cw.step(state, ReplayRecord()).error is ConfirmWalError.NOTHING_TO_REPLAY
+    assert cw.step(state, ReplayRecord()).refusal is ConfirmWalError.NOTHING_TO_REPLAY
     state = run(state, RestartMain(), AppendDirect(b"b"), AdvanceConfirm(2), ApplySnapshot())
     assert state.main.lost_from == 1
     assert cw.read(state, 0) is not None and cw.read(state, 1) is None
@@ -408,9 +410,9 @@ def test_stale_answers_change_nothing() -> None:
     state = run(cw.initial_state(SOURCES), AppendMeta(), Poll(), AdvanceConfirm(1), Poll())
     state = run(state, ReceiveAnswer(PollAnswer(1, 0)))
     stale = cw.step(state, ReceiveAnswer(PollAnswer(0, 0)))
-    assert stale.error is ConfirmWalError.STALE_ANSWER and stale.state == state
+    assert stale.refusal is ConfirmWalError.STALE_ANSWER and stale.state == state
     duplicate = cw.step(state, ReceiveAnswer(PollAnswer(1, 0)))
-    assert duplicate.error is ConfirmWalError.STALE_ANSWER and duplicate.state == state
+    assert duplicate.refusal is ConfirmWalError.STALE_ANSWER and duplicate.state == state
 
 
 # Each invariant catches the state the matching mutation model of the spec reaches.

@@ -70,7 +70,7 @@ class Recorder:
         self.state: ConfirmWalState = cw.initial_state(SOURCES)
         self.lines = [tv.TraceLine("Init", cw.tla_state(self.state))]
 
-    def apply(self, event: ConfirmWalEvent) -> cw.Transition:
+    def apply(self, event: ConfirmWalEvent) -> cw.ConfirmWalTransition:
         transition = cw.step(self.state, event)
         self.state = transition.state
         self.lines.append(tv.TraceLine(type(event).__name__, cw.tla_state(self.state)))
@@ -79,13 +79,13 @@ class Recorder:
     def ok(self, *events: ConfirmWalEvent) -> None:
         for event in events:
             transition = self.apply(event)
-            assert transition.ok, (event, transition.error, transition.message)
+            assert transition.rejection is None, (event, transition.rejection)
 
     def refused(self, event: ConfirmWalEvent, error: ConfirmWalError) -> None:
         """The event is refused with ``error`` and changes nothing: a stutter."""
         before = self.state
         transition = self.apply(event)
-        assert transition.error is error, (event, transition.error)
+        assert transition.refusal is error, (event, transition.refusal)
         assert self.state == before
 
 

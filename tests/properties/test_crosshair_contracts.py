@@ -1,8 +1,9 @@
 """CrossHair checks the PEP 316 contracts on the machines' small pure helpers.
 
-The ``post:`` lines in the docstrings of ``automq_ref/state_machines/*.py`` state what a helper
-promises (a bump moves route and fenced up by one, a catch-up never moves the channel trim back,
-a fetch never reads past the applied end, replaying a record twice is replaying it once, ...).
+The ``post:`` lines in the docstrings of the machines (``automq_ref/state_machines/``) state
+what a helper promises (a bump moves route and fenced up by one, a catch-up never moves the
+channel trim back, a fetch never reads past the applied end, replaying a record twice is
+replaying it once, ...).
 ``crosshair check --analysis_kind=PEP316`` executes each function on symbolic inputs and looks
 for an input that breaks a postcondition. One ``crosshair`` run covers every module (one start
 up); the tests then read its report line by line:
@@ -100,25 +101,41 @@ def crosshair(*targets: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def module_files(module: str) -> list[tuple[str, Path]]:
+    """(dotted name, file) of a machine's module, or of every module of the machine's package."""
+    package = MACHINES / module
+    if not package.is_dir():
+        return [(f"automq_ref.state_machines.{module}", MACHINES / f"{module}.py")]
+    return [
+        (f"automq_ref.state_machines.{module}" + ("" if p.stem == "__init__" else f".{p.stem}"), p)
+        for p in sorted(package.glob("*.py"))
+    ]
+
+
+def report_key(path: str | Path, line: int) -> tuple[str, int]:
+    """A file and line as the contracts and the report both name them (relative to MACHINES)."""
+    return str((ROOT / path).resolve().relative_to(MACHINES)), line
+
+
 def contracts() -> dict[tuple[str, int], tuple[str, str]]:
-    """(file name, line) -> (module, condition) for every ``post:`` line of the machines."""
+    """(file, line) -> (module, condition) for every ``post:`` line of the machines."""
     found: dict[tuple[str, int], tuple[str, str]] = {}
     for module in MODULES:
-        path = MACHINES / f"{module}.py"
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if match := POST.match(line):
-                found[(path.name, number)] = (module, match["condition"])
+        for _, path in module_files(module):
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if match := POST.match(line):
+                    found[report_key(path, number)] = (module, match["condition"])
     return found
 
 
 @cache
 def report() -> tuple[int, dict[tuple[str, int], tuple[str, str]], str]:
     """One CrossHair run over every module: (exit code, (file, line) -> (level, message))."""
-    run = crosshair(*(f"automq_ref.state_machines.{module}" for module in MODULES))
+    run = crosshair(*(name for module in MODULES for name, _ in module_files(module)))
     results: dict[tuple[str, int], tuple[str, str]] = {}
     for line in run.stdout.splitlines():
         if match := REPORT.match(line):
-            results[(Path(match["path"]).name, int(match["line"]))] = (
+            results[report_key(match["path"], int(match["line"]))] = (
                 match["level"],
                 match["message"],
             )

@@ -150,25 +150,28 @@ class FailoverMachine(RuleBasedStateMachine):
             self._enabled_for = self.state
         if action not in self._enabled:
             self._enabled[action] = [
-                e for e in candidates(self.state, action) if fo.step(self.state, e, self.params).ok
+                e
+                for e in candidates(self.state, action)
+                if fo.step(self.state, e, self.params).rejection is None
             ]
         return self._enabled[action]
 
-    def apply(self, event: FailoverEvent) -> fo.Transition:
+    def apply(self, event: FailoverEvent) -> fo.FailoverTransition:
         before = self.state
         transition = fo.step(self.state, event, self.params)
-        if transition.ok:
+        if transition.rejection is None:
             self._check_transition(before, transition.state)
         else:
-            assert transition.state is before and transition.effects == (), transition
+            refused = (transition.rejection,)
+            assert transition.state is before and transition.effects == refused, transition
         self.state = transition.state
         self.trace.append({"action": type(event).__name__, "state": fo.tla_state(self.state)})
         return transition
 
-    def fire(self, data: st.DataObject, action: str) -> fo.Transition:
+    def fire(self, data: st.DataObject, action: str) -> fo.FailoverTransition:
         event = data.draw(st.sampled_from(self.enabled(action)), label=action)
         transition = self.apply(event)
-        assert transition.ok, (event, transition.error)
+        assert transition.rejection is None, (event, transition.refusal)
         return transition
 
     @staticmethod
@@ -220,7 +223,7 @@ class FailoverMachine(RuleBasedStateMachine):
         ]
         event = data.draw(st.sampled_from(events))
         transition = self.apply(event)
-        assert transition.ok
+        assert transition.rejection is None
         node = self.state.nodes[event.node_id]
         assert node.reservation == node.own_reservation and node.grace
 
@@ -322,7 +325,7 @@ class FailoverMachine(RuleBasedStateMachine):
             self.state.nodes[event.node_id].node_epoch >= MAX_NODE_EPOCH
         ):
             return
-        if self.apply(event).ok and isinstance(event, Crash):
+        if self.apply(event).rejection is None and isinstance(event, Crash):
             self.crashes += 1
 
     # ------------------------------------------------------------------------- invariants
@@ -392,7 +395,7 @@ def run(
     state = fo.initial_state(nodes, streams)
     for event in events:
         transition = fo.step(state, event, params)
-        assert transition.ok, (event, transition.error)
+        assert transition.rejection is None, (event, transition.refusal)
         state = transition.state
     return state
 
@@ -441,9 +444,9 @@ def test_reach_zombie_is_refused_and_halts() -> None:
     the zombie halts; its record is never acknowledged."""
     state = run([*zombie_scenario(), CloseFailedStreams(2), OpenStream(2, 0)])
     refused = fo.step(state, AckAppend(1, 1))
-    assert refused.error is fo.FailoverError.WAL_FENCED and refused.state is state
+    assert refused.refusal is fo.FailoverError.WAL_FENCED and refused.state is state
     halted = fo.step(state, DetectFence(1))
-    assert halted.ok and halted.state.nodes[1].phase is Phase.DOWN
+    assert halted.rejection is None and halted.state.nodes[1].phase is Phase.DOWN
     fo.check_invariants(halted.state)
 
 
@@ -467,24 +470,24 @@ def test_reach_graceful_shutdown_hands_off() -> None:
 
 def test_close_refuses_until_uploaded() -> None:
     state = run([OpenStream(1, 0), AppendRecord(1, 0), AckAppend(1, 1), BeginShutdown(1)])
-    assert fo.step(state, CloseStream(1, 0)).error is fo.FailoverError.RECORDS_NOT_UPLOADED
+    assert fo.step(state, CloseStream(1, 0)).refusal is fo.FailoverError.RECORDS_NOT_UPLOADED
 
 
 def test_grace_holds_off_failover_of_a_restarted_node() -> None:
     state = run([OpenStream(1, 0), Crash(1), Restart(1)])
-    assert fo.step(state, AssignFailover(1, 2)).error is fo.FailoverError.NOT_A_CANDIDATE
+    assert fo.step(state, AssignFailover(1, 2)).refusal is fo.FailoverError.NOT_A_CANDIDATE
     state = run([OpenStream(1, 0), Crash(1), Restart(1), EndGrace(1)])
-    assert fo.step(state, AssignFailover(1, 2)).ok
+    assert fo.step(state, AssignFailover(1, 2)).rejection is None
 
 
 def test_restart_during_failover_aborts_the_task() -> None:
     state = run([OpenStream(1, 0), Crash(1), ExpireSession(1), AssignFailover(1, 2), FenceWal(2)])
     restarted = fo.step(state, Restart(1)).state
-    assert fo.step(restarted, RecoverFailedWal(2)).error is fo.FailoverError.NODE_EPOCH_EXPIRED
+    assert fo.step(restarted, RecoverFailedWal(2)).refusal is fo.FailoverError.NODE_EPOCH_EXPIRED
     aborted = fo.step(restarted, AbortFailover(2))
-    assert aborted.ok and aborted.state.nodes[2].task is None
+    assert aborted.rejection is None and aborted.state.nodes[2].task is None
     recovered = fo.step(aborted.state, RecoverOwnWal(1))
-    assert recovered.ok and not recovered.state.opened_by(1)
+    assert recovered.rejection is None and not recovered.state.opened_by(1)
 
 
 @pytest.mark.parametrize(
@@ -580,7 +583,7 @@ def test_two_failovers_in_flight_only_when_allowed() -> None:
         fo.inv_one_failover_in_flight(state)
     state = run(events, nodes=(1, 2, 3, 4), streams=(0, 1))
     refused = fo.step(state, AssignFailover(2, 4))
-    assert refused.error is fo.FailoverError.FAILOVER_IN_FLIGHT
+    assert refused.refusal is fo.FailoverError.FAILOVER_IN_FLIGHT
 
 
 # ====================================================================== tables, docs, traces

@@ -75,7 +75,7 @@ class Recorder:
         self.state: FailoverState = fo.initial_state(NODES, STREAMS)
         self.lines = [tv.TraceLine("Init", fo.tla_state(self.state))]
 
-    def apply(self, event: FailoverEvent) -> fo.Transition:
+    def apply(self, event: FailoverEvent) -> fo.FailoverTransition:
         transition = fo.step(self.state, event, self.params)
         self.state = transition.state
         self.lines.append(tv.TraceLine(type(event).__name__, fo.tla_state(self.state)))
@@ -84,13 +84,13 @@ class Recorder:
     def ok(self, *events: FailoverEvent) -> None:
         for event in events:
             transition = self.apply(event)
-            assert transition.ok, (event, transition.error)
+            assert transition.rejection is None, (event, transition.refusal)
 
     def refused(self, event: FailoverEvent, error: FailoverError) -> None:
         """The event is refused with ``error`` and changes nothing: a stutter."""
         before = self.state
         transition = self.apply(event)
-        assert transition.error is error, (event, transition.error)
+        assert transition.refusal is error, (event, transition.refusal)
         assert self.state == before
 
 

@@ -132,6 +132,8 @@ class GroupMachine(RuleBasedStateMachine):
                     answers[effect.request_id] = effect.response
                 case g.PersistOffsets() | g.PersistGroupDeletion():
                     self.writes.append(Write(effect))
+                case g.Rejected():
+                    raise AssertionError(f"the clients kept the contract, yet {event}: {effect}")
         self._check_join_completions(before, answers)
         self._check_assignments(before, event, answers)
         self._check_generations(answers)

@@ -77,6 +77,8 @@ class LogCacheMachine(RuleBasedStateMachine):
                 case TrimWal():
                     assert effect.wal_offset > self.trimmed_to
                     self.trimmed_to = effect.wal_offset
+                case lc.Rejected():
+                    raise AssertionError(f"a well-behaved shell, yet {event}: {effect}")
 
     def _check_layout(self, upload: UploadBlock) -> None:
         """Every run of the block is in exactly one object; at most the cap of stream objects,
@@ -183,3 +185,22 @@ class LogCacheMachine(RuleBasedStateMachine):
 
 
 TestLogCacheMachine = LogCacheMachine.TestCase
+
+
+def test_events_breaking_the_contract_are_refused_and_change_nothing() -> None:
+    params = LogCacheParams(upload_threshold_bytes=10, upload_interval_ms=-1)
+    state = lc.step(
+        LogCacheState(), RecordAppended(CachedRecord(0, 0, 2, b"ab", 1), 0), params
+    ).state
+    refusals: dict[lc.LogCacheEvent, lc.LogCacheError] = {
+        RecordAppended(CachedRecord(0, 0, 0, b"", 2), 0): lc.LogCacheError.EMPTY_RECORD,
+        RecordAppended(CachedRecord(0, 5, 1, b"c", 2), 0): lc.LogCacheError.DISCONTINUOUS_RECORD,
+        ObjectsPrepared(0, 0): lc.LogCacheError.WRONG_STAGE,  # block 0 never asked
+        ObjectsPrepared(7, 0): lc.LogCacheError.UNKNOWN_BLOCK,
+        BlockUploaded(0): lc.LogCacheError.WRONG_STAGE,
+        BlockCommitted(7): lc.LogCacheError.UNKNOWN_BLOCK,
+    }
+    for event, error in refusals.items():
+        transition = lc.step(state, event, params)
+        assert transition.refusal is error, (event, transition)
+        assert transition.state == state and len(transition.effects) == 1

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def enabled(state: RouteEpochState, event: RouteEpochEvent) -> bool:
-    return re_.step(state, event, PARAMS).changed
+    return re_.step(state, event, PARAMS).rejection is None
 
 
 class RouteEpochMachine(RuleBasedStateMachine):
@@ -62,11 +62,11 @@ class RouteEpochMachine(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------------------- helpers
 
-    def apply(self, event: RouteEpochEvent) -> re_.Transition:
+    def apply(self, event: RouteEpochEvent) -> re_.RouteEpochTransition:
         before = self.state
         transition = re_.step(before, event, PARAMS)
-        if not transition.changed:
-            assert transition.state == before and transition.effects == (), transition
+        if (refused := transition.rejection) is not None:
+            assert transition.state == before and transition.effects == (refused,), transition
         self.state = transition.state
         re_.check_epochs_never_decrease(before, self.state)
         self.trace.record(event, self.state)
@@ -144,10 +144,12 @@ class RouteEpochMachine(RuleBasedStateMachine):
         transition = self.apply(ReceiveRequest(request_id))
         after = self.state.requests[request_id - 1]
         if request.epoch <= fenced:
-            assert transition.error is RouteEpochError.ROUTE_EPOCH_FENCED
+            assert transition.effects == (
+                re_.RespondZoneRouteRequest(request_id, RouteEpochError.ROUTE_EPOCH_FENCED),
+            )
             assert after.state is RequestState.REJECTED
         else:
-            assert transition.error is RouteEpochError.NONE
+            assert re_.outcome(transition) is RouteEpochError.NONE
             assert after.state is RequestState.ACCEPTED
 
     @precondition(lambda self: bool(self.ids_in(RequestState.ACCEPTED)))
@@ -290,7 +292,7 @@ def _run(events: list[RouteEpochEvent], params: RouteEpochParams) -> RouteEpochS
     state = re_.initial_state((1, 2), params)
     for event in events:
         transition = re_.step(state, event, params)
-        assert transition.changed, (event, transition.error)
+        assert transition.rejection is None, (event, transition.rejection)
         state = transition.state
     return state
 

@@ -68,7 +68,7 @@ class Recorder:
         self.state: RouteEpochState = re_.initial_state(NODES, params)
         self.lines = [tv.TraceLine("Init", re_.tla_state(self.state))]
 
-    def apply(self, event: RouteEpochEvent) -> re_.Transition:
+    def apply(self, event: RouteEpochEvent) -> re_.RouteEpochTransition:
         transition = re_.step(self.state, event, self.params)
         self.state = transition.state
         self.lines.append(tv.TraceLine(type(event).__name__, re_.tla_state(self.state)))
@@ -77,12 +77,12 @@ class Recorder:
     def ok(self, *events: RouteEpochEvent) -> None:
         for event in events:
             transition = self.apply(event)
-            assert transition.error is E.NONE, (event, transition.error)
+            assert re_.outcome(transition) is E.NONE, (event, transition.effects)
 
     def answers(self, event: RouteEpochEvent, error: RouteEpochError) -> None:
         """The event ends in ``error``: the fence check's rejection, or a refusal (a stutter)."""
         transition = self.apply(event)
-        assert transition.error is error, (event, transition.error)
+        assert re_.outcome(transition) is error, (event, transition.effects)
 
 
 # ================================================================================= scenarios

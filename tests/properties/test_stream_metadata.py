@@ -68,13 +68,18 @@ class StreamMetadataMachine(RuleBasedStateMachine):
     def apply(self, event: StreamMetadataEvent) -> sm.Response:
         before = self.image
         transition = sm.step(self.image, event, PARAMS)
-        if not transition.response.ok:
-            assert transition.records == (), (event, transition.response)
-            assert transition.image == before
-        self.image = transition.image
-        self.records.extend(transition.records)
+        response = sm.response_of(transition)
+        records = sm.records_of(transition)
+        # One shape: the records to append first (if any), then the answer.
+        appended = (sm.AppendRecords(records),) if records else ()
+        assert transition.effects == (*appended, sm.Respond(response)), transition.effects
+        if not response.ok:
+            assert records == (), (event, response)
+            assert transition.state == before
+        self.image = transition.state
+        self.records.extend(records)
         self._check_transition(before, self.image)
-        return transition.response
+        return response
 
     def _check_transition(self, before: StreamMetadataImage, after: StreamMetadataImage) -> None:
         for stream_id, old in before.streams.items():

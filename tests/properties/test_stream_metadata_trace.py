@@ -78,7 +78,7 @@ class TraceRecorder:
     def __init__(self, nodes: tuple[int, ...] = NODES) -> None:
         image = EMPTY_IMAGE
         for node_id in nodes:  # the spec's Init: every node registered at epoch 0
-            image = sm.step(image, RegisterNode(node_id, 0), PARAMS).image
+            image = sm.step(image, RegisterNode(node_id, 0), PARAMS).state
         self.image: StreamMetadataImage = image
         self.now_ms = 0
         self.lines = [tv.TraceLine("Init", sm.tla_state(image))]
@@ -89,9 +89,9 @@ class TraceRecorder:
 
     def apply(self, event: StreamMetadataEvent) -> sm.Response:
         transition = sm.step(self.image, event, PARAMS)
-        self.image = transition.image
+        self.image = transition.state
         self.lines.append(tv.TraceLine(sm.tla_action(event), sm.tla_state(self.image)))
-        return transition.response
+        return sm.response_of(transition)
 
     def forge(self, action: str, records: list[sm.MetadataRecord]) -> None:
         """A step a broken controller could take: these records, replayed, labelled ``action``."""

@@ -17,7 +17,7 @@ from automq_ref.formats.metadata_record import (
     encode_record,
     encode_snapshot,
 )
-from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.controller import MAX_CONFLICT_RETRIES, Controller, ControllerError
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, LogIndexConflict
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.stream_objects import object_key
@@ -100,6 +100,28 @@ async def test_a_lost_race_is_replayed_and_decided_again(tmp_path: Path) -> None
         assert controller.applied_index == metadata_log.next_index
         with pytest.raises(LogIndexConflict):
             await metadata_log.append([b"{}"], expected_next_index=0)
+    finally:
+        await metadata_log.close()
+
+
+class AlwaysRacingLog(FileMetadataLog):
+    """Another writer always gets there first: every append of ours conflicts."""
+
+    async def append(self, records: Sequence[bytes], *, expected_next_index: int) -> int:
+        await super().append([records[0]], expected_next_index=self.next_index)
+        return await super().append(records, expected_next_index=expected_next_index)
+
+
+async def test_a_log_that_keeps_moving_ahead_fails_the_request(tmp_path: Path) -> None:
+    metadata_log = AlwaysRacingLog(tmp_path)
+    await metadata_log.__aenter__()
+    try:
+        controller = await Controller.open(metadata_log)
+        with pytest.raises(ControllerError, match="kept moving ahead"):
+            await controller.handle(sm.RegisterNode(1, 1))
+        # Each try caught up with the rival's record (the same registration) and decided again.
+        assert controller.applied_index == metadata_log.next_index == MAX_CONFLICT_RETRIES
+        assert controller.image.nodes[1].node_epoch == 1
     finally:
         await metadata_log.close()
 

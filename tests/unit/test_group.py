@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
-
 from automq_ref.errors import KafkaErrorCode as E
 from automq_ref.state_machines import group as g
 from automq_ref.state_machines.group import (
@@ -36,6 +34,7 @@ class Coordinator:
         self.request_ids = itertools.count(1)
         self.answers: dict[int, g.Response] = {}
         self.writes: list[g.DurableRecord] = []
+        self.refusals: list[g.Rejected[E]] = []
 
     def apply(self, event: g.GroupEvent) -> None:
         before = self.state
@@ -51,6 +50,9 @@ class Coordinator:
                     self.answers[effect.request_id] = effect.response
                 case g.PersistOffsets() | g.PersistGroupDeletion():
                     self.writes.append(effect)
+                case g.Rejected():
+                    assert transition.state == before, "a refusal changed the state"
+                    self.refusals.append(effect)
 
     def request(self, make: object, **fields: object) -> int:
         request_id = next(self.request_ids)
@@ -488,8 +490,22 @@ def test_failed_persistence_answers_an_error() -> None:
     assert isinstance(result, g.OffsetCommitResponse)
     assert result.partitions[0].error_code is E.COORDINATOR_NOT_AVAILABLE
     assert g.committed_offset(c.state, "solo", ("t", 0)).offset == g.NO_OFFSET
-    with pytest.raises(g.GroupError):
-        c.apply(g.OffsetsPersisted(rid))
+    # A completion for a write no longer in flight breaks the shell's contract: refused.
+    c.apply(g.OffsetsPersisted(rid))
+    assert c.refusals == [g.Rejected(E.INVALID_REQUEST, f"no write in flight for request {rid}")]
+
+
+def test_reusing_the_request_id_of_a_write_in_flight_is_refused() -> None:
+    c = Coordinator()
+    rid = next(c.request_ids)
+    commit = g.OffsetCommit(rid, c.now_ms, "solo", -1, "", None, (g.OffsetCommitEntry("t", 0, 5),))
+    c.apply(commit)
+    c.apply(commit)
+    message = f"request id {rid} is already waiting for a write"
+    assert c.refusals == [g.Rejected(E.INVALID_REQUEST, message)]
+    assert len(c.writes) == 1 and rid not in c.answers
+    c.apply(g.OffsetsPersisted(rid))
+    assert isinstance(c.answers[rid], g.OffsetCommitResponse)
 
 
 def test_list_describe_and_delete_groups() -> None:

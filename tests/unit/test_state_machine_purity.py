@@ -47,10 +47,10 @@ def is_forbidden(module: str) -> bool:
 
 
 def test_machines_import_nothing_impure() -> None:
-    files = sorted(Path(machines.__file__).parent.glob("*.py"))
+    files = sorted(Path(machines.__file__).parent.rglob("*.py"))
     assert len(files) > 1, "no machine modules found: the check would be vacuous"
     offenders = {
-        f"{path.name}: {module}"
+        f"{path.relative_to(Path(machines.__file__).parent)}: {module}"
         for path in files
         for module in imported_modules(path)
         if is_forbidden(module)

@@ -21,8 +21,8 @@ from automq_ref.state_machines.stream_metadata import (
 def run(image: StreamMetadataImage, *events: StreamMetadataEvent) -> StreamMetadataImage:
     for event in events:
         transition = sm.step(image, event)
-        assert transition.response.ok, (event, transition.response)
-        image = transition.image
+        assert sm.response_of(transition).ok, (event, transition.effects)
+        image = transition.state
     return image
 
 
@@ -94,7 +94,14 @@ def test_step_is_total(state_name: str, event_name: str) -> None:
     image = STATES[state_name]
     for event in EVENTS[event_name]:
         transition = sm.step(image, event)
-        assert isinstance(transition.response.error, StreamErrorCode)
-        if not transition.response.ok:
-            assert transition.records == () and transition.image == image
-        sm.check_invariants(transition.image)
+        response = sm.response_of(transition)
+        assert isinstance(response.error, StreamErrorCode)
+        # The one shape: the records to append (if any), then the answer; the state is the
+        # records replayed.
+        records = sm.records_of(transition)
+        expected = (sm.AppendRecords(records), sm.Respond(response)) if records else ()
+        assert transition.effects == (expected or (sm.Respond(response),))
+        assert transition.state == sm.replay_all(image, records)
+        if not response.ok:
+            assert records == () and transition.state == image
+        sm.check_invariants(transition.state)

@@ -42,9 +42,10 @@ async def test_block_objects_round_trip_through_metadata(tmp_path: Path) -> None
     def apply(event: sm.StreamMetadataEvent) -> sm.Response:
         nonlocal image
         transition = sm.step(image, event)
-        assert transition.response.ok, transition.response
-        image = transition.image
-        return transition.response
+        response = sm.response_of(transition)
+        assert response.ok, response
+        image = transition.state
+        return response
 
     apply(sm.RegisterNode(1, 1))
     for _ in range(3):

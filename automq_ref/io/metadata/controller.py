@@ -1,11 +1,14 @@
 """The controller shell: StreamMetadata requests, made durable on the metadata log.
 
 A request runs the pure :func:`~automq_ref.state_machines.stream_metadata.step` on the current
-image. A rejection, or an acceptance that writes nothing, is answered at once. Otherwise the
-records are appended to the metadata log as one batch, guarded by the index this controller has
-applied up to; only once the batch is durable does the image advance and the caller get its
-answer. If another writer got to the log first (``LogIndexConflict``), the controller replays
-what it missed and decides again on the newer image. Requests are handled one at a time, so the
+image, through the shell's one driver (:mod:`automq_ref.io.driver`). A rejection, or an
+acceptance that writes nothing, is answered at once (its only effect is ``Respond``). Otherwise
+the ``AppendRecords`` effect appends the records to the metadata log as one batch, guarded by the
+index this controller has applied up to; only once the batch is durable does the driver advance
+the image, and only then does the caller get its answer (the ``Respond`` effect, returned with
+the transition). If another writer got to the log first (``LogIndexConflict``), the append says
+the decision is stale: the controller replays what it missed and the driver decides again on the
+newer image, up to ``MAX_CONFLICT_RETRIES`` times. Requests are handled one at a time, so the
 log's order is the order of decisions.
 
 On open the image is rebuilt from the latest snapshot plus the records after it; ``snapshot()``
@@ -14,7 +17,6 @@ writes the image as records (``image_records``) and lets the log drop what it co
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Self
 
@@ -24,6 +26,7 @@ from automq_ref.formats.metadata_record import (
     encode_record,
     encode_snapshot,
 )
+from automq_ref.io.driver import Driver, Stale, StaleDecisions
 from automq_ref.io.metadata.metadata_log import LogIndexConflict, MetadataLog
 from automq_ref.io.storage.object_store import ObjectStore
 from automq_ref.io.storage.stream_objects import object_key
@@ -32,6 +35,8 @@ from automq_ref.state_machines import stream_metadata as sm
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_RETRIES = 5
+
+_ControllerDriver = Driver[sm.StreamMetadataImage, sm.StreamMetadataEvent, sm.StreamMetadataEffect]
 
 
 class ControllerError(Exception):
@@ -47,10 +52,16 @@ class Controller:
         params: sm.StreamMetadataParams,
     ) -> None:
         self._log = metadata_log
-        self._image = image
         self._applied_index = applied_index
         self._params = params
-        self._lock = asyncio.Lock()
+        self._driver: _ControllerDriver = Driver(
+            self._step,
+            image,
+            # The Respond is not executed here: handle returns it, once the driver advanced.
+            {sm.AppendRecords: self._append_records, sm.Respond: None},
+            refresh=self.catch_up,
+            max_decisions=MAX_CONFLICT_RETRIES,
+        )
 
     @classmethod
     async def open(
@@ -70,7 +81,7 @@ class Controller:
 
     @property
     def image(self) -> sm.StreamMetadataImage:
-        return self._image
+        return self._driver.state
 
     @property
     def applied_index(self) -> int:
@@ -78,37 +89,43 @@ class Controller:
 
     async def catch_up(self) -> None:
         """Replay every record the log has beyond what this controller applied."""
+        image = self._driver.state
         for entry in await self._log.read(self._applied_index):
-            self._image = sm.replay(self._image, decode_record(entry.payload))
+            image = sm.replay(image, decode_record(entry.payload))
             self._applied_index = entry.index + 1
+        self._driver.reset(image)
 
     async def handle(self, event: sm.StreamMetadataEvent) -> sm.Response:
-        async with self._lock:
-            for _ in range(MAX_CONFLICT_RETRIES):
-                transition = sm.step(self._image, event, self._params)
-                if not transition.records:
-                    return transition.response
-                payloads = [encode_record(record) for record in transition.records]
-                try:
-                    next_index = await self._log.append(
-                        payloads, expected_next_index=self._applied_index
-                    )
-                except LogIndexConflict:
-                    log.debug("metadata log moved past %d; catching up", self._applied_index)
-                    await self.catch_up()
-                    continue
-                self._image = transition.image
-                self._applied_index = next_index
-                return transition.response
+        try:
+            transition = await self._driver.apply_async(event)
+        except StaleDecisions:
             raise ControllerError(
                 f"{type(event).__name__}: the metadata log kept moving ahead "
                 f"({MAX_CONFLICT_RETRIES} tries)"
-            )
+            ) from None
+        return sm.response_of(transition)
+
+    def _step(
+        self, image: sm.StreamMetadataImage, event: sm.StreamMetadataEvent
+    ) -> sm.StreamMetadataTransition:
+        return sm.step(image, event, self._params)
+
+    async def _append_records(self, effect: sm.AppendRecords) -> None:
+        """The executor of ``AppendRecords``: the batch, durable, right after what was applied."""
+        payloads = [encode_record(record) for record in effect.records]
+        try:
+            next_index = await self._log.append(payloads, expected_next_index=self._applied_index)
+        except LogIndexConflict:
+            log.debug("metadata log moved past %d; catching up", self._applied_index)
+            raise Stale from None
+        # Nothing runs between here and the driver's advance (the Respond after this effect
+        # is returned, not executed), so the index and the image move together.
+        self._applied_index = next_index
 
     async def snapshot(self) -> None:
         """Write the image as a snapshot; the log may then drop every record it covers."""
-        async with self._lock:
-            payload = encode_snapshot(sm.image_records(self._image))
+        async with self._driver.between_decisions() as image:
+            payload = encode_snapshot(sm.image_records(image))
             await self._log.install_snapshot(self._applied_index, payload)
 
     async def run_object_lifecycle(
@@ -118,10 +135,10 @@ class Controller:
         MARK_DESTROYED (an upload whose commit never came: an orphan), and destroyed objects
         past retention are deleted from storage, then forgotten. Returns (expired, removed)."""
         expired = 0
-        for object_id in sm.expired_objects(self._image, now_ms)[:max_objects]:
+        for object_id in sm.expired_objects(self._driver.state, now_ms)[:max_objects]:
             if (await self.handle(sm.ExpireObject(object_id, now_ms))).ok:
                 expired += 1
-        removable = sm.removable_objects(self._image, now_ms, self._params)[:max_objects]
+        removable = sm.removable_objects(self._driver.state, now_ms, self._params)[:max_objects]
         if removable:
             # Delete first, forget second: a crash in between deletes again, never leaks.
             await store.delete_many(object_key(namespace, object_id) for object_id in removable)

@@ -6,16 +6,21 @@ the stream's confirm offset moves; only then does the caller get its offset. Rea
 confirm offset: they take the LogCache's contiguous run when it holds the start, else read objects
 (found through the controller's image) up to where the cache takes over.
 
-The LogCache machine decides when blocks become objects; this shell executes its effects:
-``PrepareObjects`` and ``CommitBlock`` through the controller, ``UploadBlock`` against the object
-store, ``TrimWal`` on the WAL. A commit the controller refuses is fatal for the storage, as in
+The LogCache machine decides when blocks become objects; this shell executes its effects through the
+shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so the
+cache's state advances at once (records enter it in WAL completion order, from the WAL's callbacks)
+and the tasks answer with events later: ``PrepareObjects`` and ``CommitBlock`` through the
+controller, ``UploadBlock`` against the object store, ``TrimWal`` on the WAL. The machine emits a
+commit only after the commit of every earlier block, and a trim only after the commit that covers
+it. A refusal (``Rejected``: a record out of order, an answer for no request) is a bug here and
+fails like one (``StorageError``). A commit the controller refuses is fatal for the storage, as in
 AutoMQ (which halts): the node then recovers from its WAL on restart. An upload is not: when the
-object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx, lost
-connections) the block's objects are PUT again after a growing pause, for as long as it takes,
-since the data is safe in the WAL meanwhile and a PUT under an already prepared object id can be
-repeated. Only once shutdown has begun does an exhausted upload fail the storage, leaving the data
-to WAL recovery at the next start. A read from objects that fails is a ``StorageError`` (Fetch
-answers ``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
+object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx, lost connections)
+the block's objects are PUT again after a growing pause, for as long as it takes, since the data is
+safe in the WAL meanwhile and a PUT under an already prepared object id can be repeated. Only once
+shutdown has begun does an exhausted upload fail the storage, leaving the data to WAL recovery at
+the next start. A read from objects that fails is a ``StorageError`` (Fetch answers
+``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
 
 Start-up recovery: the node registers its new epoch and learns which streams it still owns
 (``RegisterNode``); every WAL record of those streams at or past the stream's committed end is
@@ -38,6 +43,7 @@ from typing import Any
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
+from automq_ref.io.driver import Driver
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from automq_ref.io.storage.stream_objects import (
@@ -110,12 +116,21 @@ class S3Storage:
         self._node_id = node_id
         self._node_epoch = node_epoch
         self._namespace = namespace
-        self._params = params
         self._block_size_threshold_bytes = block_size_threshold_bytes
         # Wall-clock milliseconds: object deadlines, upload intervals, lifecycle. Tests inject
         # their own to move time past a deadline.
         self._clock_ms = clock_ms or wall_clock_ms
-        self._cache = lc.LogCacheState()
+        self._cache: Driver[lc.LogCacheState, lc.LogCacheEvent, lc.LogCacheEffect] = Driver(
+            lambda state, event: lc.step(state, event, params),
+            lc.LogCacheState(),
+            {
+                lc.PrepareObjects: self._spawn_effect,
+                lc.UploadBlock: self._spawn_effect,
+                lc.CommitBlock: self._spawn_effect,
+                lc.TrimWal: self._spawn_effect,
+                lc.Rejected: self._refused,
+            },
+        )
         self._streams: dict[int, _OpenStream] = {}
         self._indexes = ObjectIndexCache(store, namespace)
         self._blocks = DataBlockCache(store, namespace, block_cache_bytes)
@@ -197,7 +212,7 @@ class S3Storage:
                 raise StorageError(f"closing recovered stream {stream_id}: {closed.message}")
         # Start the live cache empty but keep numbering blocks after the recovered ones: a block
         # id names one block for the storage's lifetime (commit waiters are keyed by it).
-        storage._cache = lc.LogCacheState(next_block_id=storage._cache.next_block_id)
+        storage._cache.reset(lc.LogCacheState(next_block_id=storage._cache.state.next_block_id))
         storage._committed.clear()
         storage._ticker = asyncio.create_task(storage._tick_forever())
         return storage
@@ -386,11 +401,11 @@ class S3Storage:
         # a block read as "cached" a moment ago may be evicted (it was committed) while objects
         # are read, so every turn looks again.
         while cursor < end_offset and (not found or budget > 0):
-            cached = lc.read(self._cache, stream_id, cursor, end_offset, budget)
+            cached = lc.read(self._cache.state, stream_id, cursor, end_offset, budget)
             if cached:
                 batches = [self._as_batch(record) for record in cached]
             else:
-                first_cached = lc.first_cached_offset(self._cache, stream_id)
+                first_cached = lc.first_cached_offset(self._cache.state, stream_id)
                 object_end = end_offset
                 if first_cached is not None and first_cached > cursor:
                     object_end = min(end_offset, first_cached)
@@ -461,7 +476,7 @@ class S3Storage:
         self._apply(lc.ForceUpload(stream_id, self._clock_ms()))
         waits = [
             self._committed_event(block.block_id).wait()
-            for block in lc.uncommitted_blocks(self._cache)
+            for block in lc.uncommitted_blocks(self._cache.state)
             if stream_id == lc.ALL_STREAMS or stream_id in block.by_stream
         ]
         await asyncio.gather(*waits)
@@ -485,10 +500,13 @@ class S3Storage:
     # -------------------------------------------------------------------- effect execution
 
     def _apply(self, event: lc.LogCacheEvent) -> None:
-        transition = lc.step(self._cache, event, self._params)
-        self._cache = transition.state
-        for effect in transition.effects:
-            self._spawn(self._execute(effect))
+        self._cache.apply(event)
+
+    def _spawn_effect(self, effect: lc.LogCacheEffect) -> None:
+        self._spawn(self._execute(effect))
+
+    def _refused(self, effect: lc.Rejected[lc.LogCacheError]) -> None:
+        raise StorageError(f"LogCache refused an event: {effect.error.value}: {effect.message}")
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coroutine)

@@ -1,0 +1,177 @@
+"""What the coordinator takes: one event per group request the Kafka listener decodes (each with
+the shell's ``request_id`` and ``now_ms``), the clock's ``Tick``, and the completions of durable
+writes. Also the protocol constants the requests and answers share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, TypeAlias
+
+from automq_ref.errors import KafkaErrorCode
+
+UNKNOWN_MEMBER_ID: Final = ""
+NO_GENERATION: Final = -1
+NO_OFFSET: Final = -1
+NO_LEADER_EPOCH: Final = -1
+CLASSIC_GROUP_TYPE: Final = "classic"
+
+Error = KafkaErrorCode
+TopicPartition: TypeAlias = tuple[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Protocol:
+    """One (assignor name, subscription metadata) pair of a JoinGroup, in preference order."""
+
+    name: str
+    metadata: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class JoinGroup:
+    request_id: int
+    now_ms: int
+    group_id: str
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int  # v0: the session timeout
+    protocol_type: str
+    protocols: tuple[Protocol, ...]
+    require_known_member_id: bool = True  # v4+
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAssignment:
+    member_id: str
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SyncGroup:
+    request_id: int
+    now_ms: int
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+    assignments: tuple[MemberAssignment, ...] = ()  # from the leader only
+    protocol_type: str | None = None  # v5+
+    protocol_name: str | None = None  # v5+
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    request_id: int
+    now_ms: int
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeavingMember:
+    member_id: str
+    group_instance_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaveGroup:
+    request_id: int
+    now_ms: int
+    group_id: str
+    members: tuple[LeavingMember, ...]  # v0..v2: the one member_id of the request
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommitEntry:
+    topic: str
+    partition: int
+    offset: int
+    leader_epoch: int = NO_LEADER_EPOCH
+    metadata: str = ""  # a null metadata is ""
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    request_id: int
+    now_ms: int
+    group_id: str
+    generation_id: int  # -1: a standalone consumer (no group management)
+    member_id: str
+    group_instance_id: str | None
+    offsets: tuple[OffsetCommitEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetchGroup:
+    group_id: str
+    partitions: tuple[TopicPartition, ...] | None  # None: every committed partition
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetFetch:
+    request_id: int
+    now_ms: int
+    groups: tuple[OffsetFetchGroup, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ListGroups:
+    request_id: int
+    now_ms: int
+    states_filter: tuple[str, ...] = ()  # v4+, case-insensitive
+    types_filter: tuple[str, ...] = ()  # v5+, case-insensitive
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeGroups:
+    request_id: int
+    now_ms: int
+    group_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteGroups:
+    request_id: int
+    now_ms: int
+    group_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsPersisted:
+    """The write of ``PersistOffsets``/``PersistGroupDeletion(request_id, ...)`` is durable."""
+
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetsPersistFailed:
+    """That write failed and is known not to be in the log."""
+
+    request_id: int
+
+
+GroupEvent: TypeAlias = (
+    JoinGroup
+    | SyncGroup
+    | Heartbeat
+    | LeaveGroup
+    | OffsetCommit
+    | OffsetFetch
+    | ListGroups
+    | DescribeGroups
+    | DeleteGroups
+    | Tick
+    | OffsetsPersisted
+    | OffsetsPersistFailed
+)
