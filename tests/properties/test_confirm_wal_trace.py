@@ -48,6 +48,7 @@ import trace_validate as tv
 
 from tests.properties.trace_batches import (
     Batch,
+    TraceRecorder,
     assert_generated_accepted,
     assert_rejected_where_broken,
     assert_scenario_accepted,
@@ -63,30 +64,9 @@ SPEC = "ConfirmWal"
 E = ConfirmWalError
 
 
-class Recorder:
-    """Drives ``step`` and keeps the trace: the Init line, then one line per event."""
-
-    def __init__(self) -> None:
-        self.state: ConfirmWalState = cw.initial_state(SOURCES)
-        self.lines = [tv.TraceLine("Init", cw.tla_state(self.state))]
-
-    def apply(self, event: ConfirmWalEvent) -> cw.ConfirmWalTransition:
-        transition = cw.step(self.state, event)
-        self.state = transition.state
-        self.lines.append(tv.TraceLine(type(event).__name__, cw.tla_state(self.state)))
-        return transition
-
-    def ok(self, *events: ConfirmWalEvent) -> None:
-        for event in events:
-            transition = self.apply(event)
-            assert transition.rejection is None, (event, transition.rejection)
-
-    def refused(self, event: ConfirmWalEvent, error: ConfirmWalError) -> None:
-        """The event is refused with ``error`` and changes nothing: a stutter."""
-        before = self.state
-        transition = self.apply(event)
-        assert transition.refusal is error, (event, transition.refusal)
-        assert self.state == before
+def Recorder() -> TraceRecorder[ConfirmWalState, ConfirmWalEvent]:
+    """A recorder of the machine from its initial state over ``SOURCES``."""
+    return TraceRecorder(cw.initial_state(SOURCES), cw.step, cw.tla_state)
 
 
 # ================================================================================= scenarios

@@ -52,6 +52,7 @@ import trace_validate as tv
 
 from tests.properties.trace_batches import (
     Batch,
+    TraceRecorder,
     assert_generated_accepted,
     assert_rejected_where_broken,
     assert_scenario_accepted,
@@ -67,31 +68,15 @@ SPEC = "Failover"
 E = FailoverError
 
 
-class Recorder:
-    """Drives ``step`` and keeps the trace: the Init line, then one line per event."""
-
-    def __init__(self, params: FailoverParams = fo.DEFAULT_PARAMS) -> None:
-        self.params = params
-        self.state: FailoverState = fo.initial_state(NODES, STREAMS)
-        self.lines = [tv.TraceLine("Init", fo.tla_state(self.state))]
-
-    def apply(self, event: FailoverEvent) -> fo.FailoverTransition:
-        transition = fo.step(self.state, event, self.params)
-        self.state = transition.state
-        self.lines.append(tv.TraceLine(type(event).__name__, fo.tla_state(self.state)))
-        return transition
-
-    def ok(self, *events: FailoverEvent) -> None:
-        for event in events:
-            transition = self.apply(event)
-            assert transition.rejection is None, (event, transition.refusal)
-
-    def refused(self, event: FailoverEvent, error: FailoverError) -> None:
-        """The event is refused with ``error`` and changes nothing: a stutter."""
-        before = self.state
-        transition = self.apply(event)
-        assert transition.refusal is error, (event, transition.refusal)
-        assert self.state == before
+def Recorder(
+    params: FailoverParams = fo.DEFAULT_PARAMS,
+) -> TraceRecorder[FailoverState, FailoverEvent]:
+    """A recorder of the machine from its initial state over ``NODES`` and ``STREAMS``."""
+    return TraceRecorder(
+        fo.initial_state(NODES, STREAMS),
+        lambda state, event: fo.step(state, event, params),
+        fo.tla_state,
+    )
 
 
 # ================================================================================= scenarios

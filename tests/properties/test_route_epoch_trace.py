@@ -44,6 +44,7 @@ import trace_validate as tv
 
 from tests.properties.trace_batches import (
     Batch,
+    TraceRecorder,
     assert_generated_accepted,
     assert_rejected_where_broken,
     assert_scenario_accepted,
@@ -60,29 +61,20 @@ PARAMS = RouteEpochParams()  # the protocol: AutoMQ's gap of 2, every check on
 E = RouteEpochError
 
 
-class Recorder:
-    """Drives ``step`` and keeps the trace: the Init line, then one line per event."""
+def route_outcome(transition: re_.RouteEpochTransition) -> object:
+    """A refusal's error or the error a request's answer carries; None when all went well."""
+    error = re_.outcome(transition)
+    return None if error is E.NONE else error
 
-    def __init__(self, params: RouteEpochParams = PARAMS) -> None:
-        self.params = params
-        self.state: RouteEpochState = re_.initial_state(NODES, params)
-        self.lines = [tv.TraceLine("Init", re_.tla_state(self.state))]
 
-    def apply(self, event: RouteEpochEvent) -> re_.RouteEpochTransition:
-        transition = re_.step(self.state, event, self.params)
-        self.state = transition.state
-        self.lines.append(tv.TraceLine(type(event).__name__, re_.tla_state(self.state)))
-        return transition
-
-    def ok(self, *events: RouteEpochEvent) -> None:
-        for event in events:
-            transition = self.apply(event)
-            assert re_.outcome(transition) is E.NONE, (event, transition.effects)
-
-    def answers(self, event: RouteEpochEvent, error: RouteEpochError) -> None:
-        """The event ends in ``error``: the fence check's rejection, or a refusal (a stutter)."""
-        transition = self.apply(event)
-        assert re_.outcome(transition) is error, (event, transition.effects)
+def Recorder(params: RouteEpochParams = PARAMS) -> TraceRecorder[RouteEpochState, RouteEpochEvent]:
+    """A recorder of the machine from its initial state over ``NODES``."""
+    return TraceRecorder(
+        re_.initial_state(NODES, params),
+        lambda state, event: re_.step(state, event, params),
+        re_.tla_state,
+        route_outcome,
+    )
 
 
 # ================================================================================= scenarios

@@ -1,5 +1,6 @@
-"""What the trace-validation tests of RouteEpoch, ConfirmWal and Failover share: recording
-hypothesis runs as traces, validating named traces in one TLC run, and the acceptance checks."""
+"""What the trace-validation tests of RouteEpoch, ConfirmWal and Failover share: a recorder that
+drives a machine and keeps its trace, recording hypothesis runs as traces, validating named
+traces in one TLC run, and the acceptance checks."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import pytest
 from hypothesis import settings
@@ -16,7 +17,58 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
 
+from automq_ref.state_machines.transition import Transition
+
 Batch = dict[str, tuple[list[tv.TraceLine], tv.Verdict]]
+S = TypeVar("S")
+Ev = TypeVar("Ev")
+
+
+def refusal_of(transition: Transition[Any, Any]) -> object:
+    """How most machines say an event was not taken: the refusal's error, None when taken."""
+    return transition.refusal
+
+
+class TraceRecorder(Generic[S, Ev]):
+    """Drives a machine's ``step`` and keeps the trace: the Init line, then one line per event,
+    labelled with the event's class name (the TLA+ action's). ``outcome`` says how an event
+    ended: None when it was taken, else its error."""
+
+    def __init__(
+        self,
+        state: S,
+        step: Callable[[S, Ev], Transition[S, Any]],
+        tla_state: Callable[[S], dict[str, object]],
+        outcome: Callable[[Transition[S, Any]], object] = refusal_of,
+    ) -> None:
+        self.state = state
+        self._step = step
+        self._tla_state = tla_state
+        self._outcome = outcome
+        self.lines = [tv.TraceLine("Init", tla_state(state))]
+
+    def apply(self, event: Ev) -> Transition[S, Any]:
+        transition = self._step(self.state, event)
+        self.state = transition.state
+        self.lines.append(tv.TraceLine(type(event).__name__, self._tla_state(self.state)))
+        return transition
+
+    def ok(self, *events: Ev) -> None:
+        for event in events:
+            transition = self.apply(event)
+            assert self._outcome(transition) is None, (event, transition.effects)
+
+    def answers(self, event: Ev, error: object) -> Transition[S, Any]:
+        """The event ends in ``error`` (a refusal, or an error its answer carries)."""
+        transition = self.apply(event)
+        assert self._outcome(transition) is error, (event, transition.effects)
+        return transition
+
+    def refused(self, event: Ev, error: object) -> None:
+        """The event is refused with ``error`` and changes nothing: a stutter."""
+        before = self.state
+        self.answers(event, error)
+        assert self.state == before
 
 
 def recorded_runs(
