@@ -119,9 +119,10 @@ async def test_a_log_that_keeps_moving_ahead_fails_the_request(tmp_path: Path) -
         controller = await Controller.open(metadata_log)
         with pytest.raises(ControllerError, match="kept moving ahead"):
             await controller.handle(sm.RegisterNode(1, 1))
-        # Each try caught up with the rival's record (the same registration) and decided again.
+        # Each try caught up with the rival's record (our registration, raced in) and decided
+        # again on the newer image: one epoch above the rival's each time.
         assert controller.applied_index == metadata_log.next_index == MAX_CONFLICT_RETRIES
-        assert controller.image.nodes[1].node_epoch == 1
+        assert controller.image.nodes[1].node_epoch == MAX_CONFLICT_RETRIES
     finally:
         await metadata_log.close()
 

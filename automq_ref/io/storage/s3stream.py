@@ -178,8 +178,11 @@ class S3Storage:
             block_cache_bytes=block_cache_bytes,
         )
         registered = await controller.handle(sm.RegisterNode(node_id, node_epoch))
-        if not registered.ok:
-            raise StorageError(f"node {node_id} epoch {node_epoch}: {registered.message}")
+        if not registered.ok or registered.node_epoch != node_epoch:
+            raise StorageError(
+                f"node {node_id} epoch {node_epoch}: granted {registered.node_epoch} "
+                f"{registered.message}"
+            )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registered.opening_streams}
         expected = {stream_id: s.end_offset for stream_id, s in recovering.items()}
