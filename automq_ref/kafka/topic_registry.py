@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic, topics_in
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.topics import (
@@ -52,22 +54,36 @@ class ConfigChange:
 
 
 class TopicRegistry:
-    def __init__(self, storage: S3Storage, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        config: BrokerConfig,
+    ) -> None:
         self._storage = storage
+        self._client = client
+        self._view = view
         self._config = config
         self.topics: dict[str, Topic] = {}
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, storage: S3Storage, config: BrokerConfig) -> TopicRegistry:
+    async def open(
+        cls,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        config: BrokerConfig,
+    ) -> TopicRegistry:
         """The registry of the topics in the controller's KV, every partition opened."""
-        registry = cls(storage, config)
-        for name, topic in sorted(topics_in(storage.controller.image.kv).items()):
+        registry = cls(storage, client, view, config)
+        for name, topic in sorted(topics_in(view.image.kv).items()):
             registry.topics[name] = topic
             for index in range(topic.partitions):
                 registry.partitions[(name, index)] = await Partition.open(
-                    storage, name, topic.topic_id, index
+                    storage, client, view, name, topic.topic_id, index
                 )
         return registry
 
@@ -109,7 +125,7 @@ class TopicRegistry:
                 return topic
             for index in range(partitions):
                 self.partitions[(name, index)] = await Partition.create(
-                    self._storage, name, topic.topic_id, index
+                    self._storage, self._client, name, topic.topic_id, index
                 )
             # The partitions' MetaStream records go to objects now rather than at the next
             # upload: a topic's skeleton then never depends on the WAL.
@@ -123,7 +139,7 @@ class TopicRegistry:
             topic = self.topics.get(name)
             if topic is None:
                 raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
-            await self._storage.controller.handle(sm.DeleteKV(topic_key(name)))
+            await self._client.submit(sm.DeleteKV(topic_key(name)))
             del self.topics[name]
             for index in range(topic.partitions):
                 partition = self.partitions.pop((name, index))
@@ -153,7 +169,7 @@ class TopicRegistry:
                 return
             for index in range(topic.partitions, count):
                 self.partitions[(topic.name, index)] = await Partition.create(
-                    self._storage, topic.name, topic.topic_id, index
+                    self._storage, self._client, topic.name, topic.topic_id, index
                 )
             grown = Topic(topic.name, topic.topic_id, count, topic.configs)
             await self._put_topic(grown)
@@ -188,8 +204,6 @@ class TopicRegistry:
                 self.topics[topic.name] = altered
 
     async def _put_topic(self, topic: Topic) -> None:
-        response = await self._storage.controller.handle(
-            sm.PutKV(topic_key(topic.name), topic.encode(), True)
-        )
+        response = await self._client.submit(sm.PutKV(topic_key(topic.name), topic.encode(), True))
         if not response.ok:
             raise TopicError(KafkaErrorCode.KAFKA_STORAGE_ERROR, str(response.message))
