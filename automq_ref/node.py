@@ -1,11 +1,14 @@
 """The composition root: one broker node built from a :class:`BrokerConfig`.
 
-:func:`start_node` opens, in this order, the metadata log, the controller, the WAL, the object
-store and S3Storage over them, then the topic registry (every existing partition opened), the
-group coordinator, the producer-id allocator, the retention task and the Kafka front end
-(:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them. :meth:`Node.listen`
-puts the listener (:mod:`automq_ref.kafka.server`) in front; :meth:`Node.shutdown` closes it all
-gracefully, uploading what the WAL holds.
+:func:`start_node` opens, in this order, the metadata log and the controller, and makes the two
+seams everything above reaches it through: the controller client (requests) and the metadata
+view (the image and its changes). It registers the node through the client (proposing the clock's
+time as the node epoch; the controller grants one above any it stored), opens the WAL at the
+granted epoch, the object store and S3Storage over them, then the topic registry (every existing
+partition opened), the group coordinator, the producer-id allocator, the retention task and the
+Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
+:meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
+:meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
 
 What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
 the production modules: the clock every part reads time from, the WAL opener, and a hook run
@@ -23,8 +26,10 @@ from dataclasses import dataclass, field
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
+from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal_block import BlockWal
@@ -40,7 +45,7 @@ from automq_ref.vocabulary.naming import NAMESPACE
 
 log = logging.getLogger(__name__)
 
-# (config, node epoch) -> the opened WAL.
+# (config, granted node epoch) -> the opened WAL.
 WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
 
 
@@ -73,6 +78,8 @@ class Node:
         clock: Clock,
         metadata_log: FileMetadataLog,
         controller: Controller,
+        client: ControllerClient,
+        view: MetadataView,
         store: ObjectStore,
         storage: S3Storage,
         topics: TopicRegistry,
@@ -82,6 +89,8 @@ class Node:
         self.config = config
         self.clock = clock
         self.controller = controller
+        self.client = client
+        self.view = view
         self.storage = storage
         self.topics = topics
         self.groups = groups
@@ -147,8 +156,11 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         seams.before_open(config)
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     controller = await Controller.open(metadata_log)
-    node_epoch = seams.clock.now_ms()
-    wal = await (seams.open_wal or open_wal)(config, node_epoch)
+    client, view = connect_in_process(controller)
+    # One registration per start, before the WAL: the WAL and every request carry the epoch the
+    # controller granted, not the one proposed.
+    registration = await register_node(client, config.node_id, seams.clock.now_ms())
+    wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
     store = open_object_store(config.object_store_uri)
     await store.__aenter__()
     params = lc.LogCacheParams(
@@ -160,27 +172,34 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     storage = await S3Storage.start(
         wal=wal,
         store=store,
-        controller=controller,
-        node_id=config.node_id,
-        node_epoch=node_epoch,
+        client=client,
+        view=view,
+        registration=registration,
         namespace=NAMESPACE,
         params=params,
+        clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
     )
-    topics = await TopicRegistry.open(storage, config)
+    topics = await TopicRegistry.open(storage, client, view, config)
     groups = await GroupCoordinator.open(
-        storage, initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms
+        storage,
+        client,
+        view,
+        initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        clock=seams.clock,
     )
     return Node(
         config=config,
         clock=seams.clock,
         metadata_log=metadata_log,
         controller=controller,
+        client=client,
+        view=view,
         store=store,
         storage=storage,
         topics=topics,
         groups=groups,
-        producer_ids=ProducerIdAllocator(controller),
+        producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
     )
 
 

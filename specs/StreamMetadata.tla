@@ -33,8 +33,9 @@
 (* Objects: ids handed out in order, PREPARED, then COMMITTED by a stream  *)
 (* set object commit (a WAL upload) or a stream object commit              *)
 (* (compaction), or MARK_DESTROYED when their TTL passes, then REMOVED     *)
-(* after the retention.  Nodes: a node epoch per node (a restart bumps     *)
-(* it), and a failover mode set when a survivor takes the node over.       *)
+(* after the retention.  Nodes: a node epoch per node (a restart is        *)
+(* granted a higher one), and a failover mode set when a survivor takes    *)
+(* the node over.                                                          *)
 (*                                                                         *)
 (* WHAT IS ABSTRACTED AWAY, AND WHY.                                       *)
 (* - Fast close and historical WAL responsibilities                        *)
@@ -61,8 +62,10 @@
 (*   and the pure-cleanup request (objectId -1) are left out.              *)
 (* - Time: TTLs and retention are "may happen at any time" (ExpireObject   *)
 (*   any time before commit, RemoveObject any time after destroy).         *)
-(* - The KV store (putKV/deleteKV): a plain map that no invariant here     *)
-(*   reads; the Python machine has it, the spec does not.                  *)
+(* - The KV store (putKV/deleteKV, with put-if-absent, compare-and-set     *)
+(*   and compare-and-delete) and the producer-id blocks kept in it         *)
+(*   (AllocateProducerIds): a map that no invariant here reads; the Python *)
+(*   machine has it, the spec does not.                                    *)
 (* - Byte sizes, object keys, buckets, tags, locked nodes (NODE_LOCKED),   *)
 (*   unknown nodes (NODE_EPOCH_NOT_EXIST: every node is registered at      *)
 (*   epoch 0 initially), and replay order of metadata records (the spec    *)
@@ -336,13 +339,18 @@ Init ==
 (* Actions *)
 
 \* ACTION: RegisterNode(n) mirrors getOpeningStreams(nodeId, nodeEpoch, failoverMode=false)
-\* at a broker's start: writes NodeWALMetadataRecord(n, new epoch, false).  Errors: a request
-\* with an epoch below the stored one gets NODE_EPOCH_EXPIRED (here: never sent, since a node
-\* only registers with a fresh epoch).  The node's OPENED streams stay OPENED and owned by it.
+\* at a broker's start.  The node proposes an epoch (its clock); the controller grants
+\* Max(proposed, stored + 1), above every epoch it stored for n, writes
+\* NodeWALMetadataRecord(n, granted, false) and answers the granted epoch, which the node uses
+\* from then on.  Never refused: a clock that went backwards still gets a fresh epoch.  A
+\* proposal may skip epochs, so any epoch above the stored one can be granted.  The node's
+\* OPENED streams stay OPENED and owned by it.
 RegisterNode(n) ==
-    /\ nodeEpoch[n] < MaxNodeEpoch
     /\ Cardinality(Perturbed(n)) <= MaxPerturbedNodes
-    /\ nodeEpoch' = [nodeEpoch EXCEPT ![n] = @ + 1]
+    /\ \E proposed \in NodeEpochs :
+           LET granted == Max(proposed, nodeEpoch[n] + 1)
+           IN  /\ granted <= MaxNodeEpoch
+               /\ nodeEpoch' = [nodeEpoch EXCEPT ![n] = granted]
     /\ failoverMode' = [failoverMode EXCEPT ![n] = FALSE]
     /\ UNCHANGED <<streamVars, objectVars, historyVars>>
 

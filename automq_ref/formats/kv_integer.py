@@ -3,7 +3,8 @@
 The values under :func:`~automq_ref.vocabulary.naming.partition_key` (a MetaStream id),
 :data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY` (the offsets stream's id) and
 :data:`~automq_ref.vocabulary.naming.PRODUCER_ID_KEY` (the next producer-id block) are written
-this way by the broker and read back by it and by the Spark source. Decoding accepts exactly
+this way (the last by the controller's StreamMetadata machine, the others by the broker) and read
+back by their writers and by the Spark source. Decoding accepts exactly
 what encoding writes: an optional minus sign and ASCII digits, nothing around them.
 """
 

@@ -12,8 +12,9 @@ persisted before the commit is answered). An append the storage refuses at once 
 ``OffsetsPersistFailed`` (stepped after the transition that asked for it). A ``Rejected`` means
 this shell broke its side of the contract and raises ``CoordinatorError``.
 At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
-members rejoin. Time is the wall clock in milliseconds, fed as ``Tick`` every 100 ms and stamped
-on every request.
+members rejoin. Time is the injected clock's wall-clock milliseconds (the node's ``Clock``), fed
+as ``Tick`` every 100 ms and stamped on every request. The offsets stream's id is read from the
+metadata view and written through the controller client.
 
 The stream only grows here; compacting it (rewriting the live offsets and trimming) is left for
 later, as AutoMQ does for its MetaStreams.
@@ -25,13 +26,15 @@ import asyncio
 import contextlib
 import logging
 import secrets
-import time
 from collections.abc import Callable
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import group_record as gr
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
+from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.driver import Driver
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import stream_metadata as sm
@@ -41,10 +44,6 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.1
 READ_CHUNK_BYTES = 4 * 1024 * 1024
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def encode_record(record: gc.DurableRecord) -> bytes:
@@ -86,8 +85,10 @@ class GroupCoordinator:
         epoch: int,
         params: gc.GroupParams,
         state: gc.CoordinatorState,
+        clock: Clock,
     ) -> None:
         self._storage = storage
+        self._clock = clock
         self._stream_id = stream_id
         self._epoch = epoch
         self._driver: Driver[gc.CoordinatorState, gc.GroupEvent, gc.GroupEffect] = Driver(
@@ -105,22 +106,29 @@ class GroupCoordinator:
         self._ticker: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, storage: S3Storage, *, initial_rebalance_delay_ms: int) -> GroupCoordinator:
-        controller = storage.controller
-        raw = controller.image.kv.get(OFFSETS_STREAM_KEY)
+    async def open(
+        cls,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        *,
+        initial_rebalance_delay_ms: int,
+        clock: Clock | None = None,
+    ) -> GroupCoordinator:
+        raw = view.image.kv.get(OFFSETS_STREAM_KEY)
         records: list[gc.DurableRecord] = []
         if raw is None:
             stream_id = await storage.create_stream()
             epoch = 0
             await storage.open_stream(stream_id, epoch)
-            response = await controller.handle(
+            response = await client.submit(
                 sm.PutKV(OFFSETS_STREAM_KEY, encode_kv_integer(stream_id), False)
             )
             if not response.ok:
                 raise StorageError(f"offsets stream: {response.message}")
         else:
             stream_id = decode_kv_integer(raw, "offsets stream id")
-            metadata = controller.image.streams[stream_id]
+            metadata = view.image.streams[stream_id]
             epoch = max(metadata.epoch, 0) + 1
             start, end = await storage.open_stream(stream_id, epoch)
             cursor = start
@@ -134,7 +142,9 @@ class GroupCoordinator:
             group_initial_rebalance_delay_ms=initial_rebalance_delay_ms,
             member_id_token=secrets.token_hex(4),
         )
-        coordinator = cls(storage, stream_id, epoch, params, gc.recover(records))
+        coordinator = cls(
+            storage, stream_id, epoch, params, gc.recover(records), clock or SystemClock()
+        )
         coordinator._ticker = asyncio.create_task(coordinator._tick_forever())
         return coordinator
 
@@ -153,7 +163,7 @@ class GroupCoordinator:
         request_id = self._next_request_id
         answer: asyncio.Future[gc.Response] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = answer
-        self._step(make_event(request_id, now_ms()))
+        self._step(make_event(request_id, self._clock.now_ms()))
         return await answer
 
     def _step(self, event: gc.GroupEvent) -> None:
@@ -191,4 +201,4 @@ class GroupCoordinator:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(TICK_INTERVAL_S)
-            self._step(gc.Tick(now_ms()))
+            self._step(gc.Tick(self._clock.now_ms()))

@@ -8,7 +8,8 @@ epoch into the batch (both outside the CRC), so a Fetch hands the stored bytes b
 The MetaStream holds small key/value records (:mod:`automq_ref.formats.meta_stream`; the last
 value of a key wins on replay): ``LOG`` names the data stream; ``LEADER_EPOCHS`` records the
 ``[epoch, start offset]`` history, rewritten each time the partition is opened. The MetaStream's
-id is found through the controller's KV under :func:`~automq_ref.vocabulary.naming.partition_key`.
+id is found through the controller's KV under :func:`~automq_ref.vocabulary.naming.partition_key`
+(read from the metadata view, written through the controller client).
 The leader epoch is the stream epoch: every open (a restart, or a move to another node) opens both
 streams one epoch higher, which fences the previous owner.
 
@@ -33,6 +34,8 @@ from automq_ref.formats.errors import FormatError
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.formats.meta_stream import PartitionMeta, encode_leader_epochs, encode_log, replay
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
@@ -77,6 +80,7 @@ class Partition:
     def __init__(
         self,
         storage: S3Storage,
+        client: ControllerClient,
         topic: str,
         topic_id: uuid.UUID,
         index: int,
@@ -85,6 +89,7 @@ class Partition:
         epoch: int,
     ) -> None:
         self.storage = storage
+        self._client = client
         self.topic = topic
         self.topic_id = topic_id
         self.index = index
@@ -100,7 +105,12 @@ class Partition:
 
     @classmethod
     async def create(
-        cls, storage: S3Storage, topic: str, topic_id: uuid.UUID, index: int
+        cls,
+        storage: S3Storage,
+        client: ControllerClient,
+        topic: str,
+        topic_id: uuid.UUID,
+        index: int,
     ) -> Partition:
         """New streams at epoch 0; the KV entry is written last, so a crash before it leaves
         only unreferenced streams (no half-created partition is ever found)."""
@@ -108,11 +118,11 @@ class Partition:
         data_stream_id = await storage.create_stream()
         await storage.open_stream(meta_stream_id, 0)
         await storage.open_stream(data_stream_id, 0)
-        partition = cls(storage, topic, topic_id, index, meta_stream_id, data_stream_id, 0)
+        partition = cls(storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, 0)
         await partition._put_meta(encode_log(data_stream_id))
         partition.leader_epochs.append((0, 0))
         await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
-        response = await storage.controller.handle(
+        response = await client.submit(
             sm.PutKV(partition_key(topic_id, index), encode_kv_integer(meta_stream_id), False)
         )
         if not response.ok:
@@ -121,10 +131,16 @@ class Partition:
 
     @classmethod
     async def open(
-        cls, storage: S3Storage, topic: str, topic_id: uuid.UUID, index: int
+        cls,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        topic: str,
+        topic_id: uuid.UUID,
+        index: int,
     ) -> Partition:
         """Open both streams one epoch above their current one and rebuild the state."""
-        image = storage.controller.image
+        image = view.image
         raw = image.kv.get(partition_key(topic_id, index))
         if raw is None:
             raise LookupError(f"partition {topic}-{index} has no MetaStream")
@@ -139,7 +155,9 @@ class Partition:
         if data_stream_id is None:
             raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG")
         await storage.open_stream(data_stream_id, epoch)
-        partition = cls(storage, topic, topic_id, index, meta_stream_id, data_stream_id, epoch)
+        partition = cls(
+            storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
+        )
         partition.leader_epochs = list(recorded.leader_epochs)
         start_of_epoch = storage.next_offset(data_stream_id, epoch)
         partition.leader_epochs.append((epoch, start_of_epoch))
@@ -156,7 +174,7 @@ class Partition:
         await self.close()
         for stream_id in (self.data_stream_id, self.meta_stream_id):
             await self.storage.delete_stream(stream_id, self.epoch)
-        await self.storage.controller.handle(sm.DeleteKV(partition_key(self.topic_id, self.index)))
+        await self._client.submit(sm.DeleteKV(partition_key(self.topic_id, self.index)))
 
     async def _put_meta(self, record: bytes) -> None:
         await self.storage.append(self.meta_stream_id, self.epoch, record, 1)

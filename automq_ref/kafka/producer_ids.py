@@ -1,26 +1,27 @@
-"""Producer ids for idempotent producers, handed out from blocks reserved in the controller's KV.
+"""Producer ids for idempotent producers, handed out from blocks the controller reserves.
 
-``producer-ids/next`` holds the first id no node has reserved; a node that has used up its block
-reserves the next ``PRODUCER_ID_BLOCK`` ids by moving that key forward, so a restarted node never
-hands out an id it handed out before.
+The controller keeps the first id no node has reserved (KV ``producer-ids/next``); a node that
+has used up its block asks for the next ``PRODUCER_ID_BLOCK`` ids (``AllocateProducerIds``), and
+the controller reads and advances that counter in one decision. So no two nodes, and no
+restarted node, ever hand out the same id.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
-from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.kafka.server import CloseConnection
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.vocabulary.naming import PRODUCER_ID_KEY
 
 PRODUCER_ID_BLOCK = 1000
 
 
 class ProducerIdAllocator:
-    def __init__(self, controller: Controller) -> None:
-        self._controller = controller
+    def __init__(self, client: ControllerClient, node_id: int, node_epoch: int) -> None:
+        self._client = client
+        self._node_id = node_id
+        self._node_epoch = node_epoch
         self._next = 0
         self._limit = 0
         self._lock = asyncio.Lock()
@@ -34,15 +35,15 @@ class ProducerIdAllocator:
 
     async def _allocate_locked(self) -> int:
         if self._next >= self._limit:
-            current = self._controller.image.kv.get(PRODUCER_ID_KEY)
-            start = decode_kv_integer(current, "next producer id") if current is not None else 0
-            limit = start + PRODUCER_ID_BLOCK
-            response = await self._controller.handle(
-                sm.PutKV(PRODUCER_ID_KEY, encode_kv_integer(limit), True)
+            response = await self._client.submit(
+                sm.AllocateProducerIds(self._node_id, self._node_epoch, PRODUCER_ID_BLOCK)
             )
-            if not response.ok:
-                raise CloseConnection(f"cannot allocate producer ids: {response.message}")
-            self._next, self._limit = start, limit
+            if not response.ok or response.first_producer_id is None:
+                raise CloseConnection(
+                    f"cannot allocate producer ids: {response.error.value}: {response.message}"
+                )
+            self._next = response.first_producer_id
+            self._limit = self._next + PRODUCER_ID_BLOCK
         producer_id = self._next
         self._next += 1
         return producer_id

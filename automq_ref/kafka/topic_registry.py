@@ -7,6 +7,14 @@ change keeps :mod:`automq_ref.kafka.topics`' rule: a topic's KV entry is written
 partitions exist and removed before they are deleted, so a topic that can be found always has all
 its partitions.
 
+Other nodes change the same KV, so every change is conditional, decided by the controller: a
+topic is created with put-if-absent (another node's topic of that name: ``TOPIC_ALREADY_EXISTS``),
+changed with compare-and-set and deleted with compare-and-delete on the record this registry read
+or wrote last. When another node changed only the topic's configs meanwhile, the registry takes
+its record and decides the change once more on it; a topic deleted, re-created or grown elsewhere
+is answered with an error (this node does not reconcile its open partitions with another's), and
+so is a change that loses twice. Partitions created for a change that then lost are deleted again.
+
 ``topic_config`` answers a topic's effective config: its own setting, else the documented
 default, else the broker's setting (``log.retention.ms``, ...).
 """
@@ -21,7 +29,10 @@ from dataclasses import dataclass
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.errors import FormatError
 from automq_ref.formats.topic_record import Topic, topics_in
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.topics import (
@@ -52,22 +63,42 @@ class ConfigChange:
 
 
 class TopicRegistry:
-    def __init__(self, storage: S3Storage, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        config: BrokerConfig,
+    ) -> None:
         self._storage = storage
+        self._client = client
+        self._view = view
         self._config = config
         self.topics: dict[str, Topic] = {}
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # Each topic's KV record as this registry read or last wrote it: the condition of the
+        # topic's next change (compare-and-set, compare-and-delete), so that a change another
+        # node made meanwhile is never overwritten unseen.
+        self._records: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def open(cls, storage: S3Storage, config: BrokerConfig) -> TopicRegistry:
+    async def open(
+        cls,
+        storage: S3Storage,
+        client: ControllerClient,
+        view: MetadataView,
+        config: BrokerConfig,
+    ) -> TopicRegistry:
         """The registry of the topics in the controller's KV, every partition opened."""
-        registry = cls(storage, config)
-        for name, topic in sorted(topics_in(storage.controller.image.kv).items()):
+        registry = cls(storage, client, view, config)
+        kv = view.image.kv
+        for name, topic in sorted(topics_in(kv).items()):
             registry.topics[name] = topic
+            registry._records[name] = kv[topic_key(name)]
             for index in range(topic.partitions):
                 registry.partitions[(name, index)] = await Partition.open(
-                    storage, name, topic.topic_id, index
+                    storage, client, view, name, topic.topic_id, index
                 )
         return registry
 
@@ -102,33 +133,49 @@ class TopicRegistry:
         for key, value in configs.items():
             check_topic_config(key, value)
         async with self._lock:
-            if name in self.topics:
+            if name in self.topics or topic_key(name) in self._view.image.kv:
                 raise TopicError(KafkaErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
             topic = Topic(name, uuid.uuid4(), partitions, dict(configs))
             if validate_only:
                 return topic
             for index in range(partitions):
                 self.partitions[(name, index)] = await Partition.create(
-                    self._storage, name, topic.topic_id, index
+                    self._storage, self._client, name, topic.topic_id, index
                 )
             # The partitions' MetaStream records go to objects now rather than at the next
             # upload: a topic's skeleton then never depends on the WAL.
             await self._storage.force_upload(lc.ALL_STREAMS)
-            await self._put_topic(topic)
+            encoded = topic.encode()
+            created = await self._client.submit(sm.PutKV(topic_key(name), encoded, False))
+            if not created.ok:
+                # Another node created the topic meanwhile (or the controller refused): this
+                # topic id's partitions are referenced by nothing, so they go again.
+                await self._drop_partitions(name, range(partitions))
+                if created.error is sm.StreamErrorCode.KEY_EXIST:
+                    raise TopicError(
+                        KafkaErrorCode.TOPIC_ALREADY_EXISTS,
+                        f"topic {name} was created by another node",
+                    )
+                raise _refused(created)
+            self._records[name] = encoded
             self.topics[name] = topic
             return topic
 
     async def delete_topic(self, name: str) -> Topic:
         async with self._lock:
-            topic = self.topics.get(name)
-            if topic is None:
-                raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
-            await self._storage.controller.handle(sm.DeleteKV(topic_key(name)))
+            for _ in range(CHANGE_ATTEMPTS):
+                topic = self._topic(name)
+                deleted = await self._client.submit(
+                    sm.DeleteKV(topic_key(name), expected=self._records[name])
+                )
+                if deleted.ok:
+                    break
+                self._adopt(name, deleted)
+            else:
+                raise _kept_changing(name)
             del self.topics[name]
-            for index in range(topic.partitions):
-                partition = self.partitions.pop((name, index))
-                partition.wake_waiters()
-                await partition.delete()
+            del self._records[name]
+            await self._drop_partitions(name, range(topic.partitions))
             return topic
 
     async def add_partitions(
@@ -136,9 +183,7 @@ class TopicRegistry:
     ) -> None:
         """Grow topic ``name`` to ``count`` partitions (CreatePartitions)."""
         async with self._lock:
-            topic = self.topics.get(name)
-            if topic is None:
-                raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
+            topic = self._topic(name)
             if count <= topic.partitions:
                 raise TopicError(
                     KafkaErrorCode.INVALID_PARTITIONS,
@@ -151,45 +196,125 @@ class TopicRegistry:
                 )
             if validate_only:
                 return
-            for index in range(topic.partitions, count):
+            added = range(topic.partitions, count)
+            for index in added:
                 self.partitions[(topic.name, index)] = await Partition.create(
-                    self._storage, topic.name, topic.topic_id, index
+                    self._storage, self._client, topic.name, topic.topic_id, index
                 )
-            grown = Topic(topic.name, topic.topic_id, count, topic.configs)
-            await self._put_topic(grown)
-            self.topics[topic.name] = grown
+            try:
+                for _ in range(CHANGE_ATTEMPTS):
+                    # The configs may be another node's newer ones (adopted): the partitions
+                    # added here are still the ones the record lacks.
+                    current = self._topic(name)
+                    grown = Topic(current.name, current.topic_id, count, current.configs)
+                    if await self._compare_and_set(grown):
+                        return
+                raise _kept_changing(name)
+            except Exception:
+                await self._drop_partitions(name, added)
+                raise
 
     async def alter_configs(
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool
     ) -> None:
         """Apply ``changes`` to topic ``name``'s configs (IncrementalAlterConfigs): all or none."""
         async with self._lock:
-            topic = self.topics.get(name)
-            if topic is None:
-                raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
-            configs = dict(topic.configs)
-            for change in changes:
-                if change.operation == ConfigOperation.SET:
-                    check_topic_config(change.name, change.value)
-                    if change.value is None:
-                        raise TopicError(KafkaErrorCode.INVALID_CONFIG, "SET without value")
-                    configs[change.name] = change.value
-                elif change.operation == ConfigOperation.DELETE:
-                    check_topic_config(change.name, None)
-                    configs.pop(change.name, None)
-                else:
-                    raise TopicError(
-                        KafkaErrorCode.INVALID_CONFIG,
-                        f"{change.name}: APPEND/SUBTRACT apply to list configs only",
-                    )
-            if not validate_only:
+            for _ in range(CHANGE_ATTEMPTS):
+                topic = self._topic(name)
+                configs = _altered(topic.configs, changes)
+                if validate_only:
+                    return
                 altered = Topic(topic.name, topic.topic_id, topic.partitions, configs)
-                await self._put_topic(altered)
-                self.topics[topic.name] = altered
+                if await self._compare_and_set(altered):
+                    return
+            raise _kept_changing(name)
 
-    async def _put_topic(self, topic: Topic) -> None:
-        response = await self._storage.controller.handle(
-            sm.PutKV(topic_key(topic.name), topic.encode(), True)
+    def _topic(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
+        return topic
+
+    async def _compare_and_set(self, topic: Topic) -> bool:
+        """Write ``topic``'s record if the KV still holds the one this registry read or wrote
+        last. True once written; False when another node changed the topic's configs
+        meanwhile: the registry adopted that record (``_adopt``) and the caller may decide
+        again on it."""
+        encoded = topic.encode()
+        response = await self._client.submit(
+            sm.PutKV(topic_key(topic.name), encoded, True, expected=self._records[topic.name])
         )
         if not response.ok:
-            raise TopicError(KafkaErrorCode.KAFKA_STORAGE_ERROR, str(response.message))
+            self._adopt(topic.name, response)
+            return False
+        self._records[topic.name] = encoded
+        self.topics[topic.name] = topic
+        return True
+
+    def _adopt(self, name: str, refused: sm.Response) -> None:
+        """A conditional change of topic ``name`` was refused. If only its configs changed
+        elsewhere, take that record as this registry's; otherwise the topic is no longer the one
+        this node has open (deleted, re-created, grown elsewhere) and the request is answered
+        with an error: reconciling is not this node's job."""
+        if refused.error is not sm.StreamErrorCode.VALUE_NOT_MATCHED:
+            raise _refused(refused)
+        if refused.value is None:
+            raise TopicError(
+                KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"topic {name} was deleted by another node",
+            )
+        ours = self.topics[name]
+        try:
+            theirs = Topic.decode(name, refused.value)
+        except FormatError as error:
+            raise TopicError(KafkaErrorCode.KAFKA_STORAGE_ERROR, str(error)) from error
+        if (theirs.topic_id, theirs.partitions) != (ours.topic_id, ours.partitions):
+            raise TopicError(
+                KafkaErrorCode.UNKNOWN_SERVER_ERROR,
+                f"topic {name} was changed by another node (now id {theirs.topic_id}, "
+                f"{theirs.partitions} partitions); try again",
+            )
+        self._records[name] = refused.value
+        self.topics[name] = theirs
+
+    async def _drop_partitions(self, name: str, indexes: range) -> None:
+        """Close and delete these partitions of topic ``name`` (streams and KV entries)."""
+        for index in indexes:
+            partition = self.partitions.pop((name, index))
+            partition.wake_waiters()
+            await partition.delete()
+
+
+CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
+
+
+def _altered(configs: Mapping[str, str], changes: Sequence[ConfigChange]) -> dict[str, str]:
+    altered = dict(configs)
+    for change in changes:
+        if change.operation == ConfigOperation.SET:
+            check_topic_config(change.name, change.value)
+            if change.value is None:
+                raise TopicError(KafkaErrorCode.INVALID_CONFIG, "SET without value")
+            altered[change.name] = change.value
+        elif change.operation == ConfigOperation.DELETE:
+            check_topic_config(change.name, None)
+            altered.pop(change.name, None)
+        else:
+            raise TopicError(
+                KafkaErrorCode.INVALID_CONFIG,
+                f"{change.name}: APPEND/SUBTRACT apply to list configs only",
+            )
+    return altered
+
+
+def _refused(response: sm.Response) -> TopicError:
+    return TopicError(
+        KafkaErrorCode.KAFKA_STORAGE_ERROR, f"{response.error.value}: {response.message}"
+    )
+
+
+def _kept_changing(name: str) -> TopicError:
+    return TopicError(
+        KafkaErrorCode.UNKNOWN_SERVER_ERROR,
+        f"topic {name} kept changing on another node; try again",
+    )

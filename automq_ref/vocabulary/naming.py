@@ -84,5 +84,6 @@ group coordinator at every later start, to replay the committed offsets."""
 PRODUCER_ID_KEY: Final = "producer-ids/next"
 """The KV key holding the first producer id not yet handed out in a block.
 
-Written by: the broker's producer-id allocator each time it takes a new block. Read by: the same
-allocator, to learn where the next block starts."""
+Written by: the controller, when a node's producer-id allocator asks for a new block (the
+StreamMetadata machine's ``AllocateProducerIds`` reads and advances it in one decision). Read by:
+that same decision, to learn where the next block starts."""

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from automq_ref.checker.faults import MemoryBlockDevice
-from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import (
     OBJECT_TTL_MS,
@@ -50,16 +51,31 @@ PARAMS = lc.LogCacheParams(
 )
 
 
-class HoldingController(Controller):
-    """A controller that can hold commits back (they wait forever), so that a crash lands
-    between an upload and its commit."""
+class HoldingClient:
+    """A controller client that can hold commits back (they wait forever), so that a crash
+    lands between an upload and its commit."""
 
-    hold_commits = False
+    def __init__(self, client: ControllerClient) -> None:
+        self._client = client
+        self.hold_commits = False
 
-    async def handle(self, event: sm.StreamMetadataEvent) -> sm.Response:
+    async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
         if self.hold_commits and isinstance(event, sm.CommitStreamSetObject):
             await asyncio.Event().wait()
-        return await super().handle(event)
+        return await self._client.submit(event)
+
+
+class ManualClock:
+    """The storage's clock: only the test moves it."""
+
+    def __init__(self, now_ms: int) -> None:
+        self.now_ms_value = now_ms
+
+    def now_ms(self) -> int:
+        return self.now_ms_value
+
+    def monotonic_s(self) -> float:
+        return self.now_ms_value / 1000
 
 
 class S3StorageMachine(RuleBasedStateMachine):
@@ -74,13 +90,15 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.acknowledged: dict[int, list[tuple[int, bytes]]] = {}
         self.start_offsets: dict[int, int] = {}
         self.storage: S3Storage | None = None
-        self.controller: HoldingController | None = None
+        self.client: HoldingClient | None = None
+        self.view: ImageView | None = None
         self.metadata_log: FileMetadataLog | None = None
         self.store = LocalDirectoryObjectStore(self.directory / "objects", fsync=False)
         # Appends since the last full upload or restart (a deterministic stand-in for "the
         # cache holds something to upload": preconditions must not depend on task timing).
         self.appended_since_upload = False
-        self.now_ms = 1_000_000_000  # the storage's clock: only the expire_orphans rule moves it
+        # The storage's clock: only the expire_orphans rule moves it.
+        self.clock = ManualClock(1_000_000_000)
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -98,12 +116,12 @@ class S3StorageMachine(RuleBasedStateMachine):
             params=PARAMS,
             node_epoch=self.node_epoch,
             namespace=NAMESPACE,
-            controller_type=HoldingController,
+            wrap_client=HoldingClient,
             block_size_threshold_bytes=512,
-            clock_ms=lambda: self.now_ms,
+            clock=self.clock,
         )
-        assert isinstance(running.controller, HoldingController)
-        self.storage, self.controller = running.storage, running.controller
+        assert isinstance(running.client, HoldingClient)
+        self.storage, self.client, self.view = running.storage, running.client, running.view
         self.metadata_log = running.metadata_log
         self.stream_epoch += 1
         for stream_id in self.acknowledged:
@@ -200,14 +218,15 @@ class S3StorageMachine(RuleBasedStateMachine):
         storage = self.storage
         self.run(storage.force_upload(lc.ALL_STREAMS))
         self.appended_since_upload = False
-        self.now_ms += OBJECT_TTL_MS + 1
+        self.clock.now_ms_value += OBJECT_TTL_MS + 1
         expired, _ = self.run(storage.run_object_lifecycle())
-        self.now_ms += sm.DEFAULT_PARAMS.object_retention_ms + 1
+        self.clock.now_ms_value += sm.DEFAULT_PARAMS.object_retention_ms + 1
         _, removed = self.run(storage.run_object_lifecycle())
         assert removed >= expired
         if expired:
             event("orphaned objects expired and deleted")
-        image = storage._controller.image
+        assert self.view is not None
+        image = self.view.image
         committed = {
             object_key(NAMESPACE, o.object_id)
             for o in image.objects.values()
@@ -220,10 +239,10 @@ class S3StorageMachine(RuleBasedStateMachine):
     @rule(seed=st.integers(min_value=0, max_value=2**32))
     def crash_between_upload_and_commit(self, seed: int) -> None:
         """Hold commits, force an upload, crash once its objects are in the store, restart."""
-        assert self.storage is not None and self.controller is not None
+        assert self.storage is not None and self.client is not None
         assert self.metadata_log is not None
         storage = self.storage
-        self.controller.hold_commits = True
+        self.client.hold_commits = True
 
         async def upload_until_stored() -> None:
             before = {info.key for info in await self.store.list()}

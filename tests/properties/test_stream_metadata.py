@@ -10,6 +10,8 @@ must find: get_objects over [start, end) returns a contiguous chain of objects.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -19,11 +21,13 @@ from hypothesis.stateful import (
     rule,
 )
 
+from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import (
     ANY_STREAM_EPOCH,
     EMPTY_IMAGE,
     NO_OBJECT,
+    AllocateProducerIds,
     CloseStream,
     CommitRange,
     CommitStreamObject,
@@ -47,6 +51,7 @@ from automq_ref.state_machines.stream_metadata import (
     StreamState,
     TrimStream,
 )
+from automq_ref.vocabulary.naming import PRODUCER_ID_KEY
 
 NODES = (0, 1, 2)
 PARAMS = StreamMetadataParams(object_retention_ms=50)
@@ -62,6 +67,7 @@ class StreamMetadataMachine(RuleBasedStateMachine):
         self.now_ms = 0
         self.node_epochs = dict.fromkeys(NODES, 0)
         self.expired: set[int] = set()
+        self.producer_id_blocks: list[tuple[int, int]] = []  # [first, end) handed out
 
     # ----------------------------------------------------------------------------- helpers
 
@@ -115,15 +121,16 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             response = self.apply(RegisterNode(node_id, 0))
             assert response.ok
 
-    @rule(node_id=st.sampled_from(NODES), delta=deltas)
+    @rule(node_id=st.sampled_from(NODES), delta=st.sampled_from([-1, 0, 1, 1, 1, 3]))
     def register_node(self, node_id: int, delta: int) -> None:
-        epoch = self.epoch_for(node_id, delta if delta else 1)
-        response = self.apply(RegisterNode(node_id, epoch))
-        if epoch < self.node_epochs[node_id]:
-            assert response.error is StreamErrorCode.NODE_EPOCH_EXPIRED
-        else:
-            assert response.ok
-            self.node_epochs[node_id] = epoch
+        proposed = self.epoch_for(node_id, delta)
+        stored = self.image.nodes[node_id].node_epoch
+        response = self.apply(RegisterNode(node_id, proposed))
+        # Never refused: granted above the stored epoch, whatever the node proposed.
+        assert response.ok and response.node_epoch == max(proposed, stored + 1)
+        node = self.image.nodes[node_id]
+        assert node.node_epoch == response.node_epoch and not node.failover_mode
+        self.node_epochs[node_id] = response.node_epoch
 
     @rule(node_id=st.sampled_from(NODES), delta=deltas, really=st.integers(0, 3))
     def fence_node(self, node_id: int, delta: int, really: int) -> None:
@@ -431,19 +438,57 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             assert state is S3ObjectState.MARK_DESTROYED
             assert object_id not in self.image.objects
 
-    @rule(key=st.sampled_from(["a", "b"]), value=st.binary(max_size=3), overwrite=st.booleans())
-    def put_kv(self, key: str, value: bytes, overwrite: bool) -> None:
+    def expected_value(self, data: st.DataObject, key: str) -> bytes | None:
+        """No condition, the value the key holds now, or another (stale) one."""
+        choices = [st.none(), st.binary(max_size=2)]
+        if key in self.image.kv:
+            choices.append(st.just(self.image.kv[key]))
+        return data.draw(st.one_of(choices))
+
+    @rule(
+        data=st.data(),
+        key=st.sampled_from(["a", "b"]),
+        value=st.binary(max_size=3),
+        overwrite=st.booleans(),
+    )
+    def put_kv(self, data: st.DataObject, key: str, value: bytes, overwrite: bool) -> None:
         existing = self.image.kv.get(key)
-        response = self.apply(PutKV(key, value, overwrite))
-        if existing is not None and not overwrite:
+        expected = self.expected_value(data, key)
+        response = self.apply(PutKV(key, value, overwrite, expected))
+        if expected is not None and expected != existing:
+            assert response.error is StreamErrorCode.VALUE_NOT_MATCHED
+            assert response.value == existing and self.image.kv.get(key) == existing
+        elif existing is not None and not overwrite:
             assert response.error is StreamErrorCode.KEY_EXIST and response.value == existing
         else:
-            assert self.image.kv[key] == value
+            assert response.ok and self.image.kv[key] == value
 
-    @rule(key=st.sampled_from(["a", "b"]))
-    def delete_kv(self, key: str) -> None:
-        self.apply(DeleteKV(key))
-        assert key not in self.image.kv
+    @rule(data=st.data(), key=st.sampled_from(["a", "b"]))
+    def delete_kv(self, data: st.DataObject, key: str) -> None:
+        existing = self.image.kv.get(key)
+        expected = self.expected_value(data, key)
+        response = self.apply(DeleteKV(key, expected))
+        if expected is not None and expected != existing:
+            assert response.error is StreamErrorCode.VALUE_NOT_MATCHED
+            assert response.value == existing and self.image.kv.get(key) == existing
+        else:
+            assert response.ok and key not in self.image.kv
+
+    @rule(node_id=st.sampled_from(NODES), delta=deltas, count=st.sampled_from([0, 1, 5, 1000]))
+    def allocate_producer_ids(self, node_id: int, delta: int, count: int) -> None:
+        node_epoch = self.epoch_for(node_id, delta)
+        node = self.image.nodes[node_id]
+        response = self.apply(AllocateProducerIds(node_id, node_epoch, count))
+        if node_epoch < node.node_epoch:
+            assert response.error is StreamErrorCode.NODE_EPOCH_EXPIRED
+        elif node.failover_mode:
+            assert response.error is StreamErrorCode.NODE_FENCED
+        elif count < 1:
+            assert response.error is StreamErrorCode.INVALID_REQUEST
+        else:
+            assert response.ok and response.first_producer_id is not None
+            first = response.first_producer_id
+            self.producer_id_blocks.append((first, first + count))
 
     # ------------------------------------------------------------------------- invariants
 
@@ -481,6 +526,16 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             assert cursor == stream.end_offset or (
                 cursor == stream.start_offset == stream.end_offset
             )
+
+    @invariant()
+    def producer_id_blocks_never_overlap(self) -> None:
+        """No producer id is handed out twice, and the counter is past every block."""
+        blocks = sorted(self.producer_id_blocks)
+        for (_, end), (first, _) in itertools.pairwise(blocks):
+            assert end <= first, blocks
+        if blocks:
+            raw = self.image.kv[PRODUCER_ID_KEY]
+            assert decode_kv_integer(raw, "next producer id") >= max(end for _, end in blocks)
 
     @invariant()
     def image_is_the_replay_of_its_records(self) -> None:

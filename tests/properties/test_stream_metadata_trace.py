@@ -34,6 +34,7 @@ from automq_ref.state_machines.stream_metadata import (
     ANY_STREAM_EPOCH,
     EMPTY_IMAGE,
     NO_OBJECT,
+    AllocateProducerIds,
     CloseStream,
     CommitRange,
     CommitStreamObject,
@@ -173,6 +174,7 @@ def handoff(*, forge_stale_commit: bool = False) -> list[tv.TraceLine]:
     r.ok(CommitStreamObject(0, 0, 0, ANY_STREAM_EPOCH, 4, 0, 3, 10, (2, 3), r.tick()))
     r.ok(RemoveObject(2, r.tick(60)))
     r.ok(PutKV("a", b"x", False))  # not in the spec: a stutter
+    r.ok(AllocateProducerIds(0, 0, 10))  # not in the spec either
     r.answers(OpenStream(1, 0, 0, 1), E.STREAM_NOT_CLOSED)
     r.ok(CloseStream(0, 0, 0, 0))
     r.ok(OpenStream(1, 0, 0, 1))
@@ -350,7 +352,10 @@ class StreamMetadataTraceMachine(RuleBasedStateMachine):
     def register_node(self, data: st.DataObject) -> None:
         fresh = [node for node in self.image.nodes.values() if node.node_epoch < 1]
         node = data.draw(st.sampled_from(fresh))
-        self.recorder.apply(RegisterNode(node.node_id, node.node_epoch + 1))
+        # A proposal at or below the stored epoch (a clock that went back) is granted one more.
+        proposed = data.draw(st.sampled_from([node.node_epoch, node.node_epoch + 1]))
+        granted = self.recorder.apply(RegisterNode(node.node_id, proposed)).node_epoch
+        assert granted == node.node_epoch + 1
 
     @precondition(lambda self: not any(n.failover_mode for n in self.image.nodes.values()))
     @rule(node_id=st.sampled_from(NODES), really=st.integers(0, 4))
@@ -651,6 +656,7 @@ def test_unknown_actions_and_uneven_observations_are_refused() -> None:
     with pytest.raises(tv.TraceError, match="Init"):
         tv.build_module(spec, [[tv.TraceLine("OpenStream", state)]])
     tv.build_module(spec, [[*lines, tv.TraceLine("PutKV", state)]])  # stutter-only: fine
+    tv.build_module(spec, [[*lines, tv.TraceLine("AllocateProducerIds", state)]])
 
 
 def test_ndjson_round_trip(tmp_path: Path) -> None:

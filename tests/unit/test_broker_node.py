@@ -1,7 +1,7 @@
 """The node in process: what its seams inject reaches the parts (the clock's time is the node
-epoch the WAL is opened with; the hook runs before anything is opened), and the connection's
-peer reaches the handlers (JoinGroup records the member's real host, which DescribeGroups
-reports)."""
+epoch proposed at registration, and the granted one opens the WAL; the hook runs before anything
+is opened), and the connection's peer reaches the handlers (JoinGroup records the member's real
+host, which DescribeGroups reports)."""
 
 from __future__ import annotations
 
@@ -122,6 +122,19 @@ async def test_seams_reach_the_parts(tmp_path: Path) -> None:
     try:
         assert node.clock.now_ms() == 1_234_567
         assert node.context.clock is node.clock
+        assert node.storage._clock is node.clock and node.groups._clock is node.clock
+        assert node.storage.node_epoch == node.view.image.nodes[config.node_id].node_epoch
     finally:
         await node.shutdown()
     assert seen == [("before_open", True, False), ("open_wal", True, 1_234_567)]
+
+    # A restart on the same clock (or one that went back) is granted a newer epoch than the
+    # stored one: the WAL and every request of the new incarnation carry the grant.
+    seen.clear()
+    node = await start_node(config, Seams(FixedClock(), opener, before_open))
+    try:
+        assert node.storage.node_epoch == 1_234_568
+        assert node.view.image.nodes[config.node_id].node_epoch == 1_234_568
+    finally:
+        await node.shutdown()
+    assert seen == [("before_open", True, True), ("open_wal", True, 1_234_568)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,10 +18,9 @@ from automq_ref.formats.metadata_record import (
     encode_record,
     encode_snapshot,
 )
+from automq_ref.io.metadata.client import connect_in_process, register_node
 from automq_ref.io.metadata.controller import MAX_CONFLICT_RETRIES, Controller, ControllerError
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, LogIndexConflict
-from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
-from automq_ref.io.storage.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import NO_OBJECT, CommitRange, StreamErrorCode
 
@@ -119,9 +119,10 @@ async def test_a_log_that_keeps_moving_ahead_fails_the_request(tmp_path: Path) -
         controller = await Controller.open(metadata_log)
         with pytest.raises(ControllerError, match="kept moving ahead"):
             await controller.handle(sm.RegisterNode(1, 1))
-        # Each try caught up with the rival's record (the same registration) and decided again.
+        # Each try caught up with the rival's record (our registration, raced in) and decided
+        # again on the newer image: one epoch above the rival's each time.
         assert controller.applied_index == metadata_log.next_index == MAX_CONFLICT_RETRIES
-        assert controller.image.nodes[1].node_epoch == 1
+        assert controller.image.nodes[1].node_epoch == MAX_CONFLICT_RETRIES
     finally:
         await metadata_log.close()
 
@@ -182,26 +183,31 @@ def test_malformed_records_are_refused(payload: bytes) -> None:
         decode_record(payload)
 
 
-async def test_orphaned_objects_expire_and_are_deleted(tmp_path: Path) -> None:
-    params = sm.StreamMetadataParams(object_retention_ms=1_000)
-    async with (
-        FileMetadataLog(tmp_path / "meta") as metadata_log,
-        LocalDirectoryObjectStore(tmp_path / "objects") as store,
-    ):
-        controller = await Controller.open(metadata_log, params)
-        stream_id = await write_some(controller)
-        prepared = await controller.handle(sm.PrepareObject(1, 5, 1, 100, 2_000))
-        orphan = prepared.first_object_id
-        assert orphan is not None
-        # The upload happened, the commit never came (the node died in between).
-        await store.put(object_key("ns", orphan), b"orphan bytes")
-        assert await controller.run_object_lifecycle(store, "ns", 2_050) == (0, 0)
-        assert await controller.run_object_lifecycle(store, "ns", 2_101) == (1, 0)
-        error, slices = sm.get_objects(controller.image, stream_id, 0, 10, 10)
-        assert error is StreamErrorCode.NONE
-        assert orphan not in {s.object_id for s in slices}
-        assert await controller.run_object_lifecycle(store, "ns", 3_200) == (0, 1)
-        assert orphan not in controller.image.objects
-        assert [info.key for info in await store.list("")] == []
-        # Committed objects are untouched by the lifecycle.
-        assert controller.image.streams[stream_id].end_offset == 10
+async def test_the_view_follows_every_applied_batch(tmp_path: Path) -> None:
+    """The view is told of the controller's own decisions and of what it replays from another
+    writer; a refusal or a no-op changes nothing; a waiter wakes at the next change."""
+    metadata_log = RacingLog(tmp_path)
+    await metadata_log.__aenter__()
+    try:
+        controller = await Controller.open(metadata_log)
+        client, view = connect_in_process(controller)
+        assert (view.version, view.image) == (0, controller.image)
+        waiter = asyncio.ensure_future(view.wait_for_change(0))
+        registered = await register_node(client, 1, 5)
+        assert (registered.node_id, registered.node_epoch, registered.opening_streams) == (1, 5, ())
+        assert await waiter == 1 and view.image.nodes[1].node_epoch == 5
+        assert (
+            await client.submit(sm.CreateStream(1, 4))
+        ).error is StreamErrorCode.NODE_EPOCH_EXPIRED
+        assert (await client.submit(sm.DeleteKV("absent"))).ok
+        assert view.version == 1
+        # Another writer's record, replayed before our decision: two batches, both seen.
+        metadata_log.rival_records = [encode_record(sm.KVRecord("rival", b"1"))]
+        assert (await client.submit(sm.PutKV("ours", b"2", False))).ok
+        assert view.version == 3
+        assert view.image == controller.image
+        assert dict(view.image.kv) == {"rival": b"1", "ours": b"2"}
+        # A restart on a clock that went back is granted an epoch above the stored one.
+        assert (await register_node(client, 1, 2)).node_epoch == 6
+    finally:
+        await metadata_log.close()

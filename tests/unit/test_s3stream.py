@@ -110,7 +110,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     # restarted at 0 after recovery and matched the recovered block's finished commit).
     await storage.append(streams[0], 1, payload(streams[0], 60), 1)
     await storage.force_upload(streams[0])
-    assert storage._controller.image.streams[streams[0]].end_offset == 61
+    assert storage._view.image.streams[streams[0]].end_offset == 61
     await storage.shutdown()
     await metadata_log.close()
     await crashed_store.close()

@@ -78,8 +78,14 @@ EVENTS: dict[str, list[StreamMetadataEvent]] = {
     ],
     "ExpireObject": [sm.ExpireObject(o, t) for o, t in itertools.product((0, 2, 9), (0, 5000))],
     "RemoveObject": [sm.RemoveObject(o, t) for o, t in itertools.product((0, 2, 9), (0, 10**6))],
-    "PutKV": [sm.PutKV("k", b"v", overwrite) for overwrite in (False, True)],
-    "DeleteKV": [sm.DeleteKV("k")],
+    "PutKV": [
+        sm.PutKV("k", b"v", overwrite, expected)
+        for overwrite, expected in itertools.product((False, True), (None, b"v", b"w"))
+    ],
+    "DeleteKV": [sm.DeleteKV("k", expected) for expected in (None, b"v")],
+    "AllocateProducerIds": [
+        sm.AllocateProducerIds(n, e, c) for n, e, c in itertools.product((0, 9), (0, 1), (0, 7))
+    ],
 }
 
 

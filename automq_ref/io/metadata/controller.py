@@ -13,11 +13,17 @@ log's order is the order of decisions.
 
 On open the image is rebuilt from the latest snapshot plus the records after it; ``snapshot()``
 writes the image as records (``image_records``) and lets the log drop what it covers.
+
+Nothing above the metadata room calls the controller directly: requests come through a
+:class:`~automq_ref.io.metadata.client.ControllerClient`, and readers follow the image through a
+:class:`~automq_ref.io.metadata.view.MetadataView`, which ``subscribe`` tells of every image
+the controller moves to (its own decisions and the records it replays from other writers).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Self
 
 from automq_ref.formats.metadata_record import (
@@ -28,8 +34,6 @@ from automq_ref.formats.metadata_record import (
 )
 from automq_ref.io.driver import Driver, Stale, StaleDecisions
 from automq_ref.io.metadata.metadata_log import LogIndexConflict, MetadataLog
-from automq_ref.io.storage.object_store import ObjectStore
-from automq_ref.io.storage.stream_objects import object_key
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ class Controller:
         self._log = metadata_log
         self._applied_index = applied_index
         self._params = params
+        self._listeners: list[Callable[[sm.StreamMetadataImage], None]] = []
         self._driver: _ControllerDriver = Driver(
             self._step,
             image,
@@ -87,6 +92,15 @@ class Controller:
     def applied_index(self) -> int:
         return self._applied_index
 
+    def subscribe(self, listener: Callable[[sm.StreamMetadataImage], None]) -> None:
+        """Call ``listener`` with the image after every batch this controller applies."""
+        self._listeners.append(listener)
+
+    def _published(self) -> None:
+        image = self._driver.state
+        for listener in self._listeners:
+            listener(image)
+
     async def catch_up(self) -> None:
         """Replay every record the log has beyond what this controller applied."""
         image = self._driver.state
@@ -94,6 +108,7 @@ class Controller:
             image = sm.replay(image, decode_record(entry.payload))
             self._applied_index = entry.index + 1
         self._driver.reset(image)
+        self._published()
 
     async def handle(self, event: sm.StreamMetadataEvent) -> sm.Response:
         try:
@@ -103,6 +118,9 @@ class Controller:
                 f"{type(event).__name__}: the metadata log kept moving ahead "
                 f"({MAX_CONFLICT_RETRIES} tries)"
             ) from None
+        # No await since the driver advanced: listeners see the image before the caller the
+        # answer, and before any other decision.
+        self._published()
         return sm.response_of(transition)
 
     def _step(
@@ -127,23 +145,3 @@ class Controller:
         async with self._driver.between_decisions() as image:
             payload = encode_snapshot(sm.image_records(image))
             await self._log.install_snapshot(self._applied_index, payload)
-
-    async def run_object_lifecycle(
-        self, store: ObjectStore, namespace: str, now_ms: int, *, max_objects: int = 2000
-    ) -> tuple[int, int]:
-        """One round of the object lifecycle: prepared objects past their deadline become
-        MARK_DESTROYED (an upload whose commit never came: an orphan), and destroyed objects
-        past retention are deleted from storage, then forgotten. Returns (expired, removed)."""
-        expired = 0
-        for object_id in sm.expired_objects(self._driver.state, now_ms)[:max_objects]:
-            if (await self.handle(sm.ExpireObject(object_id, now_ms))).ok:
-                expired += 1
-        removable = sm.removable_objects(self._driver.state, now_ms, self._params)[:max_objects]
-        if removable:
-            # Delete first, forget second: a crash in between deletes again, never leaks.
-            await store.delete_many(object_key(namespace, object_id) for object_id in removable)
-        removed = 0
-        for object_id in removable:
-            if (await self.handle(sm.RemoveObject(object_id, now_ms))).ok:
-                removed += 1
-        return expired, removed

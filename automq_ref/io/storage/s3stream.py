@@ -4,29 +4,34 @@ Append: the stream's next offset is assigned first, the StreamRecordBatch goes t
 once the WAL has synced it the record enters the LogCache machine (in WAL completion order) and
 the stream's confirm offset moves; only then does the caller get its offset. Reads never pass the
 confirm offset: they take the LogCache's contiguous run when it holds the start, else read objects
-(found through the controller's image) up to where the cache takes over.
+(found through the metadata view's image) up to where the cache takes over.
 
-The LogCache machine decides when blocks become objects; this shell executes its effects through the
-shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so the
-cache's state advances at once (records enter it in WAL completion order, from the WAL's callbacks)
-and the tasks answer with events later: ``PrepareObjects`` and ``CommitBlock`` through the
-controller, ``UploadBlock`` against the object store, ``TrimWal`` on the WAL. The machine emits a
-commit only after the commit of every earlier block, and a trim only after the commit that covers
-it. A refusal (``Rejected``: a record out of order, an answer for no request) is a bug here and
-fails like one (``StorageError``). A commit the controller refuses is fatal for the storage, as in
-AutoMQ (which halts): the node then recovers from its WAL on restart. An upload is not: when the
-object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx, lost connections)
-the block's objects are PUT again after a growing pause, for as long as it takes, since the data is
-safe in the WAL meanwhile and a PUT under an already prepared object id can be repeated. Only once
-shutdown has begun does an exhausted upload fail the storage, leaving the data to WAL recovery at
-the next start. A read from objects that fails is a ``StorageError`` (Fetch answers
-``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
+The LogCache machine decides when blocks become objects; this shell executes its effects through
+the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
+the cache's state advances at once (records enter it in WAL completion order, from the WAL's
+callbacks) and the tasks answer with events later: ``PrepareObjects`` and ``CommitBlock`` through
+the controller client, ``UploadBlock`` against the object store, ``TrimWal`` on the WAL. The
+machine emits a commit only after the commit of every earlier block, and a trim only after the
+commit that covers it. A refusal (``Rejected``: a record out of order, an answer for no request)
+is a bug here and fails like one (``StorageError``). A commit the controller refuses is fatal for
+the storage, as in AutoMQ (which halts): the node then recovers from its WAL on restart. An upload
+is not: when the object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx,
+lost connections) the block's objects are PUT again after a growing pause, for as long as it
+takes, since the data is safe in the WAL meanwhile and a PUT under an already prepared object id
+can be repeated. Only once shutdown has begun does an exhausted upload fail the storage, leaving
+the data to WAL recovery at the next start. A read from objects that fails is a ``StorageError``
+(Fetch answers ``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
 
-Start-up recovery: the node registers its new epoch and learns which streams it still owns
-(``RegisterNode``); every WAL record of those streams at or past the stream's committed end is
-replayed into a fresh cache (records below it are already in objects; a record past the expected
-offset is a discontinuity, logged as an error and refused); the cache is force-uploaded and
-committed; the WAL is reset; the recovered streams are closed so they can be reopened.
+Start-up recovery: the node has registered (``RegisterNode``, before its WAL was opened: the WAL
+carries the granted epoch) and learnt which streams it still owns (the :class:`Registration`);
+every WAL record of those streams at or past the stream's committed end is replayed into a fresh
+cache (records below it are already in objects; a record past the expected offset is a
+discontinuity, logged as an error and refused); the cache is force-uploaded and committed; the
+WAL is reset; the recovered streams are closed so they can be reopened.
+
+The controller is reached only through its seams: requests through a ``ControllerClient``, reads
+through a ``MetadataView``; time through the injected ``Clock``. Once a second the storage also
+runs the object lifecycle (:mod:`automq_ref.io.storage.object_lifecycle`).
 """
 
 from __future__ import annotations
@@ -35,16 +40,18 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
+from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.driver import Driver
-from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.client import ControllerClient, Registration
+from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
@@ -101,25 +108,27 @@ class S3Storage:
         *,
         wal: BlockWal,
         store: ObjectStore,
-        controller: Controller,
+        client: ControllerClient,
+        view: MetadataView,
         node_id: int,
         node_epoch: int,
         namespace: str,
         params: lc.LogCacheParams,
         block_size_threshold_bytes: int = 512 * 1024,
-        clock_ms: Callable[[], int] | None = None,
+        clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
     ) -> None:
         self._wal = wal
         self._store = store
-        self._controller = controller
+        self._client = client
+        self._view = view
         self._node_id = node_id
         self._node_epoch = node_epoch
         self._namespace = namespace
         self._block_size_threshold_bytes = block_size_threshold_bytes
         # Wall-clock milliseconds: object deadlines, upload intervals, lifecycle. Tests inject
-        # their own to move time past a deadline.
-        self._clock_ms = clock_ms or wall_clock_ms
+        # their own clock to move time past a deadline.
+        self._clock = clock or SystemClock()
         self._cache: Driver[lc.LogCacheState, lc.LogCacheEvent, lc.LogCacheEffect] = Driver(
             lambda state, event: lc.step(state, event, params),
             lc.LogCacheState(),
@@ -155,33 +164,33 @@ class S3Storage:
         *,
         wal: BlockWal,
         store: ObjectStore,
-        controller: Controller,
-        node_id: int,
-        node_epoch: int,
+        client: ControllerClient,
+        view: MetadataView,
+        registration: Registration,
         namespace: str,
         params: lc.LogCacheParams,
         block_size_threshold_bytes: int = 512 * 1024,
-        clock_ms: Callable[[], int] | None = None,
+        clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
     ) -> S3Storage:
-        """Register the node, recover the WAL into objects, reset it, close recovered streams."""
+        """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
+        the recovered streams."""
+        node_id, node_epoch = registration.node_id, registration.node_epoch
         storage = cls(
             wal=wal,
             store=store,
-            controller=controller,
+            client=client,
+            view=view,
             node_id=node_id,
             node_epoch=node_epoch,
             namespace=namespace,
             params=params,
             block_size_threshold_bytes=block_size_threshold_bytes,
-            clock_ms=clock_ms,
+            clock=clock,
             block_cache_bytes=block_cache_bytes,
         )
-        registered = await controller.handle(sm.RegisterNode(node_id, node_epoch))
-        if not registered.ok:
-            raise StorageError(f"node {node_id} epoch {node_epoch}: {registered.message}")
         storage._recovering = True
-        recovering = {s.stream_id: s for s in registered.opening_streams}
+        recovering = {s.stream_id: s for s in registration.opening_streams}
         expected = {stream_id: s.end_offset for stream_id, s in recovering.items()}
         async for record in wal.recover():
             try:
@@ -205,7 +214,7 @@ class S3Storage:
         await wal.reset()
         storage._recovering = False
         for stream_id, opening in recovering.items():
-            closed = await controller.handle(
+            closed = await client.submit(
                 sm.CloseStream(node_id, node_epoch, stream_id, opening.epoch)
             )
             if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
@@ -218,10 +227,6 @@ class S3Storage:
         return storage
 
     @property
-    def controller(self) -> Controller:
-        return self._controller
-
-    @property
     def node_id(self) -> int:
         return self._node_id
 
@@ -232,13 +237,13 @@ class S3Storage:
     # ------------------------------------------------------------------------------ streams
 
     async def create_stream(self) -> int:
-        response = await self._controller.handle(sm.CreateStream(self._node_id, self._node_epoch))
+        response = await self._client.submit(sm.CreateStream(self._node_id, self._node_epoch))
         self._check(response, "create stream")
         assert response.stream_id is not None
         return response.stream_id
 
     async def open_stream(self, stream_id: int, epoch: int) -> tuple[int, int]:
-        response = await self._controller.handle(
+        response = await self._client.submit(
             sm.OpenStream(self._node_id, self._node_epoch, stream_id, epoch)
         )
         self._check(response, f"open stream {stream_id}")
@@ -379,7 +384,7 @@ class S3Storage:
         record = lc.CachedRecord(
             batch.stream_id, batch.base_offset, batch.count, bytes(batch.payload), wal_next_offset
         )
-        self._apply(lc.RecordAppended(record, self._clock_ms()))
+        self._apply(lc.RecordAppended(record, self._clock.now_ms()))
 
     async def read(
         self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
@@ -413,7 +418,7 @@ class S3Storage:
                     batches = await read_from_objects(
                         self._store,
                         self._namespace,
-                        self._controller.image,
+                        self._view.image,
                         self._indexes,
                         self._blocks,
                         stream_id,
@@ -439,7 +444,7 @@ class S3Storage:
         )
 
     async def trim_stream(self, stream_id: int, epoch: int, new_start_offset: int) -> None:
-        response = await self._controller.handle(
+        response = await self._client.submit(
             sm.TrimStream(self._node_id, self._node_epoch, stream_id, epoch, new_start_offset)
         )
         self._check(response, f"trim stream {stream_id}")
@@ -458,22 +463,23 @@ class S3Storage:
                 self._check_healthy()
                 await asyncio.sleep(0.001)
         await self.force_upload(stream_id)
-        response = await self._controller.handle(
+        response = await self._client.submit(
             sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch)
         )
         self._check(response, f"close stream {stream_id}")
         self._streams.pop(stream_id, None)
 
     async def delete_stream(self, stream_id: int, epoch: int) -> None:
-        """Delete a closed stream; its objects are destroyed by the controller's lifecycle."""
-        response = await self._controller.handle(
-            sm.DeleteStream(self._node_id, self._node_epoch, stream_id, epoch, self._clock_ms())
+        """Delete a closed stream; its objects are destroyed, then reclaimed by the object
+        lifecycle."""
+        response = await self._client.submit(
+            sm.DeleteStream(self._node_id, self._node_epoch, stream_id, epoch, self._clock.now_ms())
         )
         self._check(response, f"delete stream {stream_id}")
 
     async def force_upload(self, stream_id: int) -> None:
         """Seal the active block if it holds the stream and wait until it is committed."""
-        self._apply(lc.ForceUpload(stream_id, self._clock_ms()))
+        self._apply(lc.ForceUpload(stream_id, self._clock.now_ms()))
         waits = [
             self._committed_event(block.block_id).wait()
             for block in lc.uncommitted_blocks(self._cache.state)
@@ -517,13 +523,13 @@ class S3Storage:
         try:
             match effect:
                 case lc.PrepareObjects():
-                    response = await self._controller.handle(
+                    response = await self._client.submit(
                         sm.PrepareObject(
                             self._node_id,
                             self._node_epoch,
                             effect.count,
                             OBJECT_TTL_MS,
-                            self._clock_ms(),
+                            self._clock.now_ms(),
                         )
                     )
                     self._check(response, "prepare objects")
@@ -584,7 +590,7 @@ class S3Storage:
             for object_id, run in layout.stream_objects
         )
         set_object_id = layout.stream_set_object_id if layout.stream_set_runs else sm.NO_OBJECT
-        response = await self._controller.handle(
+        response = await self._client.submit(
             sm.CommitStreamSetObject(
                 self._node_id,
                 self._node_epoch,
@@ -595,7 +601,7 @@ class S3Storage:
                 stream_objects,
                 (),
                 False,
-                self._clock_ms(),
+                self._clock.now_ms(),
             )
         )
         self._check(response, f"commit block {effect.block_id}")
@@ -611,7 +617,7 @@ class S3Storage:
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(1)
-            self._apply(lc.Tick(self._clock_ms()))
+            self._apply(lc.Tick(self._clock.now_ms()))
             try:
                 await self.run_object_lifecycle()
             except Exception as error:  # the next round retries; nothing is lost meanwhile
@@ -620,8 +626,8 @@ class S3Storage:
     async def run_object_lifecycle(self) -> tuple[int, int]:
         """One lifecycle round now (the ticker runs one a second): orphans expire, destroyed
         objects are deleted. Returns (expired, removed)."""
-        return await self._controller.run_object_lifecycle(
-            self._store, self._namespace, self._clock_ms()
+        return await run_object_lifecycle(
+            self._client, self._view, self._store, self._namespace, self._clock.now_ms()
         )
 
     def _check(self, response: sm.Response, what: str) -> None:
@@ -634,7 +640,3 @@ class S3Storage:
     def _check_healthy(self) -> None:
         if self._failure is not None:
             raise StorageError(f"storage failed: {self._failure}") from self._failure
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)

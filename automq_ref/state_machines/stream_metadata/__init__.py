@@ -25,8 +25,9 @@ higher epoch seals the current range at the stream's end offset and starts a new
 offset, owned by the opener; it is refused while the stream is OPENED (``STREAM_NOT_CLOSED``), so
 the new owner waits for the old one to close. A commit must come from the owner of the current
 range (and, when it says, at the current epoch), and must start exactly at the stream's end offset;
-so data an old owner uploads after losing the stream is never made visible. Nodes have epochs too
-(their start time): a request from an older incarnation gets ``NODE_EPOCH_EXPIRED``, and a node
+so data an old owner uploads after losing the stream is never made visible. Nodes have epochs too,
+granted at ``RegisterNode`` (the node proposes its start time, the controller grants at least one
+more than it stored): a request from an older incarnation gets ``NODE_EPOCH_EXPIRED``, and a node
 taken over by failover gets ``NODE_FENCED``.
 
 Objects. ``PrepareObject`` hands out ids (PREPARED, with a deadline); a commit turns them
@@ -35,6 +36,12 @@ never be committed any more; compaction marks its inputs MARK_DESTROYED; ``Remov
 a destroyed object once the shell has deleted it and the retention has passed. Committing an
 object that is already COMMITTED is ``REDUNDANT_OPERATION``, answered as success: a retried commit
 is idempotent.
+
+Cluster-wide decisions outside the spec. The KV store (``PutKV``, ``DeleteKV``) offers
+put-if-absent (``KEY_EXIST``), compare-and-set and compare-and-delete (``VALUE_NOT_MATCHED``), so
+that two brokers deciding from their local images never both create a topic or overwrite each
+other's change; ``AllocateProducerIds`` advances the producer-id counter in the KV in one
+decision, so producer-id blocks never overlap.
 
 Not modelled (yet): fast close and historical WAL responsibilities (``NodeWALUncommittedOffsets``),
 "huge cluster" mode (ranges read from object indexes), locked nodes, object attributes beyond a
@@ -57,6 +64,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     ANY_STREAM_EPOCH,
     DEFAULT_PARAMS,
     NO_OBJECT,
+    AllocateProducerIds,
     AppendRecords,
     CloseStream,
     CommitRange,
@@ -154,6 +162,7 @@ __all__ = [
     "INVARIANTS",
     "NO_EPOCH",
     "NO_OBJECT",
+    "AllocateProducerIds",
     "AppendRecords",
     "AssignedS3ObjectIdRecord",
     "AssignedStreamIdRecord",

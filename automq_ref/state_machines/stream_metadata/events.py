@@ -1,5 +1,6 @@
 """What the controller is asked and what it answers: the request events (one per TLA+ action,
-plus the KV requests), the ``Response`` every request gets and its error codes (AutoMQ's names),
+plus the KV requests and the producer-id blocks), the ``Response`` every request gets and its
+error codes (AutoMQ's names, and ``VALUE_NOT_MATCHED`` for a conditional KV request that lost),
 the effects of a step (``AppendRecords`` then ``Respond``), and the machine's parameters.
 """
 
@@ -39,15 +40,22 @@ class StreamErrorCode(enum.Enum):
     NODE_EPOCH_EXPIRED = "NODE_EPOCH_EXPIRED"
     NODE_FENCED = "NODE_FENCED"
     KEY_EXIST = "KEY_EXIST"
+    # A conditional KV request (``expected``) found another value under the key, or none.
+    VALUE_NOT_MATCHED = "VALUE_NOT_MATCHED"
     INVALID_REQUEST = "INVALID_REQUEST"
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterNode:
-    """getOpeningStreams: a node (re)starts at ``node_epoch`` and asks for its open streams."""
+    """getOpeningStreams: a node (re)starts and asks for its epoch and its open streams.
+
+    ``node_epoch`` is the node's proposal (its clock). The controller grants
+    ``max(node_epoch, stored + 1)``, strictly above any epoch it stored for the node, so a
+    restart on a clock that went backwards still fences the previous incarnation; it answers
+    the granted epoch (``Response.node_epoch``), which the node then uses for everything."""
 
     node_id: int
-    node_epoch: int
+    node_epoch: int  # proposed
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +182,41 @@ class RemoveObject:
 
 @dataclass(frozen=True, slots=True)
 class PutKV:
+    """Write ``value`` under ``key``.
+
+    * ``overwrite=False``: put-if-absent; an existing key is answered ``KEY_EXIST`` with its
+      value, and nothing is written.
+    * ``overwrite=True``, ``expected=None``: an unconditional put.
+    * ``expected=v``: compare-and-set: written only if the key holds exactly ``v`` now, else
+      ``VALUE_NOT_MATCHED`` with the current value (None when the key is absent).
+      The ``overwrite`` rule still applies, so a compare-and-set passes ``overwrite=True``."""
+
     key: str
     value: bytes
     overwrite: bool
+    expected: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeleteKV:
+    """Remove ``key`` (absent: accepted, nothing written). With ``expected``: compare-and-delete,
+    only if the key holds exactly ``expected`` now, else ``VALUE_NOT_MATCHED`` with the current
+    value (None when the key is absent)."""
+
     key: str
+    expected: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AllocateProducerIds:
+    """Reserve the next ``count`` producer ids for node ``node_id``: the counter under
+    ``naming.PRODUCER_ID_KEY`` (decimal, ``formats.kv_integer``; absent means 0) is read and
+    advanced by ``count`` in one decision, so two nodes never get overlapping blocks. Answers
+    the block's first id (``Response.first_producer_id``). The node-epoch check applies."""
+
+    node_id: int
+    node_epoch: int
+    count: int
 
 
 StreamMetadataEvent: TypeAlias = (
@@ -199,6 +234,7 @@ StreamMetadataEvent: TypeAlias = (
     | RemoveObject
     | PutKV
     | DeleteKV
+    | AllocateProducerIds
 )
 
 
@@ -220,6 +256,8 @@ class Response:
     first_object_id: int | None = None
     opening_streams: tuple[OpeningStream, ...] = ()
     value: bytes | None = None
+    node_epoch: int | None = None  # RegisterNode: the granted epoch
+    first_producer_id: int | None = None  # AllocateProducerIds: the block's first id
 
     @property
     def ok(self) -> bool:

@@ -10,10 +10,13 @@ import itertools
 from collections.abc import Iterable
 from typing import TypeAlias
 
+from automq_ref.formats.errors import FormatError
+from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.state_machines.stream_metadata.events import (
     ANY_STREAM_EPOCH,
     DEFAULT_PARAMS,
     NO_OBJECT,
+    AllocateProducerIds,
     AppendRecords,
     CloseStream,
     CommitRange,
@@ -70,6 +73,7 @@ from automq_ref.vocabulary.metadata_records import (
     StreamOffsetRange,
     StreamState,
 )
+from automq_ref.vocabulary.naming import PRODUCER_ID_KEY
 
 
 def step(
@@ -112,6 +116,8 @@ def step(
             records, response = _on_put_kv(image, event)
         case DeleteKV():
             records, response = _on_delete_kv(image, event)
+        case AllocateProducerIds():
+            records, response = _on_allocate_producer_ids(image, event)
     if not records:
         return Transition(image, (Respond(response),))
     appended = tuple(records)
@@ -150,14 +156,15 @@ def _ignore_node(
 
 
 def _on_register_node(image: StreamMetadataImage, event: RegisterNode) -> _Outcome:
+    # Never refused: the granted epoch is above every epoch stored for the node, whatever the
+    # node proposed (a clock that went backwards, a retried registration).
     node = image.nodes.get(event.node_id)
-    if node is not None and node.node_epoch > event.node_epoch:
-        return _reject(
-            StreamErrorCode.NODE_EPOCH_EXPIRED,
-            f"node {event.node_id} epoch {event.node_epoch} is older than {node.node_epoch}",
-        )
-    records: list[MetadataRecord] = [NodeWALMetadataRecord(event.node_id, event.node_epoch, False)]
-    return _accept(records, opening_streams=opening_streams(image, event.node_id))
+    stored = node.node_epoch if node is not None else NO_EPOCH
+    granted = max(event.node_epoch, stored + 1)
+    records: list[MetadataRecord] = [NodeWALMetadataRecord(event.node_id, granted, False)]
+    return _accept(
+        records, node_epoch=granted, opening_streams=opening_streams(image, event.node_id)
+    )
 
 
 def _on_fence_node(image: StreamMetadataImage, event: FenceNode) -> _Outcome:
@@ -744,17 +751,48 @@ def _on_remove_object(
     return _accept([RemoveS3ObjectRecord(event.object_id)])
 
 
-# ---------------------------------------------------------------------------------------- KV
+# --------------------------------------------------------------------- KV and producer ids
 
 
 def _on_put_kv(image: StreamMetadataImage, event: PutKV) -> _Outcome:
     existing = image.kv.get(event.key)
+    if event.expected is not None and existing != event.expected:
+        return _reject_value(event.key, existing)
     if existing is not None and not event.overwrite:
         return _accept([], error=StreamErrorCode.KEY_EXIST, value=existing)
     return _accept([KVRecord(event.key, event.value)], value=event.value)
 
 
 def _on_delete_kv(image: StreamMetadataImage, event: DeleteKV) -> _Outcome:
-    if event.key not in image.kv:
+    existing = image.kv.get(event.key)
+    if event.expected is not None and existing != event.expected:
+        return _reject_value(event.key, existing)
+    if existing is None:
         return _accept([])
-    return _accept([RemoveKVRecord(event.key)], value=image.kv[event.key])
+    return _accept([RemoveKVRecord(event.key)], value=existing)
+
+
+def _reject_value(key: str, existing: bytes | None) -> _Outcome:
+    """A conditional request lost: answer the value the key holds now, so the caller can
+    decide again on it without another read."""
+    found = "no value" if existing is None else f"another value ({len(existing)} bytes)"
+    message = f"KV {key!r} holds {found}"
+    return [], Response(error=StreamErrorCode.VALUE_NOT_MATCHED, message=message, value=existing)
+
+
+def _on_allocate_producer_ids(image: StreamMetadataImage, event: AllocateProducerIds) -> _Outcome:
+    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+        return ignored
+    if event.count < 1:
+        return _reject(StreamErrorCode.INVALID_REQUEST, f"a block of {event.count} producer ids")
+    raw = image.kv.get(PRODUCER_ID_KEY)
+    try:
+        first = decode_kv_integer(raw, "next producer id") if raw is not None else 0
+    except FormatError as error:
+        return _reject(StreamErrorCode.STREAM_INNER_ERROR, str(error))
+    if first < 0:
+        return _reject(StreamErrorCode.STREAM_INNER_ERROR, f"next producer id {first} < 0")
+    records: list[MetadataRecord] = [
+        KVRecord(PRODUCER_ID_KEY, encode_kv_integer(first + event.count))
+    ]
+    return _accept(records, first_producer_id=first)

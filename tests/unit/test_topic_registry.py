@@ -1,0 +1,124 @@
+"""The topic registry's changes are conditional: another node's topic of the same name, or its
+change to a topic meanwhile, is never overwritten (the controller decides put-if-absent,
+compare-and-set and compare-and-delete; see automq_ref/kafka/topic_registry.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from automq_ref.config import load_config
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.topic_record import Topic
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.kafka.topic_registry import ConfigChange, ConfigOperation, TopicRegistry
+from automq_ref.kafka.topics import TopicError
+from automq_ref.node import Node, start_node
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import PARTITION_KEY_PREFIX, topic_key
+
+SET = ConfigOperation.SET
+
+
+@pytest.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    config = load_config(
+        overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
+    )
+    node = await start_node(config)
+    try:
+        yield node
+    finally:
+        await node.shutdown()
+
+
+async def foreign_put(node: Node, topic: Topic) -> None:
+    """Another node writes ``topic``'s record."""
+    assert (await node.client.submit(sm.PutKV(topic_key(topic.name), topic.encode(), True))).ok
+
+
+def stored(node: Node, name: str) -> Topic:
+    return Topic.decode(name, node.view.image.kv[topic_key(name)])
+
+
+def partition_keys(node: Node) -> set[str]:
+    return {key for key in node.view.image.kv if key.startswith(PARTITION_KEY_PREFIX)}
+
+
+class RacingClient:
+    """Another node creates the topic just before this node's record is written."""
+
+    def __init__(self, client: ControllerClient, rival: Topic) -> None:
+        self._client = client
+        self._rival = rival
+
+    async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        if isinstance(event, sm.PutKV) and event.key == topic_key(self._rival.name):
+            rival = sm.PutKV(event.key, self._rival.encode(), False)
+            assert (await self._client.submit(rival)).ok
+        return await self._client.submit(event)
+
+
+async def test_a_topic_another_node_created_meanwhile_is_not_overwritten(node: Node) -> None:
+    rival = Topic("raced", uuid.uuid4(), 1, {})
+    before = partition_keys(node)
+    registry = TopicRegistry(node.storage, RacingClient(node.client, rival), node.view, node.config)
+    with pytest.raises(TopicError) as refused:
+        await registry.create_topic("raced", 3, {})
+    assert refused.value.code is KafkaErrorCode.TOPIC_ALREADY_EXISTS
+    assert stored(node, "raced") == rival
+    # The partitions made for the lost creation are gone again.
+    assert partition_keys(node) == before and registry.partitions == {}
+    # And a topic found in the KV is refused before any partition is made.
+    with pytest.raises(TopicError) as again:
+        await node.topics.create_topic("raced", 1, {})
+    assert again.value.code is KafkaErrorCode.TOPIC_ALREADY_EXISTS
+
+
+async def test_changes_decide_again_on_another_nodes_configs(node: Node) -> None:
+    topic = await node.topics.create_topic("t", 1, {"retention.ms": "1000"})
+    await foreign_put(node, Topic("t", topic.topic_id, 1, {"retention.bytes": "5"}))
+    await node.topics.alter_configs(
+        "t", [ConfigChange("retention.ms", SET, "2000")], validate_only=False
+    )
+    assert stored(node, "t").configs == {"retention.bytes": "5", "retention.ms": "2000"}
+    assert node.topics.topics["t"] == stored(node, "t")
+
+    await foreign_put(node, Topic("t", topic.topic_id, 1, {"retention.bytes": "6"}))
+    await node.topics.add_partitions("t", 3, manual_assignment=False, validate_only=False)
+    assert stored(node, "t") == Topic("t", topic.topic_id, 3, {"retention.bytes": "6"})
+    assert sorted(index for name, index in node.topics.partitions if name == "t") == [0, 1, 2]
+
+    await foreign_put(node, Topic("t", topic.topic_id, 3, {}))
+    await node.topics.delete_topic("t")
+    assert topic_key("t") not in node.view.image.kv and partition_keys(node) == set()
+
+
+async def test_a_topic_grown_recreated_or_deleted_elsewhere_is_an_error(node: Node) -> None:
+    topic = await node.topics.create_topic("t", 1, {})
+    grown = Topic("t", topic.topic_id, 2, {})
+    await foreign_put(node, grown)
+    with pytest.raises(TopicError) as changed:
+        await node.topics.alter_configs(
+            "t", [ConfigChange("retention.ms", SET, "1")], validate_only=False
+        )
+    assert changed.value.code is KafkaErrorCode.UNKNOWN_SERVER_ERROR
+    assert "changed by another node" in str(changed.value)
+    assert stored(node, "t") == grown
+
+    recreated = Topic("t", uuid.uuid4(), 1, {})
+    await foreign_put(node, recreated)
+    before = partition_keys(node)
+    with pytest.raises(TopicError):
+        await node.topics.add_partitions("t", 4, manual_assignment=False, validate_only=False)
+    assert stored(node, "t") == recreated
+    assert partition_keys(node) == before  # the partitions added for it are gone again
+
+    assert (await node.client.submit(sm.DeleteKV(topic_key("t")))).ok
+    with pytest.raises(TopicError) as deleted:
+        await node.topics.delete_topic("t")
+    assert deleted.value.code is KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    assert "deleted by another node" in str(deleted.value)
