@@ -4,43 +4,19 @@ which installs them); a broker gets the test-only modes only through the seams i
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-import automq_ref
+from tests.imports import PACKAGE, imported_modules, matches, package_of
 
 FAULT_MODULES = (
     "automq_ref.checker.faults",
     "automq_ref.checker.broken",
     "automq_ref.checker.serve",
 )
-PACKAGE = Path(automq_ref.__file__).parent
-
-
-def package_of(path: Path) -> str:
-    return ".".join(path.relative_to(PACKAGE.parent).parts[:-1])
-
-
-def imported_modules(path: Path, package: str) -> set[str]:
-    """Every module an import statement anywhere in ``path`` (a module of ``package``) names,
-    absolute or relative; for ``from a import b`` both ``a`` and ``a.b`` (``b`` may be one)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                module = f"{base}.{node.module}" if node.module else base
-            else:
-                module = node.module or ""
-            names.add(module)
-            names.update(f"{module}.{alias.name}" for alias in node.names)
-    return names
 
 
 def is_fault_code(module: str) -> bool:
-    return any(module == name or module.startswith(name + ".") for name in FAULT_MODULES)
+    return matches(module, FAULT_MODULES)
 
 
 def production_modules() -> list[Path]:
