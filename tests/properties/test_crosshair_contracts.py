@@ -9,17 +9,21 @@ for an input that breaks a postcondition. One ``crosshair`` run covers every mod
 up); the tests then read its report line by line:
 
 - no contract has a counterexample or an error;
-- the contracts over scalars and small frozen records (``CONFIRMED``) are "Confirmed over all
-  paths": CrossHair explored every path of the function, so the contract is proved for all
-  inputs (within Python's semantics; a dataclass with a dict or tuple field has unboundedly many
-  paths, so the contracts on those are searched for the time budget, not proved);
 - a seeded off-by-one copy of ``route_epoch.bumped`` gets a counterexample, so the check can fail.
+
+Both runs are bounded by CrossHair's iteration count (``--max_uninteresting_iterations``), not by
+CPU seconds, so their verdict does not depend on how busy the machine is. Whether a contract is
+also "Confirmed over all paths" (every path explored: proved for all inputs) does depend on the
+budget, so that check (``CONFIRMED``: the contracts over scalars and small frozen records) runs
+only in the soak tier (``AUTOMQ_SOAK=1``) with a generous per-condition budget; the counts are in
+docs/trace_validation.md.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -38,9 +42,11 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "automq_ref" / "state_machines"
 MODULES = ("route_epoch", "confirm_wal", "failover", "stream_metadata", "log_cache", "group")
-# CPU seconds per postcondition: the provable ones finish in a fraction of it; the others are
-# searched for that long (about 1 s each, 9 of them).
-PER_CONDITION_TIMEOUT = 1.0
+# Iterations without progress before CrossHair moves on: a count, so the same on any machine
+# (about 5 s for every module on 2 idle cores).
+ITERATIONS = 20
+# The soak tier's budget for confirming contracts over all paths: CPU seconds per condition.
+CONFIRM_SECONDS_PER_CONDITION = 10.0
 CONFIRMED_MESSAGE = "Confirmed over all paths."
 REPORT = re.compile(r"^(?P<path>.+?):(?P<line>\d+): (?P<level>\w+): (?P<message>.*)$")
 
@@ -82,7 +88,9 @@ CONFIRMED = (
 POST = re.compile(r"^\s*(?:\"\"\")?post: (?P<condition>.*?)(?:\"\"\")?$")
 
 
-def crosshair(*targets: str) -> subprocess.CompletedProcess[str]:
+def crosshair(
+    *targets: str, budget: str = f"--max_uninteresting_iterations={ITERATIONS}"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
             sys.executable,
@@ -90,14 +98,14 @@ def crosshair(*targets: str) -> subprocess.CompletedProcess[str]:
             "crosshair",
             "check",
             "--analysis_kind=PEP316",
-            f"--per_condition_timeout={PER_CONDITION_TIMEOUT}",
+            budget,
             "--report_all",
             *targets,
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1800,
     )
 
 
@@ -129,9 +137,10 @@ def contracts() -> dict[tuple[str, int], tuple[str, str]]:
 
 
 @cache
-def report() -> tuple[int, dict[tuple[str, int], tuple[str, str]], str]:
+def report(budget: str | None = None) -> tuple[int, dict[tuple[str, int], tuple[str, str]], str]:
     """One CrossHair run over every module: (exit code, (file, line) -> (level, message))."""
-    run = crosshair(*(name for module in MODULES for name, _ in module_files(module)))
+    targets = [name for module in MODULES for name, _ in module_files(module)]
+    run = crosshair(*targets) if budget is None else crosshair(*targets, budget=budget)
     results: dict[tuple[str, int], tuple[str, str]] = {}
     for line in run.stdout.splitlines():
         if match := REPORT.match(line):
@@ -157,9 +166,11 @@ def test_every_contract_is_checked() -> None:
     assert not missing, f"CrossHair did not report on {missing}:\n{output}"
 
 
+@pytest.mark.soak
+@pytest.mark.skipif(not os.environ.get("AUTOMQ_SOAK"), reason="soak tier: AUTOMQ_SOAK=1")
 @pytest.mark.parametrize(("module", "condition"), CONFIRMED, ids=[c for _, c in CONFIRMED])
 def test_contract_confirmed_over_all_paths(module: str, condition: str) -> None:
-    _, results, output = report()
+    _, results, output = report(f"--per_condition_timeout={CONFIRM_SECONDS_PER_CONDITION}")
     keys = [key for key, contract in contracts().items() if contract == (module, condition)]
     assert len(keys) == 1, f"no single contract {condition!r} in {module}.py"
     assert results.get(keys[0]) == ("info", CONFIRMED_MESSAGE), output
