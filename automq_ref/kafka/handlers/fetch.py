@@ -5,6 +5,11 @@ went wrong, it waits (up to ``max_wait``, on the injected clock) for any of the 
 had nothing to receive data, and reads again. Stored batches are passed through as they are, and
 the response is encoded by hand (:func:`automq_ref.protocol.encode_fetch_response`). Topics are
 named from v13 by id. There are no fetch sessions (session id 0).
+
+The byte limits follow KIP-74: partitions are read in the request's order, each given whole
+batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
+that has data gets its first batch even when that is larger than both, so a response is larger
+than ``max_bytes`` only when it is that one batch, and a consumer always progresses.
 """
 
 from __future__ import annotations
@@ -132,10 +137,8 @@ async def _read_partition(
     if offset < partition.log_start_offset or offset > partition.log_end_offset:
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
     limit = min(int(fetch_partition.partition_max_bytes), budget)
-    if limit <= 0 and not first:
-        return KafkaErrorCode.NONE, []
     try:
-        return KafkaErrorCode.NONE, await partition.read(offset, max(limit, 1))
+        return KafkaErrorCode.NONE, await partition.read(offset, limit, min_one=first)
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
         return KafkaErrorCode.KAFKA_STORAGE_ERROR, []
