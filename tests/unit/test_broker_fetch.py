@@ -1,9 +1,11 @@
 """Fetch's byte limits in process (KIP-74): whole batches within ``min(partition_max_bytes,
 what is left of max_bytes)``, in the request's partition order; only the first partition that
-has data gets its first batch past both limits."""
+has data gets its first batch past both limits; a response the limits filled is not held for
+``min_bytes``."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -80,7 +82,12 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
 
 
 async def fetch(
-    node: Node, max_bytes: int, partition_max_bytes: int, offsets: tuple[int, ...] = (0, 0, 0)
+    node: Node,
+    max_bytes: int,
+    partition_max_bytes: int,
+    offsets: tuple[int, ...] = (0, 0, 0),
+    min_bytes: int = 1,
+    max_wait_ms: int = 0,
 ) -> list[int]:
     """How many batches each partition's answer holds."""
     response: Any = await call(
@@ -89,8 +96,8 @@ async def fetch(
         1,  # Fetch
         12,
         replica_id=-1,
-        max_wait=datetime.timedelta(milliseconds=0),
-        min_bytes=1,
+        max_wait=datetime.timedelta(milliseconds=max_wait_ms),
+        min_bytes=min_bytes,
         max_bytes=max_bytes,
         isolation_level=0,
         session_id=0,
@@ -145,3 +152,10 @@ async def test_partition_max_bytes_limits_each_partition(node: Node) -> None:
     assert await fetch(node, big, int(1.5 * BATCH)) == [1, 1, 1]
     assert await fetch(node, big, 2 * BATCH) == [2, 2, 2]
     assert await fetch(node, 5 * BATCH, 2 * BATCH) == [2, 2, 1]
+
+
+async def test_a_response_the_limits_filled_is_answered_at_once(node: Node) -> None:
+    """A partition left out by the byte limits has data: waiting for ``min_bytes`` could not
+    add to the response, so it is answered without the long poll."""
+    filled = fetch(node, 2 * BATCH, 100 * BATCH, min_bytes=100 * BATCH, max_wait_ms=60_000)
+    assert await asyncio.wait_for(filled, 10) == [2, 0, 0]

@@ -53,9 +53,9 @@ async def _fetch(context: Context, request: Request) -> Chunks:
             key = name
         wanted.append((key, name, list(fetch_topic.partitions)))
     while True:
-        responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+        responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
         remaining = deadline - clock.monotonic_s()
-        if total >= int(body.min_bytes) or remaining <= 0 or errors or not waits:
+        if total >= int(body.min_bytes) or remaining <= 0 or answer_now or not waits:
             break
         waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in waits]
         done, pending = await asyncio.wait(
@@ -64,7 +64,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         for future in pending:
             future.cancel()
         if not done:
-            responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+            responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
             break
     chunks = encode_fetch_response(version, request.correlation_id, responses)
     # The encoder's first chunk starts with the frame size; the listener writes its own.
@@ -74,11 +74,14 @@ async def _fetch(context: Context, request: Request) -> Chunks:
 async def _fetch_once(
     context: Context, body: Any, wanted: Wanted, by_id: bool
 ) -> tuple[list[FetchableTopicResponse], int, list[Partition], bool]:
+    """The responses, their size, the partitions that had nothing to read, and whether to answer
+    without waiting for more: an error, or a partition that had data the byte limits left out
+    (the response is as full as it can be)."""
     partitions_by_key = context.topics.partitions
     budget = int(body.max_bytes)
     total = 0
     waits: list[Partition] = []
-    errors = False
+    answer_now = False
     responses = []
     for key, name, fetch_partitions in wanted:
         partitions: list[FetchPartitionData] = []
@@ -91,19 +94,22 @@ async def _fetch_once(
                     if by_id and name is None
                     else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 )
-                errors = True
+                answer_now = True
                 partitions.append(FetchPartitionData(partition_index=index, error_code=code))
                 continue
             code, chunks = await _read_partition(
                 partition, fetch_partition, budget, first=(total == 0)
             )
             if code is not KafkaErrorCode.NONE:
-                errors = True
+                answer_now = True
             size = sum(len(chunk) for chunk in chunks)
             total += size
             budget -= size
-            if not chunks:
-                waits.append(partition)
+            if not chunks and code is KafkaErrorCode.NONE:
+                if int(fetch_partition.fetch_offset) < partition.high_watermark:
+                    answer_now = True  # it has data the byte limits left out
+                else:
+                    waits.append(partition)
             high_watermark = partition.high_watermark
             partitions.append(
                 FetchPartitionData(
@@ -119,7 +125,7 @@ async def _fetch_once(
             responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
         else:
             responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
-    return responses, total, waits, errors
+    return responses, total, waits, answer_now
 
 
 async def _read_partition(
