@@ -14,7 +14,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MIB = 1024 * 1024
 
@@ -50,6 +57,9 @@ class BrokerConfig(BaseModel):
     group_initial_rebalance_delay_ms: int = Field(
         3000, alias="group.initial.rebalance.delay.ms", ge=0
     )
+    # A JoinGroup's session timeout outside these bounds is answered INVALID_SESSION_TIMEOUT.
+    group_min_session_timeout_ms: int = Field(6000, alias="group.min.session.timeout.ms", ge=0)
+    group_max_session_timeout_ms: int = Field(1_800_000, alias="group.max.session.timeout.ms", ge=0)
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
     log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
     log_retention_check_interval_ms: int = Field(
@@ -64,6 +74,14 @@ class BrokerConfig(BaseModel):
         if not value.startswith("PLAINTEXT://") or "," in value or ":" not in value[12:]:
             raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
         return value
+
+    @model_validator(mode="after")
+    def _session_bounds_ordered(self) -> BrokerConfig:
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError(
+                "group.min.session.timeout.ms must not exceed group.max.session.timeout.ms"
+            )
+        return self
 
     @property
     def host(self) -> str:

@@ -186,6 +186,8 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         client,
         view,
         initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+        min_session_timeout_ms=config.group_min_session_timeout_ms,
+        max_session_timeout_ms=config.group_max_session_timeout_ms,
         clock=seams.clock,
     )
     return Node(

@@ -2,7 +2,8 @@
 
 Also the session-wide moto S3 server (`moto_s3`) that object-store tests run against, and a
 broker process per test module (`broker`, see ``automq_ref.checker.cluster``) for the end-to-end
-and Spark tests.
+and Spark tests. A coroutine collected without being awaited fails the test (``filterwarnings``
+in ``pyproject.toml``), in this process and, through its log, in a broker process.
 """
 
 from __future__ import annotations
@@ -62,8 +63,12 @@ def moto_s3() -> Iterator[MotoS3]:
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker process for the module; it fails the module's last test if the broker dropped
+    a coroutine unawaited (an answer lost) at any point."""
     process = BrokerProcess(tmp_path_factory.mktemp("broker") / "data")
     process.start()
     yield process
     if process.alive():
         process.stop()
+    dropped = process.unawaited_coroutines()
+    assert not dropped, f"the broker dropped coroutines unawaited: {dropped}"

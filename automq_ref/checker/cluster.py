@@ -6,6 +6,11 @@ modes (``broken``: :mod:`automq_ref.checker.broken`) when asked.
 ``BrokerProcess`` starts the command, waits for its "serving Kafka on HOST:PORT" line, and can
 stop it gracefully (SIGTERM), kill it (SIGKILL), pause and resume it (SIGSTOP / SIGCONT) and start
 it again on the same data directory and port.
+
+The broker runs with ``-W error::RuntimeWarning``: a RuntimeWarning is a bug of the broker's, so
+it raises where it is issued. One kind cannot raise, because the interpreter issues it while it
+collects the object: a coroutine dropped without being awaited (an answer the broker lost). It is
+printed to the log instead, and :meth:`BrokerProcess.unawaited_coroutines` finds it there.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class BrokerProcess:
         listener = f"listeners=PLAINTEXT://127.0.0.1:{self.port}"
         command = [
             sys.executable,
+            "-W",
+            "error::RuntimeWarning",
             "-m",
             "automq_ref.checker.serve",
             "--override",
@@ -113,6 +120,13 @@ class BrokerProcess:
         self.process.kill()
         self.process.wait(timeout=30)
         self.process = None
+
+    def unawaited_coroutines(self) -> list[str]:
+        """The lines of the log that report a coroutine collected without being awaited."""
+        if not self.log_path.exists():
+            return []
+        text = self.log_path.read_text(errors="replace")
+        return [line for line in text.splitlines() if "was never awaited" in line]
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -12,9 +12,13 @@ persisted before the commit is answered). An append the storage refuses at once 
 ``OffsetsPersistFailed`` (stepped after the transition that asked for it). A ``Rejected`` means
 this shell broke its side of the contract and raises ``CoordinatorError``.
 At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
-members rejoin. Time is the injected clock's wall-clock milliseconds (the node's ``Clock``), fed
-as ``Tick`` every 100 ms and stamped on every request. The offsets stream's id is read from the
-metadata view and written through the controller client.
+members rejoin. Time is the injected clock's wall-clock milliseconds (the node's ``Clock``),
+stamped on every request and fed as ``Tick``: at the machine's next deadline
+(``next_deadline_ms``, checked at least every 100 ms), and before any request once a deadline
+has passed, so that a request sees every timer due at its time fired (a static member that
+stopped heartbeating is gone for the DeleteGroups sent one session timeout after it closed, as
+in Kafka, where timers fire on their own). The offsets stream's id is read from the metadata
+view and written through the controller client.
 
 The stream only grows here; compacting it (rewriting the live offsets and trimming) is left for
 later, as AutoMQ does for its MetaStreams.
@@ -42,7 +46,8 @@ from automq_ref.vocabulary.naming import OFFSETS_STREAM_KEY
 
 log = logging.getLogger(__name__)
 
-TICK_INTERVAL_S = 0.1
+TICK_INTERVAL_S = 0.1  # the longest the ticker sleeps; it wakes earlier for a known deadline
+TICK_MIN_S = 0.001
 READ_CHUNK_BYTES = 4 * 1024 * 1024
 
 
@@ -113,6 +118,8 @@ class GroupCoordinator:
         view: MetadataView,
         *,
         initial_rebalance_delay_ms: int,
+        min_session_timeout_ms: int,
+        max_session_timeout_ms: int,
         clock: Clock | None = None,
     ) -> GroupCoordinator:
         raw = view.image.kv.get(OFFSETS_STREAM_KEY)
@@ -140,6 +147,8 @@ class GroupCoordinator:
                 cursor = found[-1].last_offset
         params = gc.GroupParams(
             group_initial_rebalance_delay_ms=initial_rebalance_delay_ms,
+            group_min_session_timeout_ms=min_session_timeout_ms,
+            group_max_session_timeout_ms=max_session_timeout_ms,
             member_id_token=secrets.token_hex(4),
         )
         coordinator = cls(
@@ -163,8 +172,15 @@ class GroupCoordinator:
         request_id = self._next_request_id
         answer: asyncio.Future[gc.Response] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = answer
-        self._step(make_event(request_id, self._clock.now_ms()))
+        now_ms = self._clock.now_ms()
+        self._fire_due_timers(now_ms)
+        self._step(make_event(request_id, now_ms))
         return await answer
+
+    def _fire_due_timers(self, now_ms: int) -> None:
+        deadline = gc.next_deadline_ms(self._driver.state)
+        if deadline is not None and deadline <= now_ms:
+            self._step(gc.Tick(now_ms))
 
     def _step(self, event: gc.GroupEvent) -> None:
         self._driver.apply(event)
@@ -200,5 +216,12 @@ class GroupCoordinator:
 
     async def _tick_forever(self) -> None:
         while True:
-            await asyncio.sleep(TICK_INTERVAL_S)
+            await asyncio.sleep(self._until_next_tick_s())
             self._step(gc.Tick(self._clock.now_ms()))
+
+    def _until_next_tick_s(self) -> float:
+        deadline = gc.next_deadline_ms(self._driver.state)
+        if deadline is None:
+            return TICK_INTERVAL_S
+        wait_s = (deadline - self._clock.now_ms()) / 1000
+        return min(max(wait_s, TICK_MIN_S), TICK_INTERVAL_S)

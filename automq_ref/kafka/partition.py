@@ -390,14 +390,26 @@ class Partition:
 
     # ------------------------------------------------------------------------------- fetch
 
-    async def read(self, offset: int, max_bytes: int) -> list[bytes | memoryview]:
-        """Whole stored payloads from the one holding ``offset`` up to the high watermark;
-        at least one even past ``max_bytes`` (KIP-74)."""
+    async def read(
+        self, offset: int, max_bytes: int, min_one: bool = True
+    ) -> list[bytes | memoryview]:
+        """Whole stored payloads from the one holding ``offset`` up to the high watermark, no
+        more than ``max_bytes`` together; with ``min_one`` the first comes even past
+        ``max_bytes`` (KIP-74: the first batch of a Fetch response may exceed its limits, so a
+        consumer always progresses; no other may)."""
         end = self.high_watermark
-        if offset >= end:
+        if offset >= end or (max_bytes <= 0 and not min_one):
             return []
-        found = await self.storage.read(self.data_stream_id, offset, end, max_bytes)
-        return [batch.payload for batch in found]
+        found = await self.storage.read(self.data_stream_id, offset, end, max(max_bytes, 1))
+        # Storage stops once the budget is spent, so its last batch may overshoot it.
+        payloads: list[bytes | memoryview] = []
+        size = 0
+        for batch in found:
+            size += len(batch.payload)
+            if size > max_bytes and (payloads or not min_one):
+                break
+            payloads.append(batch.payload)
+        return payloads
 
     # -------------------------------------------------------------------------------- trim
 

@@ -22,6 +22,13 @@ straight into a buffer of its own, which is handed to the handler (see ``_Connec
 larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``) or with a
 negative size closes the connection at once: the stream cannot be resynchronised. A handler that
 raises :class:`CloseConnection` closes the connection after the responses before it are written.
+
+Closing: once a connection is closing (the peer went away, a request could not be answered, the
+server stops) nothing more is admitted, and the answers admitted but not yet awaited are closed
+(a coroutine) or cancelled (a future) rather than dropped: their work is not undone (a
+Produce's records were appended at admission and become durable all the same; its producer,
+which got no answer, retries), but nothing is left to be collected unawaited. While a
+connection lives, every answer is awaited and written, in order.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import logging
 import typing
 from collections.abc import Awaitable, Sequence
@@ -193,6 +201,7 @@ class _Connection(asyncio.BufferedProtocol):
         for task in self._tasks:
             task.cancel()
         self._can_write.set()
+        self._discard_replies()
 
     def pause_writing(self) -> None:
         self._can_write.clear()
@@ -206,7 +215,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     async def _admit_forever(self) -> None:
         handler = self._server.handler
-        while not self._closed:
+        while not self._closing:
             if not self._frames:
                 self._frame_ready.clear()
                 await self._frame_ready.wait()
@@ -216,15 +225,27 @@ class _Connection(asyncio.BufferedProtocol):
                 reply = await handler.admit(frame, self._peer)
             except CloseConnection as error:
                 log.info("connection %s: closing: %s", self._peer.address, error)
-                await self._replies.put(_Closing())
+                self._replies.put_nowait(_Closing())
                 return
             except Exception:
                 log.exception("connection %s: handler failed; closing", self._peer.address)
-                await self._replies.put(_Closing())
+                self._replies.put_nowait(_Closing())
                 return
-            await self._replies.put(reply)
+            if self._closing:
+                # Closed while this request was admitted: nobody will await its answer.
+                _discard(reply)
+                return
+            self._replies.put_nowait(reply)
 
     async def _write_forever(self) -> None:
+        try:
+            await self._write_replies()
+        finally:
+            # However the writer ends (closing, cancelled with the connection), the answers
+            # still queued will not be awaited.
+            self._discard_replies()
+
+    async def _write_replies(self) -> None:
         while not self._closed:
             reply = await self._replies.get()
             if isinstance(reply, _Closing):
@@ -261,6 +282,10 @@ class _Connection(asyncio.BufferedProtocol):
             self._transport.resume_reading()
             self._reading_paused = False
 
+    @property
+    def _closing(self) -> bool:
+        return self._closed or (self._transport is not None and self._transport.is_closing())
+
     def _close(self) -> None:
         if self._transport is not None:
             self._transport.close()
@@ -269,6 +294,19 @@ class _Connection(asyncio.BufferedProtocol):
         self._closed = True
         if self._transport is not None:
             self._transport.abort()
+
+    def _discard_replies(self) -> None:
+        while not self._replies.empty():
+            _discard(self._replies.get_nowait())
+
+
+def _discard(reply: Reply | _Closing) -> None:
+    """An answer that will not be awaited: a coroutine is closed (it never ran, so nothing of it
+    is undone and nothing warns that it was never awaited), a future cancelled."""
+    if inspect.iscoroutine(reply):
+        reply.close()
+    elif isinstance(reply, asyncio.Future):
+        reply.cancel()
 
 
 class _Closing:
@@ -314,5 +352,6 @@ class KafkaServer:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+            connection._discard_replies()
         if self._server is not None:
             await self._server.wait_closed()

@@ -1,5 +1,6 @@
 """Classic consumer groups against a broker process: two members through a rebalance, committed
-offsets across a broker restart, admin listing and deletion of groups."""
+offsets across a broker restart, admin listing and deletion of groups, static members that
+leave through their session timeout, and the session timeout bounds."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka import KafkaConsumer
+from kafka import KafkaAdminClient, KafkaConsumer
 
 from tests.e2e.conftest import BrokerProcess
 
@@ -166,3 +167,114 @@ def test_described_member_host_is_the_connections(broker: BrokerProcess) -> None
         assert member.host == "/127.0.0.1"  # the broker listens on, and clients come from, it
     finally:
         consumer.close()
+
+
+SESSION_TIMEOUT_MS = 6000  # the smallest the broker allows by default (Kafka's too)
+
+
+def test_static_members_are_gone_once_their_session_times_out(broker: BrokerProcess) -> None:
+    """Static members (``group.instance.id``) send no LeaveGroup when they close: they leave
+    when their session times out, and every request from then on sees them gone. librdkafka's
+    own admin test closes such consumers, sleeps the session timeout and deletes the groups; a
+    coordinator that expired members on a periodic tick answered NON_EMPTY_GROUP."""
+    topic = f"static-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result()
+    values = [f"s{index}".encode() for index in range(40)]
+    produce(broker.bootstrap, topic, values)
+    groups = [f"sg-{uuid.uuid4().hex[:6]}" for _ in range(3)]
+    consumers = []
+    for index, group in enumerate(groups):
+        consumer = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": group,
+                "group.instance.id": f"instance-{index}",
+                "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        consumer.subscribe([topic])
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(seen) < len(values):
+            assert time.monotonic() < deadline, "the static member read too little"
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                seen.append(message.value() or b"")
+        consumers.append(consumer)
+    described = admin.describe_consumer_groups(groups)
+    for group in groups:
+        (member,) = described[group].result().members
+        assert member.group_instance_id is not None
+    for consumer in consumers:
+        consumer.close()  # commits its offsets (the session's last extension), no LeaveGroup
+    time.sleep(SESSION_TIMEOUT_MS / 1000)
+    deleted = admin.delete_consumer_groups(groups)
+    for group in groups:
+        deleted[group].result()
+
+
+def test_kafka_python_static_member_is_gone_once_its_session_times_out(
+    broker: BrokerProcess,
+) -> None:
+    topic, group = f"kp-static-{uuid.uuid4().hex[:6]}", f"kps-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS)])[topic].result()
+    values = [f"p{index}".encode() for index in range(40)]
+    produce(broker.bootstrap, topic, values)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        group_id=group,
+        group_instance_id="kp-instance",
+        session_timeout_ms=SESSION_TIMEOUT_MS,
+        heartbeat_interval_ms=1000,
+        auto_offset_reset="earliest",
+    )
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(values):
+        assert time.monotonic() < deadline, "the static member read too little"
+        for records in consumer.poll(timeout_ms=200).values():
+            got.extend(record.value for record in records)
+    consumer.close()  # commits, and a static member sends no LeaveGroup
+    time.sleep(SESSION_TIMEOUT_MS / 1000)
+    kp_admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        assert kp_admin.delete_groups([group]) == {group: "OK"}
+    finally:
+        kp_admin.close()
+
+
+def test_session_timeout_below_the_minimum_is_refused(broker: BrokerProcess) -> None:
+    """``group.min.session.timeout.ms`` (6000 by default, as in Kafka) bounds JoinGroup's
+    session timeout: below it the member is refused INVALID_SESSION_TIMEOUT and never joins."""
+    topic, group = f"short-{uuid.uuid4().hex[:6]}", f"shg-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1)])[topic].result()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": group,
+            "session.timeout.ms": SESSION_TIMEOUT_MS - 1000,
+        }
+    )
+    try:
+        consumer.subscribe([topic])
+        errors: list[int] = []
+        deadline = time.monotonic() + 20
+        while not errors and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            error = None if message is None else message.error()
+            if error is not None:
+                errors.append(error.code())
+        assert errors == [KafkaError.INVALID_SESSION_TIMEOUT]
+    finally:
+        consumer.close()
+    try:
+        admin.delete_consumer_groups([group])[group].result()
+    except KafkaException as error:
+        assert error.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND
+    else:
+        raise AssertionError("a refused member created its group")

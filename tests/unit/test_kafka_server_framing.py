@@ -1,9 +1,11 @@
 """The listener's framing: frames split anywhere across reads, frames read into a buffer of
-their own, pipelined frames answered in order, and the size limit."""
+their own, pipelined frames answered in order, and the size limit; a connection that goes away
+(or fails) with answers admitted but not yet awaited closes them rather than dropping them."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import random
 import struct
@@ -108,3 +110,67 @@ def test_frame_above_the_limit_closes_the_connection(run: Runner[Any]) -> None:
             await server.close()
 
     assert run(closed()) == b""
+
+
+class Held:
+    """Answers each frame with a coroutine that waits for ``released`` (as a Produce's answer
+    waits for the WAL); the first one raises instead when ``fail_first``."""
+
+    def __init__(self, fail_first: bool = False) -> None:
+        self.released = asyncio.Event()
+        self.fail_first = fail_first
+        self.answers: list[Coroutine[Any, Any, Any]] = []
+
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        answer = self._answer(len(self.answers))
+        self.answers.append(answer)
+        return answer
+
+    async def _answer(self, number: int) -> list[bytes]:
+        await self.released.wait()
+        if number == 0 and self.fail_first:
+            raise RuntimeError("the first request fails")
+        return [struct.pack(">i", number)]
+
+
+async def held_then_gone(handler: Held, frames: int, client_leaves: bool) -> bytes:
+    server = KafkaServer(handler)
+    host, port = await server.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(b"".join(frame(0, bytes(10)) for _ in range(frames)))
+        await writer.drain()
+        while len(handler.answers) < frames:
+            await asyncio.sleep(0.001)
+        left = b""
+        if client_leaves:
+            writer.close()
+        else:
+            handler.released.set()
+            left = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+        while server._connections:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0)
+        return left
+    finally:
+        await server.close()
+
+
+@RUNNERS
+def test_answers_of_a_connection_that_goes_away_are_closed(run: Runner[Any]) -> None:
+    handler = Held()
+    run(held_then_gone(handler, 5, client_leaves=True))
+    # The first was being awaited (it ends cancelled); the others never ran and are closed,
+    # not left to be collected unawaited.
+    states = [inspect.getcoroutinestate(answer) for answer in handler.answers]
+    assert states == [inspect.CORO_CLOSED] * 5
+
+
+@RUNNERS
+def test_answers_behind_a_failed_one_are_closed_with_the_connection(run: Runner[Any]) -> None:
+    handler = Held(fail_first=True)
+    # The failure closes the connection before any answer is written.
+    assert run(held_then_gone(handler, 5, client_leaves=False)) == b""
+    states = [inspect.getcoroutinestate(answer) for answer in handler.answers]
+    assert states == [inspect.CORO_CLOSED] * 5

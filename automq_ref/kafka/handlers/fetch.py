@@ -5,6 +5,11 @@ went wrong, it waits (up to ``max_wait``, on the injected clock) for any of the 
 had nothing to receive data, and reads again. Stored batches are passed through as they are, and
 the response is encoded by hand (:func:`automq_ref.protocol.encode_fetch_response`). Topics are
 named from v13 by id. There are no fetch sessions (session id 0).
+
+The byte limits follow KIP-74: partitions are read in the request's order, each given whole
+batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
+that has data gets its first batch even when that is larger than both, so a response is larger
+than ``max_bytes`` only when it is that one batch, and a consumer always progresses.
 """
 
 from __future__ import annotations
@@ -48,9 +53,9 @@ async def _fetch(context: Context, request: Request) -> Chunks:
             key = name
         wanted.append((key, name, list(fetch_topic.partitions)))
     while True:
-        responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+        responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
         remaining = deadline - clock.monotonic_s()
-        if total >= int(body.min_bytes) or remaining <= 0 or errors or not waits:
+        if total >= int(body.min_bytes) or remaining <= 0 or answer_now or not waits:
             break
         waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in waits]
         done, pending = await asyncio.wait(
@@ -59,7 +64,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         for future in pending:
             future.cancel()
         if not done:
-            responses, total, waits, errors = await _fetch_once(context, body, wanted, by_id)
+            responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
             break
     chunks = encode_fetch_response(version, request.correlation_id, responses)
     # The encoder's first chunk starts with the frame size; the listener writes its own.
@@ -69,11 +74,14 @@ async def _fetch(context: Context, request: Request) -> Chunks:
 async def _fetch_once(
     context: Context, body: Any, wanted: Wanted, by_id: bool
 ) -> tuple[list[FetchableTopicResponse], int, list[Partition], bool]:
+    """The responses, their size, the partitions that had nothing to read, and whether to answer
+    without waiting for more: an error, or a partition that had data the byte limits left out
+    (the response is as full as it can be)."""
     partitions_by_key = context.topics.partitions
     budget = int(body.max_bytes)
     total = 0
     waits: list[Partition] = []
-    errors = False
+    answer_now = False
     responses = []
     for key, name, fetch_partitions in wanted:
         partitions: list[FetchPartitionData] = []
@@ -86,19 +94,22 @@ async def _fetch_once(
                     if by_id and name is None
                     else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 )
-                errors = True
+                answer_now = True
                 partitions.append(FetchPartitionData(partition_index=index, error_code=code))
                 continue
             code, chunks = await _read_partition(
                 partition, fetch_partition, budget, first=(total == 0)
             )
             if code is not KafkaErrorCode.NONE:
-                errors = True
+                answer_now = True
             size = sum(len(chunk) for chunk in chunks)
             total += size
             budget -= size
-            if not chunks:
-                waits.append(partition)
+            if not chunks and code is KafkaErrorCode.NONE:
+                if int(fetch_partition.fetch_offset) < partition.high_watermark:
+                    answer_now = True  # it has data the byte limits left out
+                else:
+                    waits.append(partition)
             high_watermark = partition.high_watermark
             partitions.append(
                 FetchPartitionData(
@@ -114,7 +125,7 @@ async def _fetch_once(
             responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
         else:
             responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
-    return responses, total, waits, errors
+    return responses, total, waits, answer_now
 
 
 async def _read_partition(
@@ -132,10 +143,8 @@ async def _read_partition(
     if offset < partition.log_start_offset or offset > partition.log_end_offset:
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
     limit = min(int(fetch_partition.partition_max_bytes), budget)
-    if limit <= 0 and not first:
-        return KafkaErrorCode.NONE, []
     try:
-        return KafkaErrorCode.NONE, await partition.read(offset, max(limit, 1))
+        return KafkaErrorCode.NONE, await partition.read(offset, limit, min_one=first)
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
         return KafkaErrorCode.KAFKA_STORAGE_ERROR, []
