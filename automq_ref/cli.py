@@ -1,15 +1,26 @@
 """The ``automq-ref`` command: ``serve`` runs the broker in the foreground; ``produce`` and
-``verify`` write a topic with a manifest and check it with Spark."""
+``verify`` write a topic with a manifest and check it with Spark.
+
+A command that cannot do its work says so in one line, ``automq-ref <command>: <what went
+wrong>; <what to do>``, and exits 2 (a usage error, or nothing to run against); a check that ran
+and failed exits 1. What can be known before the work starts is checked first: the listener's
+port before the broker writes anything, the broker's address before a client or Spark starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
 from pathlib import Path
 
 from automq_ref import __version__
-from automq_ref.config import ConfigError, load_config
+from automq_ref.checker.nemesis import NEMESES
+from automq_ref.config import ConfigError, did_you_mean, load_config
+
+# How long the broker's address may take to accept a connection before a command gives up.
+PROBE_TIMEOUT_S = 3.0
 
 log = logging.getLogger("automq_ref")
 
@@ -31,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     check = commands.add_parser(
         "check", help="run real clients against a broker process under faults and check them"
     )
-    check.add_argument("--nemesis", default="kill,pause", help="comma-separated: kill, pause")
+    check.add_argument(
+        "--nemesis",
+        default="kill,pause",
+        help=f"comma-separated, any of: {', '.join(NEMESES)} (default: kill,pause)",
+    )
     check.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
     check.add_argument("--seed", type=int, default=None, help="fault schedule seed")
     check.add_argument("--partitions", type=int, default=3)
@@ -66,13 +81,52 @@ def main(argv: list[str] | None = None) -> int:
         )
         try:
             config = load_config(arguments.config, arguments.override)
-        except (ConfigError, OSError) as error:
-            print(f"automq-ref serve: {error}", file=sys.stderr)
+        except ConfigError as error:
+            for problem in error.problems:
+                print(f"automq-ref serve: {problem}", file=sys.stderr)
+            return 2
+        except OSError as error:
+            print(
+                f"automq-ref serve: cannot read --config {arguments.config}: "
+                f"{error.strerror or error}; pass a readable properties file",
+                file=sys.stderr,
+            )
             return 2
         from automq_ref import node
 
-        return node.run(config, node.Seams())
+        try:
+            return node.run(config, node.Seams())
+        except node.ListenerUnavailable as error:
+            print(
+                f"automq-ref serve: {error}; choose another address with the listeners "
+                f"setting, e.g. --override listeners=PLAINTEXT://{error.host}:{error.port + 1}",
+                file=sys.stderr,
+            )
+            return 2
     return 0
+
+
+def _unreachable(command: str, bootstrap: str) -> str | None:
+    """Why no broker answers at ``bootstrap`` (``HOST:PORT[,HOST:PORT...]``), as the one line
+    to print, or None when one of its addresses accepts a connection."""
+    reasons = []
+    for address in bootstrap.split(","):
+        host, separator, port = address.strip().rpartition(":")
+        if not separator or not host or not port.isdigit():
+            return (
+                f"automq-ref {command}: --bootstrap {address!r} is not HOST:PORT; "
+                "pass e.g. --bootstrap 127.0.0.1:9092"
+            )
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), PROBE_TIMEOUT_S):
+                return None
+        except OSError as error:
+            reason = "timed out" if isinstance(error, TimeoutError) else error.strerror or error
+            reasons.append(f"{host}:{port} ({str(reason).lower()})")
+    return (
+        f"automq-ref {command}: no broker answers at {', '.join(reasons)}; start one with "
+        f"`automq-ref serve` (or `make run`) or pass the --bootstrap of a running broker"
+    )
 
 
 def _check(arguments: argparse.Namespace) -> int:
@@ -81,9 +135,28 @@ def _check(arguments: argparse.Namespace) -> int:
     from automq_ref.checker.run import run_check
     from automq_ref.checker.workload import WorkloadSettings
 
+    requested = [name for name in arguments.nemesis.split(",") if name]
+    for name in requested:
+        if name not in NEMESES:
+            print(
+                f"automq-ref check: unknown nemesis {name!r}; --nemesis takes a comma-separated "
+                f"list of {', '.join(NEMESES)}{did_you_mean(name, NEMESES)}",
+                file=sys.stderr,
+            )
+            return 2
+    from automq_ref.checker.broken import MODES
+
+    for mode in arguments.broken:
+        if mode not in MODES:
+            print(
+                f"automq-ref check: unknown --broken mode {mode!r}; the modes are "
+                f"{', '.join(sorted(MODES))}{did_you_mean(mode, MODES)}",
+                file=sys.stderr,
+            )
+            return 2
     logging.basicConfig(level="WARNING")
     seed = arguments.seed if arguments.seed is not None else random.randrange(2**31)
-    nemeses = tuple(name for name in arguments.nemesis.split(",") if name)
+    nemeses = tuple(requested)
     settings = WorkloadSettings(
         partitions=arguments.partitions,
         duration_s=arguments.duration,
@@ -124,6 +197,13 @@ def _add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
 
 
 def _produce(arguments: argparse.Namespace) -> int:
+    unreachable = _unreachable("produce", arguments.bootstrap)
+    if unreachable is not None:
+        print(unreachable, file=sys.stderr)
+        return 2
+    # A broker lost mid-run fails the deliveries (counted in the summary); librdkafka's line
+    # per retry would bury that summary.
+    logging.getLogger("automq_ref.librdkafka").setLevel(logging.CRITICAL)
     from automq_ref.spark.produce import ProduceSettings
     from automq_ref.spark.produce import main as produce_main
 
@@ -141,14 +221,26 @@ def _produce(arguments: argparse.Namespace) -> int:
 
 
 def _verify(arguments: argparse.Namespace) -> int:
+    if not arguments.manifest.is_file():
+        print(
+            f"automq-ref verify: no manifest at {arguments.manifest}; pass the file "
+            "`automq-ref produce --manifest` wrote",
+            file=sys.stderr,
+        )
+        return 2
+    if arguments.source == "automq" and arguments.bootstrap is None:
+        print("automq-ref verify: --bootstrap is needed with --source automq", file=sys.stderr)
+        return 2
+    if arguments.source == "automq":
+        unreachable = _unreachable("verify", arguments.bootstrap)
+        if unreachable is not None:
+            print(unreachable, file=sys.stderr)
+            return 2
     try:
         from automq_ref.spark.verify import VerifySettings
         from automq_ref.spark.verify import main as verify_main
     except ImportError as error:  # pragma: no cover - the spark extra is missing
         print(f"automq-ref verify needs the spark extra: {error}", file=sys.stderr)
-        return 2
-    if arguments.source == "automq" and arguments.bootstrap is None:
-        print("automq-ref verify: --bootstrap is needed with --source automq", file=sys.stderr)
         return 2
     if arguments.source == "automq-objects" and arguments.path is None:
         print("automq-ref verify: --path is needed with --source automq-objects", file=sys.stderr)

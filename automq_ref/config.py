@@ -3,12 +3,14 @@
 Sources, later ones winning: the defaults below (the *embedded default*: everything local under
 ``./data``, listening on 127.0.0.1:9092), a Java-style properties file (``--config``),
 environment variables (``AUTOMQ_`` + the name upper-cased with dots as underscores, e.g.
-``AUTOMQ_S3_DATA_BUCKETS``) and ``--override name=value`` flags. Unknown names are refused with
-a message naming them.
+``AUTOMQ_S3_DATA_BUCKETS``) and ``--override name=value`` flags. Every problem is refused as one
+line naming the property and what is wrong (an unknown name with the nearest known one), so the
+command line can print them as they are.
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -27,7 +29,31 @@ MIB = 1024 * 1024
 
 
 class ConfigError(ValueError):
-    """A setting is unknown or has a bad value."""
+    """Settings are unknown or have bad values: one line per problem in :attr:`problems`."""
+
+    def __init__(self, *problems: str) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``; did you mean 'X'?`` with the known name nearest ``name``, or nothing when none is
+    near enough to be a likely typo."""
+    nearest = difflib.get_close_matches(name, list(known), n=1)
+    return f"; did you mean {nearest[0]!r}?" if nearest else ""
+
+
+def _problems(error: ValidationError) -> list[str]:
+    """Pydantic's errors as one line each: the property, the value given, what is wrong."""
+    lines = []
+    for detail in error.errors(include_url=False):
+        message = detail["msg"].removeprefix("Value error, ")
+        location = ".".join(str(part) for part in detail["loc"])
+        if location:
+            lines.append(f"{location}={detail['input']!r}: {message[0].lower()}{message[1:]}")
+        else:  # a check across settings names them in its message
+            lines.append(message)
+    return lines
 
 
 class BrokerConfig(BaseModel):
@@ -157,10 +183,15 @@ def load_config(
         if not separator:
             raise ConfigError(f"--override {override!r}: expected name=value")
         values[name.strip()] = value.strip()
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown setting(s): {', '.join(unknown)}")
+    problems = [
+        f"unknown setting {name!r}"
+        + (did_you_mean(name, names) or "; docs/broker.md lists the settings")
+        for name in sorted(set(values) - names)
+    ]
     try:
-        return BrokerConfig.model_validate(values)
+        config = BrokerConfig.model_validate({k: v for k, v in values.items() if k in names})
     except ValidationError as error:
-        raise ConfigError(str(error)) from error
+        raise ConfigError(*problems, *_problems(error)) from error
+    if problems:
+        raise ConfigError(*problems)
+    return config

@@ -13,14 +13,20 @@ Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else co
 What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
 the production modules: the clock every part reads time from, the WAL opener, and a hook run
 before anything is opened.
+
+:func:`serve` checks that the listener's address can be bound before it opens anything, so a
+port already taken is refused (:class:`ListenerUnavailable`) with nothing written to the data
+directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -56,6 +62,42 @@ class Seams:
     clock: Clock = field(default_factory=SystemClock)
     open_wal: WalOpener | None = None  # None: :func:`open_wal`
     before_open: Callable[[BrokerConfig], None] | None = None  # run before anything is opened
+
+
+class ListenerUnavailable(Exception):
+    """The listener's address cannot be bound: ``reason`` says why (the port is taken, the host
+    is not this machine's, ...)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.host, self.port, self.reason = host, port, reason
+
+
+def check_listener_free(config: BrokerConfig) -> None:
+    """Bind, then release, every address the listener would bind (as the listener will: with
+    ``SO_REUSEADDR``, so a port left in TIME_WAIT passes); raise :class:`ListenerUnavailable`
+    for the first that fails. Port 0 always binds."""
+    host, port = config.host, config.port
+    if port == 0:
+        return
+    try:
+        addresses = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except socket.gaierror as error:
+        raise ListenerUnavailable(host, port, f"unknown host ({error.strerror})") from error
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                reason = (
+                    "the port is already in use"
+                    if error.errno == errno.EADDRINUSE
+                    else (error.strerror or str(error)).lower()
+                )
+                raise ListenerUnavailable(host, port, reason) from error
 
 
 async def open_wal(config: BrokerConfig, node_epoch: int) -> BlockWal:
@@ -218,6 +260,7 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     """Start the node, print where it serves (the line test harnesses wait for), and shut it
     down gracefully at SIGINT or SIGTERM: the WAL's data is uploaded first, so the next start
     recovers nothing."""
+    check_listener_free(config)
     node = await start_node(config, seams)
     host, port = await node.listen()
     advertised_host, advertised_port = node.advertised_address

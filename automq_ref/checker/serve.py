@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(None, arguments.override)
     except ConfigError as error:
-        print(f"automq_ref.checker.serve: {error}", file=sys.stderr)
+        for problem in error.problems:
+            print(f"automq_ref.checker.serve: {problem}", file=sys.stderr)
         return 2
     open_wal, before_open = seams_for(set(arguments.broken))
     return run(config, Seams(open_wal=open_wal, before_open=before_open))

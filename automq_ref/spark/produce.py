@@ -12,6 +12,7 @@ million records cost the same memory as ten.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sys
 import time
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -28,6 +30,9 @@ from automq_ref.spark.manifest import Manifest, PartitionTally, ValueScheme
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
 FLUSH_TIMEOUT_S = 600.0
 METADATA_TIMEOUT_S = 30.0
+# librdkafka's own log lines (a refused connection is one per retry) go here, not to stderr
+# directly, so the command can keep them out of its one-line failure.
+CLIENT_LOG = logging.getLogger("automq_ref.librdkafka")
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ class ProduceResult:
 def ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
     """Create ``topic`` with ``partitions`` partitions unless it exists; return its partition
     count once every partition is in the metadata."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": CLIENT_LOG}
+    admin = AdminClient(config)
     existing = admin.list_topics(timeout=METADATA_TIMEOUT_S).topics
     if topic not in existing:
         future = admin.create_topics([NewTopic(topic, partitions, 1)])[topic]
@@ -136,6 +142,7 @@ def produce(
             "queue.buffering.max.messages": 2_000_000,
             "queue.buffering.max.kbytes": 1_048_576,
             "on_delivery": deliveries,
+            "logger": CLIENT_LOG,
         }
     )
     value = scheme.value
@@ -183,9 +190,18 @@ def _status_line(done: int, total: int) -> None:
 
 
 def main(settings: ProduceSettings, manifest_path: Path) -> int:
-    """The command: produce, write the manifest, print the rate. Exit 1 if any record failed."""
+    """The command: produce, write the manifest, print the rate. Exit 1 if any record failed,
+    2 if the broker stopped answering before the records were handed over."""
     progress = _status_line if sys.stderr.isatty() else None
-    result = produce(settings, progress)
+    try:
+        result = produce(settings, progress)
+    except (KafkaException, RuntimeError) as error:
+        print(
+            f"automq-ref produce: the broker at {settings.bootstrap} did not answer: {error}; "
+            "check that it is running and reachable",
+            file=sys.stderr,
+        )
+        return 2
     result.manifest.write(manifest_path)
     print(result.summary(), flush=True)
     print(f"manifest: {manifest_path}", flush=True)

@@ -1,0 +1,230 @@
+"""Every command that cannot do its work says so in one line and exits 2 (issue 15).
+
+Each test runs ``python -m automq_ref.cli`` as a user would and checks the one line on stderr,
+``automq-ref <command>: <what went wrong>; <what to do>``, and the exit code. Nothing here needs
+a broker: the failures are refused before one would be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from automq_ref.checker.nemesis import NEMESES
+from automq_ref.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "automq_ref.cli", *arguments],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def one_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def taken_port() -> Iterator[int]:
+    """A port another process listens on."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        yield holder.getsockname()[1]
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A port nothing listens on (the OS just handed it out and it was closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def test_serve_on_a_taken_port_names_it_and_the_setting_before_writing_anything(
+    tmp_path: Path, taken_port: int
+) -> None:
+    data = tmp_path / "data"
+    result = run_cli(
+        "serve",
+        "--override",
+        f"listeners=PLAINTEXT://127.0.0.1:{taken_port}",
+        "--override",
+        f"log.dirs={data}",
+        cwd=tmp_path,
+    )
+    line = one_line(result)
+    assert result.returncode == 2
+    assert line.startswith(f"automq-ref serve: cannot listen on 127.0.0.1:{taken_port}: ")
+    assert "already in use" in line
+    assert f"--override listeners=PLAINTEXT://127.0.0.1:{taken_port + 1}" in line
+    assert not (data / "wal").exists()
+    assert not data.exists() or not any(data.iterdir())
+    assert result.stdout == ""
+
+
+def test_an_unknown_setting_is_refused_with_the_nearest_known_name(tmp_path: Path) -> None:
+    result = run_cli("serve", "--override", "listener=PLAINTEXT://127.0.0.1:0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref serve: unknown setting 'listener'; did you mean 'listeners'?"
+    )
+
+
+def test_an_unknown_setting_far_from_any_points_to_the_list(tmp_path: Path) -> None:
+    result = run_cli("serve", "--override", "zzz=1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref serve: unknown setting 'zzz'; docs/broker.md lists the settings"
+    )
+
+
+def test_a_bad_value_is_one_line_naming_the_property_without_pydantic_boilerplate(
+    tmp_path: Path,
+) -> None:
+    result = run_cli("serve", "--override", "s3.wal.capacity=abc", cwd=tmp_path)
+    assert result.returncode == 2
+    line = one_line(result)
+    assert line.startswith("automq-ref serve: s3.wal.capacity='abc': input should be a valid")
+    assert "pydantic" not in line and "validation error" not in line
+    assert "further information" not in line
+    assert not (tmp_path / "data").exists()
+
+
+def test_each_config_problem_is_its_own_line() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(overrides=["node.id=-1", "listeners=SSL://a:1", "log.dir=x"])
+    assert caught.value.problems == (
+        "unknown setting 'log.dir'; did you mean 'log.dirs'?",
+        "node.id='-1': input should be greater than or equal to 0",
+        "listeners='SSL://a:1': exactly one PLAINTEXT://host:port listener is supported",
+    )
+
+
+def test_a_problem_across_settings_names_both(tmp_path: Path) -> None:
+    result = run_cli(
+        "serve",
+        "--override",
+        "group.min.session.timeout.ms=9",
+        "--override",
+        "group.max.session.timeout.ms=1",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref serve: group.min.session.timeout.ms must not exceed "
+        "group.max.session.timeout.ms"
+    )
+
+
+def test_an_unreadable_config_file_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("serve", "--config", "missing.properties", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result).startswith(
+        "automq-ref serve: cannot read --config missing.properties: "
+    )
+
+
+def test_an_unknown_nemesis_lists_the_known_ones(tmp_path: Path) -> None:
+    result = run_cli("check", "--nemesis", "explode", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: unknown nemesis 'explode'; --nemesis takes a comma-separated list "
+        "of kill, pause, wal-loss, s3, net"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_nemesis_gets_the_nearest_match(tmp_path: Path) -> None:
+    result = run_cli("check", "--nemesis", "kill,wal_loss", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result).endswith("; did you mean 'wal-loss'?")
+
+
+def test_an_unknown_broken_mode_gets_the_nearest_match(tmp_path: Path) -> None:
+    result = run_cli("check", "--broken", "ack-before-fsynk", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result).startswith(
+        "automq-ref check: unknown --broken mode 'ack-before-fsynk';"
+    )
+    assert one_line(result).endswith("; did you mean 'ack-before-fsync'?")
+
+
+def test_check_help_lists_every_nemesis(tmp_path: Path) -> None:
+    result = run_cli("check", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    help_text = " ".join(result.stdout.split())
+    assert f"any of: {', '.join(NEMESES)}" in help_text
+    assert set(NEMESES) == {"kill", "pause", "wal-loss", "s3", "net"}
+
+
+def test_produce_against_no_broker_names_the_address(tmp_path: Path, closed_port: int) -> None:
+    result = run_cli(
+        "produce",
+        "--bootstrap",
+        f"127.0.0.1:{closed_port}",
+        "--topic",
+        "t",
+        "--records",
+        "10",
+        "--manifest",
+        "m.json",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    assert one_line(result).startswith(
+        f"automq-ref produce: no broker answers at 127.0.0.1:{closed_port} (connection refused);"
+    )
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_produce_with_a_malformed_bootstrap_says_the_form(tmp_path: Path) -> None:
+    result = run_cli(
+        "produce", "--bootstrap", "localhost", "--topic", "t", "--records", "1",
+        "--manifest", "m.json", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref produce: --bootstrap 'localhost' is not HOST:PORT; "
+        "pass e.g. --bootstrap 127.0.0.1:9092"
+    )
+
+
+def test_verify_against_no_broker_names_the_address(tmp_path: Path, closed_port: int) -> None:
+    (tmp_path / "m.json").write_text(json.dumps({}))
+    result = run_cli(
+        "verify", "--manifest", "m.json", "--bootstrap", f"127.0.0.1:{closed_port}", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert one_line(result).startswith(
+        f"automq-ref verify: no broker answers at 127.0.0.1:{closed_port} (connection refused);"
+    )
+
+
+def test_verify_without_a_manifest_says_where_one_comes_from(tmp_path: Path) -> None:
+    result = run_cli(
+        "verify", "--manifest", "none.json", "--bootstrap", "127.0.0.1:1", cwd=tmp_path
+    )
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref verify: no manifest at none.json; pass the file "
+        "`automq-ref produce --manifest` wrote"
+    )
