@@ -1,13 +1,18 @@
 """Admin conformance against a broker process: authorized operations (KIP-430) as a broker
-without an authorizer answers them."""
+without an authorizer answers them; auto-created topics (``num.partitions``,
+``default.replication.factor``, ``auto.create.topics.enable=false`` for Metadata and Produce)."""
 
 from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
-from confluent_kafka import Consumer, TopicCollection
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection
 from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaTimeoutError
 
 from tests.e2e.conftest import BrokerProcess
 
@@ -70,3 +75,77 @@ def test_confluent_kafka_sees_every_operation_when_asked(broker: BrokerProcess) 
         assert not plain_group.authorized_operations
     finally:
         consumer.close()
+
+
+def started(tmp_path: Path, *overrides: str) -> BrokerProcess:
+    broker = BrokerProcess(tmp_path / "data", *overrides)
+    broker.start()
+    return broker
+
+
+def stop(broker: BrokerProcess) -> None:
+    broker.stop()
+    dropped = broker.unawaited_coroutines()
+    assert not dropped, f"the broker dropped coroutines unawaited: {dropped}"
+
+
+def test_auto_created_topics_take_num_partitions(tmp_path: Path) -> None:
+    broker = started(tmp_path, "num.partitions=3", "default.replication.factor=1")
+    try:
+        topic = unique("auto")
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, acks="all")
+        producer.send(topic, b"v").get(timeout=30)
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap)
+        assert consumer.partitions_for_topic(topic) == {0, 1, 2}
+        consumer.close()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        made = unique("made")
+        admin.create_topics([NewTopic(made)])[made].result(10)  # -1 and -1: the defaults
+        described = admin.describe_topics(TopicCollection([made]))[made].result(10)
+        assert len(described.partitions) == 3
+        assert all(len(p.replicas) == 1 for p in described.partitions)
+    finally:
+        stop(broker)
+
+
+def test_auto_create_disabled_for_metadata_and_produce(tmp_path: Path) -> None:
+    broker = started(tmp_path, "auto.create.topics.enable=false", "num.partitions=2")
+    try:
+        # confluent-kafka: the delivery fails with the unknown topic; nothing is created.
+        missing = unique("missing-ck")
+        errors: list[KafkaError | None] = []
+        producer = Producer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "topic.metadata.propagation.max.ms": 1000,
+                "message.timeout.ms": 5000,
+            }
+        )
+        producer.produce(missing, b"v", on_delivery=lambda error, _: errors.append(error))
+        producer.flush(15)
+        assert [e.code() if e else None for e in errors] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        listed = admin.list_topics(missing, timeout=10).topics[missing]
+        assert listed.error is not None
+        assert listed.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+
+        # kafka-python: the producer never learns the topic; the admin never sees it.
+        missing_kp = unique("missing-kp")
+        kp_producer = KafkaProducer(bootstrap_servers=broker.bootstrap, max_block_ms=2000)
+        with pytest.raises(KafkaTimeoutError):
+            kp_producer.send(missing_kp, b"v").get(timeout=10)
+        kp_producer.close()
+        kp_admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        names = set(kp_admin.list_topics())
+        kp_admin.close()
+        assert missing not in names and missing_kp not in names
+
+        # Created explicitly, the topic has num.partitions partitions and takes writes.
+        present = unique("present")
+        admin.create_topics([NewTopic(present)])[present].result(10)
+        producer.produce(present, b"v", on_delivery=lambda error, _: errors.append(error))
+        producer.flush(15)
+        assert errors[1:] == [None]
+    finally:
+        stop(broker)
