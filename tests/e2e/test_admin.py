@@ -1,6 +1,7 @@
 """Admin conformance against a broker process: authorized operations (KIP-430) as a broker
 without an authorizer answers them; auto-created topics (``num.partitions``,
-``default.replication.factor``, ``auto.create.topics.enable=false`` for Metadata and Produce)."""
+``default.replication.factor``, ``auto.create.topics.enable=false`` for Metadata and Produce);
+manual replica assignments in CreateTopics and CreatePartitions."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicCollection
-from confluent_kafka.admin import AclOperation, AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicCollection
+from confluent_kafka.admin import AclOperation, AdminClient, NewPartitions, NewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
-from kafka.errors import KafkaTimeoutError
+from kafka.admin import NewPartitions as KpNewPartitions
+from kafka.admin import NewTopic as KpNewTopic
+from kafka.errors import InvalidReplicationAssignmentError, KafkaTimeoutError
 
 from tests.e2e.conftest import BrokerProcess
 
@@ -149,3 +152,46 @@ def test_auto_create_disabled_for_metadata_and_produce(tmp_path: Path) -> None:
         assert errors[1:] == [None]
     finally:
         stop(broker)
+
+
+def partition_count(bootstrap: str, topic: str) -> int:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    return len(admin.describe_topics(TopicCollection([topic]))[topic].result(10).partitions)
+
+
+def test_confluent_kafka_manual_replica_assignment(broker: BrokerProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topic = unique("assigned-ck")
+    admin.create_topics([NewTopic(topic, 3, replica_assignment=[[0], [0], [0]])])[topic].result(10)
+    assert partition_count(broker.bootstrap, topic) == 3
+    grown = admin.create_partitions([NewPartitions(topic, 5, replica_assignment=[[0], [0]])])
+    grown[topic].result(10)
+    assert partition_count(broker.bootstrap, topic) == 5
+
+    elsewhere = unique("elsewhere-ck")
+    future = admin.create_topics([NewTopic(elsewhere, 2, replica_assignment=[[0], [4]])])[elsewhere]
+    with pytest.raises(KafkaException) as raised:
+        future.result(10)
+    error = raised.value.args[0]
+    assert error.code() == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    assert "broker 4" in error.str()
+    future = admin.create_partitions([NewPartitions(topic, 6, replica_assignment=[[0, 0]])])[topic]
+    with pytest.raises(KafkaException) as raised:
+        future.result(10)
+    assert raised.value.args[0].code() == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    assert partition_count(broker.bootstrap, topic) == 5
+
+
+def test_kafka_python_manual_replica_assignment(broker: BrokerProcess) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    try:
+        topic = unique("assigned-kp")
+        admin.create_topics([KpNewTopic(topic, replica_assignments={0: [0], 1: [0]})])
+        assert partition_count(broker.bootstrap, topic) == 2
+        admin.create_partitions({topic: KpNewPartitions(3, [[0]])})
+        assert partition_count(broker.bootstrap, topic) == 3
+        gap = unique("gap-kp")
+        with pytest.raises(InvalidReplicationAssignmentError):
+            admin.create_topics([KpNewTopic(gap, replica_assignments={0: [0], 2: [0]})])
+    finally:
+        admin.close()
