@@ -77,6 +77,9 @@ class BrokerConfig(BaseModel):
     s3_stream_object_split_size: int = Field(8 * MIB, alias="s3.stream.object.split.size")
     s3_block_cache_size: int = Field(128 * MIB, alias="s3.block.cache.size", ge=0)
     num_partitions: int = Field(1, alias="num.partitions", ge=1)
+    # The replication factor of auto-created topics and of CreateTopics with -1: shared storage
+    # keeps one copy, so 1 is the only value (accepted so that Kafka's config files load).
+    default_replication_factor: int = Field(1, alias="default.replication.factor")
     auto_create_topics_enable: bool = Field(True, alias="auto.create.topics.enable")
     message_max_bytes: int = Field(1_048_588, alias="message.max.bytes", ge=1)
     socket_request_max_bytes: int = Field(100 * MIB, alias="socket.request.max.bytes", ge=1024)
@@ -99,6 +102,13 @@ class BrokerConfig(BaseModel):
             return value
         if not value.startswith("PLAINTEXT://") or "," in value or ":" not in value[12:]:
             raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
+        return value
+
+    @field_validator("default_replication_factor")
+    @classmethod
+    def _one_copy(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError(f"{value}: shared storage keeps one copy of a partition (use 1)")
         return value
 
     @model_validator(mode="after")

@@ -6,10 +6,10 @@ The classes carry the union of the fields this broker sets across the versions i
 :func:`respond` converts one to plain values and hands them to kio's class for the request's
 version (:func:`automq_ref.protocol.kio_codec.build`), which drops what that version does not
 have. Values common to every answer live here once: ``throttle_time`` (this broker never
-throttles) and ``authorized_operations`` (not asked for: Kafka's "omitted" value). mypy checks
-the field names where a response is built; ``tests/unit/test_broker_responses.py`` checks that
-every field exists in some served version of kio's class, so a misspelled field cannot be
-silently dropped.
+throttles) and ``authorized_operations``' default (not asked for: Kafka's "omitted" value).
+mypy checks the field names where a response is built; ``tests/unit/test_broker_responses.py``
+checks that every field exists in some served version of kio's class, so a misspelled field
+cannot be silently dropped.
 
 Produce and Fetch are not here: their encoders are written by hand (:mod:`automq_ref.protocol`).
 """
@@ -128,6 +128,7 @@ class MetadataResponse(Response):
     controller_id: int
     topics: Sequence[MetadataTopic]
     error_code: KafkaErrorCode = NONE
+    cluster_authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
     throttle_time: int = 0
 
 

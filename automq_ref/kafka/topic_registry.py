@@ -38,6 +38,7 @@ from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.topics import (
     TOPIC_CONFIG_DEFAULTS,
     TopicError,
+    check_replica_assignment,
     check_topic_config,
     check_topic_name,
 )
@@ -179,9 +180,16 @@ class TopicRegistry:
             return topic
 
     async def add_partitions(
-        self, name: str, count: int, *, manual_assignment: bool, validate_only: bool
+        self,
+        name: str,
+        count: int,
+        *,
+        assignments: Sequence[Sequence[int]] | None = None,
+        validate_only: bool,
     ) -> None:
-        """Grow topic ``name`` to ``count`` partitions (CreatePartitions)."""
+        """Grow topic ``name`` to ``count`` partitions (CreatePartitions); ``assignments``, if
+        given, are the added partitions' replicas in order (checked, nothing more: this node
+        leads every partition)."""
         async with self._lock:
             topic = self._topic(name)
             if count <= topic.partitions:
@@ -189,10 +197,18 @@ class TopicRegistry:
                     KafkaErrorCode.INVALID_PARTITIONS,
                     f"topic {name} has {topic.partitions} partitions; {count} would not add any",
                 )
-            if manual_assignment:
-                raise TopicError(
-                    KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
-                    "manual replica assignment is not supported",
+            if assignments is not None:
+                added_count = count - topic.partitions
+                if len(assignments) != added_count:
+                    raise TopicError(
+                        KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                        f"{added_count} partitions are added but {len(assignments)} "
+                        "assignments were given",
+                    )
+                check_replica_assignment(
+                    [(topic.partitions + i, r) for i, r in enumerate(assignments)],
+                    topic.partitions,
+                    [self._config.node_id],
                 )
             if validate_only:
                 return

@@ -6,12 +6,16 @@ A topic's record (id, partition count, configs) lives in the controller's KV und
 partition's MetaStream is found under :func:`~automq_ref.vocabulary.naming.partition_key` (see
 :mod:`automq_ref.kafka.partition`). The KV entry of a topic is written after its partitions exist
 and removed before they are deleted, so a topic that can be found always has all its partitions.
+
+Manual replica assignments (CreateTopics, CreatePartitions) are checked here too: shared storage
+keeps one copy, so a valid assignment gives each partition exactly one replica, a known broker
+(this node). Nothing of it is stored: the node is every partition's leader.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from automq_ref.errors import KafkaErrorCode
 
@@ -74,3 +78,41 @@ def check_topic_config(name: str, value: str | None) -> None:
         raise TopicError(
             KafkaErrorCode.INVALID_CONFIG, "only message.timestamp.type=CreateTime is supported"
         )
+
+
+def check_replica_assignment(
+    assignments: Sequence[tuple[int, Sequence[int]]], first: int, brokers: Sequence[int]
+) -> None:
+    """``assignments`` (partition index, its replicas' broker ids) for the partitions from
+    ``first`` on: each index once, the indices ``first``.. without gaps, and each partition's
+    replicas exactly one known broker of ``brokers``. INVALID_REPLICA_ASSIGNMENT otherwise."""
+    seen: set[int] = set()
+    for index, replicas in assignments:
+        if index in seen:
+            raise _invalid(f"partition {index} is assigned more than once")
+        seen.add(index)
+        if not replicas:
+            raise _invalid(f"partition {index} is assigned no replica")
+        for broker in replicas:
+            if list(replicas).count(broker) > 1:
+                raise _invalid(f"partition {index} lists broker {broker} more than once")
+            if broker not in brokers:
+                raise _invalid(
+                    f"partition {index} is assigned to broker {broker}, which is not registered "
+                    f"(brokers: {', '.join(map(str, brokers))})"
+                )
+        if len(replicas) != 1:
+            raise _invalid(
+                f"partition {index} is assigned {len(replicas)} replicas: shared storage keeps "
+                "one copy, so a partition has exactly one replica"
+            )
+    expected = set(range(first, first + len(assignments)))
+    if seen != expected:
+        raise _invalid(
+            f"partitions {sorted(seen)} are not the consecutive indices "
+            f"{first}..{first + len(assignments) - 1}"
+        )
+
+
+def _invalid(message: str) -> TopicError:
+    return TopicError(KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT, message)

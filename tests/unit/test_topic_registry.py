@@ -88,7 +88,7 @@ async def test_changes_decide_again_on_another_nodes_configs(node: Node) -> None
     assert node.topics.topics["t"] == stored(node, "t")
 
     await foreign_put(node, Topic("t", topic.topic_id, 1, {"retention.bytes": "6"}))
-    await node.topics.add_partitions("t", 3, manual_assignment=False, validate_only=False)
+    await node.topics.add_partitions("t", 3, validate_only=False)
     assert stored(node, "t") == Topic("t", topic.topic_id, 3, {"retention.bytes": "6"})
     assert sorted(index for name, index in node.topics.partitions if name == "t") == [0, 1, 2]
 
@@ -113,7 +113,7 @@ async def test_a_topic_grown_recreated_or_deleted_elsewhere_is_an_error(node: No
     await foreign_put(node, recreated)
     before = partition_keys(node)
     with pytest.raises(TopicError):
-        await node.topics.add_partitions("t", 4, manual_assignment=False, validate_only=False)
+        await node.topics.add_partitions("t", 4, validate_only=False)
     assert stored(node, "t") == recreated
     assert partition_keys(node) == before  # the partitions added for it are gone again
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
+from automq_ref.kafka.acl_operations import GROUP_OPERATIONS
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Peer, Reply
 from automq_ref.state_machines import group as gc
@@ -299,6 +300,12 @@ async def handle_describe_groups(context: Context, request: Request) -> Reply:
         context, lambda request_id, now: gc.DescribeGroups(request_id, now, group_ids)
     )
     assert isinstance(response, gc.DescribeGroupsResponse)
+    # No authorizer: every group's operations are all a group supports.
+    operations = (
+        GROUP_OPERATIONS
+        if getattr(request.body, "include_authorized_operations", False)
+        else r.AUTHORIZED_OPERATIONS_OMITTED
+    )
     described = []
     for g in response.groups:
         error = g.error_code
@@ -317,7 +324,13 @@ async def handle_describe_groups(context: Context, request: Request) -> Reply:
         ]
         described.append(
             r.DescribedGroup(
-                g.group_id, g.group_state, g.protocol_type, g.protocol_data, members, error
+                g.group_id,
+                g.group_state,
+                g.protocol_type,
+                g.protocol_data,
+                members,
+                error,
+                authorized_operations=operations,
             )
         )
     return r.respond(request, r.DescribeGroupsResponse(described))

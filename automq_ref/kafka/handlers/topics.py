@@ -2,8 +2,10 @@
 its own (one topic's error does not fail the others).
 
 Replication is shared storage's: a topic has one copy, so a replication factor other than 1 (or
--1, the default) and manual replica assignments are refused. The changes themselves, and their
-ordering against the controller's KV, are the registry's (:mod:`automq_ref.kafka.topic_registry`).
+-1, the default) is refused, and a manual replica assignment must give each partition exactly one
+replica, this node (:func:`automq_ref.kafka.topics.check_replica_assignment`). The changes
+themselves, and their ordering against the controller's KV, are the registry's
+(:mod:`automq_ref.kafka.topic_registry`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
-from automq_ref.kafka.topics import TOPIC_CONFIG_DEFAULTS, TopicError
+from automq_ref.kafka.topics import TOPIC_CONFIG_DEFAULTS, TopicError, check_replica_assignment
 
 
 async def handle_create_topics(context: Context, request: Request) -> Reply:
@@ -63,18 +65,27 @@ def _config(context: Context, topic: Topic, name: str) -> CreatableTopicConfig:
 
 async def _create(context: Context, creatable: Any, validate_only: bool) -> Topic:
     replication = int(creatable.replication_factor)
-    if replication not in (-1, 1):
+    count = int(creatable.num_partitions)
+    if creatable.assignments:
+        # The assignment says both counts, so the request must leave them to it (-1).
+        for field, value in (("replication factor", replication), ("num_partitions", count)):
+            if value != -1:
+                raise TopicError(
+                    KafkaErrorCode.INVALID_REQUEST,
+                    f"a manual replica assignment was given with {field} {value} (use -1)",
+                )
+        check_replica_assignment(
+            [(int(a.partition_index), list(a.broker_ids)) for a in creatable.assignments],
+            0,
+            [context.config.node_id],
+        )
+        count = len(creatable.assignments)
+    elif replication not in (-1, 1):
         raise TopicError(
             KafkaErrorCode.INVALID_REPLICATION_FACTOR,
             f"replication factor {replication}: this broker keeps one copy in "
             "shared storage (use 1 or -1)",
         )
-    if creatable.assignments:
-        raise TopicError(
-            KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
-            "manual replica assignment is not supported",
-        )
-    count = int(creatable.num_partitions)
     count = context.config.num_partitions if count == -1 else count
     configs = {config.name: config.value for config in creatable.configs}
     if any(value is None for value in configs.values()):
@@ -125,10 +136,13 @@ async def handle_create_partitions(context: Context, request: Request) -> Reply:
     results = []
     for asked in body.topics:
         try:
+            assignments = asked.assignments
             await context.topics.add_partitions(
                 asked.name,
                 int(asked.count),
-                manual_assignment=bool(asked.assignments),
+                assignments=(
+                    None if assignments is None else [list(a.broker_ids) for a in assignments]
+                ),
                 validate_only=bool(body.validate_only),
             )
         except TopicError as error:
