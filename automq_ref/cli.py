@@ -132,7 +132,7 @@ def _unreachable(command: str, bootstrap: str) -> str | None:
 def _check(arguments: argparse.Namespace) -> int:
     import random
 
-    from automq_ref.checker.run import run_check
+    from automq_ref.checker.run import BROKEN_MODES, run_check
     from automq_ref.checker.workload import WorkloadSettings
 
     requested = [name for name in arguments.nemesis.split(",") if name]
@@ -144,13 +144,11 @@ def _check(arguments: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    from automq_ref.checker.broken import MODES
-
     for mode in arguments.broken:
-        if mode not in MODES:
+        if mode not in BROKEN_MODES:
             print(
                 f"automq-ref check: unknown --broken mode {mode!r}; the modes are "
-                f"{', '.join(sorted(MODES))}{did_you_mean(mode, MODES)}",
+                f"{', '.join(sorted(BROKEN_MODES))}{did_you_mean(mode, BROKEN_MODES)}",
                 file=sys.stderr,
             )
             return 2

@@ -18,9 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from automq_ref.checker import linearizability, queue
+from automq_ref.checker.broken import MODES as BROKEN_MODES
 from automq_ref.checker.history import pair, write_history
 from automq_ref.checker.nemesis import Environment
 from automq_ref.checker.workload import WorkloadSettings, run_workload
+
+# The broker modes ``run_check(broken=...)`` accepts: the CLI's door to checker/broken.py, which
+# no module outside the checker imports itself.
+__all__ = ["BROKEN_MODES", "CheckOutcome", "run_check"]
 
 log = logging.getLogger(__name__)
 
