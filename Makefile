@@ -2,15 +2,25 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Two installs into the one venv: the broker's runtime dependencies alone (`make run`, seconds),
+# and the test and Spark extras (about 1.4 GB) for everything else. The full install is a superset,
+# so it marks the runtime one done too.
+RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
 .PHONY: test lint typecheck pytest tlc kcat java run bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME)
 
 test: $(STAMP) lint typecheck pytest tlc
 
@@ -43,7 +53,8 @@ tlc: $(STAMP) java
 
 # The broker on its embedded default: data under ./data, Kafka on 127.0.0.1:9092, Ctrl-C stops it
 # gracefully. Pass properties with ARGS, e.g. make run ARGS="--override num.partitions=3".
-run: $(STAMP)
+# It installs only the runtime dependencies, not the test and Spark extras.
+run: $(RUNTIME)
 	$(BIN)/automq-ref serve $(ARGS)
 
 bench: $(STAMP)

@@ -129,11 +129,24 @@ def _unreachable(command: str, bootstrap: str) -> str | None:
     )
 
 
+def _needs_extras(command: str, error: ImportError) -> str:
+    """The one line for a command whose clients (test extra) or Spark (spark extra) are not
+    installed: `make run` installs only what the broker needs."""
+    return (
+        f"automq-ref {command}: {error}; this command needs the test and spark extras: "
+        "pip install -e '.[test,spark]' (the venv `make test` builds has them)"
+    )
+
+
 def _check(arguments: argparse.Namespace) -> int:
     import random
 
-    from automq_ref.checker.run import BROKEN_MODES, run_check
-    from automq_ref.checker.workload import WorkloadSettings
+    try:
+        from automq_ref.checker.run import BROKEN_MODES, run_check
+        from automq_ref.checker.workload import WorkloadSettings
+    except ImportError as error:
+        print(_needs_extras("check", error), file=sys.stderr)
+        return 2
 
     requested = [name for name in arguments.nemesis.split(",") if name]
     for name in requested:
@@ -202,8 +215,12 @@ def _produce(arguments: argparse.Namespace) -> int:
     # A broker lost mid-run fails the deliveries (counted in the summary); librdkafka's line
     # per retry would bury that summary.
     logging.getLogger("automq_ref.librdkafka").setLevel(logging.CRITICAL)
-    from automq_ref.spark.produce import ProduceSettings
-    from automq_ref.spark.produce import main as produce_main
+    try:
+        from automq_ref.spark.produce import ProduceSettings
+        from automq_ref.spark.produce import main as produce_main
+    except ImportError as error:
+        print(_needs_extras("produce", error), file=sys.stderr)
+        return 2
 
     extra = {} if arguments.producer is None else {"producer": arguments.producer}
     settings = ProduceSettings(
@@ -237,8 +254,8 @@ def _verify(arguments: argparse.Namespace) -> int:
     try:
         from automq_ref.spark.verify import VerifySettings
         from automq_ref.spark.verify import main as verify_main
-    except ImportError as error:  # pragma: no cover - the spark extra is missing
-        print(f"automq-ref verify needs the spark extra: {error}", file=sys.stderr)
+    except ImportError as error:
+        print(_needs_extras("verify", error), file=sys.stderr)
         return 2
     if arguments.source == "automq-objects" and arguments.path is None:
         print("automq-ref verify: --path is needed with --source automq-objects", file=sys.stderr)
