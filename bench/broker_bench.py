@@ -9,9 +9,10 @@ Four targets, each a fresh broker process per run:
 
 - ``ours-local``: ``automq-ref serve`` with its objects in a local directory under log.dirs;
 - ``ours-s3``: ``automq-ref serve`` with ``s3.data.buckets`` on a moto S3 server started here;
-- ``peer-memory`` / ``peer-s3``: a Kafka-compatible peer broker (Tansu) started by the shared peer
-  script (``PEER_SCRIPT``, default ../shared/bench/peer.sh), with in-memory storage or S3
-  storage on a moto server of its own.
+- ``peer-memory`` / ``peer-s3``: a Kafka-compatible peer broker (Tansu), with in-memory storage or
+  S3 storage on a moto server of its own, started by an optional peer script that is not part of
+  this repository: the path in the ``PEER_SCRIPT`` environment variable, by default the peer
+  script beside the checkout, when present. Without one, run only the ``ours-*`` targets.
 
 Both moto servers count the HTTP requests they see by method, through the same WSGI wrapper.
 Ours also answers a ranged GET by reading just that range (``--moto-whole-object-ranges`` turns
@@ -70,6 +71,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartit
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[1]
+# Optional and external: the peer script beside the checkout unless PEER_SCRIPT names another.
 PEER_SCRIPT = Path(os.environ.get("PEER_SCRIPT", REPO.parent / "shared" / "bench" / "peer.sh"))
 SERVING = "serving Kafka on "
 START_TIMEOUT_S = 60.0

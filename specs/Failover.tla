@@ -6,10 +6,13 @@
 (*                                                                         *)
 (* Machine: automq_ref/state_machines/failover/.  Properties:             *)
 (* tests/properties/test_failover.py::FailoverMachine.                     *)
-(* Sources: AUTOMQ.md 2.3-2.5, 3.7, 4.3, 7.1-7.2 and 13.18-13.21; the      *)
-(* seed on single-replica cloud disks (graceful shutdown uploads the       *)
-(* Delta WAL then the partitions move; a crash is taken over by a survivor *)
-(* that fences the dead node's volume before it reads and uploads it).     *)
+(* Sources: AutoMQ's block and S3 WALs with their reservation, ConfirmWal, *)
+(* startup recovery (S3Storage.recover0), the controller's node epoch      *)
+(* check, graceful shutdown and crash failover (FailoverControlManager,    *)
+(* Failover.java); AutoMQ's description of single-replica cloud disks      *)
+(* (graceful shutdown uploads the Delta WAL then the partitions move; a    *)
+(* crash is taken over by a survivor that fences the dead node's volume    *)
+(* before it reads and uploads it); docs/machines/failover.md.             *)
 (*                                                                         *)
 (* THE PROBLEM.  Each node has its own WAL, written by one process.        *)
 (* Records are acknowledged to producers once they are durable in that     *)
@@ -303,7 +306,7 @@ Restart(n) ==
     /\ reservation' = [reservation EXCEPT ![n] = [epoch |-> nodeEpoch[n] + 1, failover |-> FALSE]]
     /\ UNCHANGED <<leads, wal, pending, streamVars, dataVars, failoverVars, ghostVars>>
 
-\* ACTION: RecoverOwnWal(n) mirrors S3Storage.recover0 at start (AUTOMQ.md 3.7): read the
+\* ACTION: RecoverOwnWal(n) mirrors AutoMQ's S3Storage.recover0 at start: read the
 \* whole WAL, upload and commit the records of the node's still-OPENED streams, reset the
 \* WAL, close those streams; then the node serves.  Refused (the node halts, see
 \* DetectFence) when the reservation no longer verifies: a failover target took the WAL.
@@ -423,10 +426,11 @@ DetectFence(n) ==
     /\ UNCHANGED <<nodeEpoch, session, grace, reservation, wal, streamVars, dataVars,
                    contexts, completed, ghostVars>>
 
-\* ACTION: UploadWal(n) mirrors the upload pipeline (AUTOMQ.md 3.5): the node uploads the
-\* records it acknowledged (its LogCache), commits them (commitStreamSetObject) and trims its
-\* WAL.  The controller accepts only records of streams still OPENED by n at the epoch they
-\* were written under (STREAM_FENCED / OFFSET_NOT_MATCHED otherwise); those stay in the WAL.
+\* ACTION: UploadWal(n) mirrors AutoMQ's upload pipeline (prepare, upload, commit in block
+\* order, and only then trim the WAL): the node uploads the records it acknowledged (its
+\* LogCache), commits them (commitStreamSetObject) and trims its WAL.  The controller accepts
+\* only records of streams still OPENED by n at the epoch they were written under
+\* (STREAM_FENCED / OFFSET_NOT_MATCHED otherwise); those stay in the WAL.
 UploadWal(n) ==
     /\ Running(n)
     /\ LET uploaded == {w \in wal[n] : w.rec \in AckedRecords /\ Committable(n, w)} IN
@@ -605,7 +609,7 @@ NoAckedRecordLost ==
     \A a \in acked : Settled(a) => a.rec \in committed
 
 \* Acknowledged records are durable at all times: in committed objects or still in the WAL of
-\* the node that acknowledged them (AUTOMQ.md 13.9).
+\* the node that acknowledged them, across crashes and failovers.
 AckedRecordDurable ==
     \A a \in acked : a.rec \in committed \/ a.rec \in Recs(wal[a.node])
 

@@ -5,8 +5,12 @@
 (*                                                                         *)
 (* Machine: automq_ref/state_machines/stream_metadata/.  Properties:      *)
 (* tests/properties/test_stream_metadata.py::StreamMetadataMachine.        *)
-(* Sources: AUTOMQ.md 3.6 and 4.1-4.6 (AutoMQ/automq f1ce98e,              *)
-(* StreamControlManager.java, S3ObjectControlManager.java).                *)
+(* Sources: AutoMQ's controller metadata at AutoMQ/automq f1ce98e: object  *)
+(* ids and their expiry, the metadata records, the node epoch check, the   *)
+(* stream requests, the KV store and the object lookup                     *)
+(* (StreamControlManager.java, S3ObjectControlManager.java,                *)
+(* S3StreamsMetadataImage.java); docs/machines/stream_metadata.md lists    *)
+(* every request and its errors.                                           *)
 (*                                                                         *)
 (* WHAT IS MODELLED.  One controller applies requests one at a time; every *)
 (* request is atomic, as a KRaft controller write is.  The requests come   *)
@@ -212,7 +216,7 @@ ExtendCurrent(s, newEnd) ==
     {IF r.index = rangeIndex[s] THEN [r EXCEPT !.end = newEnd] ELSE r : r \in ranges[s]}
 
 -----------------------------------------------------------------------------
-(* Controller checks: each returns an AutoMQ error name or "NONE" (AUTOMQ.md 4.3, 4.4). *)
+(* Controller checks: each returns an AutoMQ error name or "NONE" (StreamControlManager). *)
 
 \* nodeEpochCheck: a request from an older incarnation is expired; a node taken over by
 \* failover is fenced unless the check is skipped (closeStream, failover-mode commits).
@@ -271,7 +275,8 @@ DeleteStreamError(s) ==
     ELSE IF streamState[s] = "OPENED" THEN "STREAM_NOT_CLOSED"
     ELSE "NONE"
 
-\* verifyStreamContinuous for one range [start, end) of stream s (AUTOMQ.md 4.4 step 8).
+\* verifyStreamContinuous for one range [start, end) of stream s: the last check of a
+\* commitStreamSetObject that is not a compaction, in AutoMQ's StreamControlManager.
 ContinuityCheck(n, s, se, start, end) ==
     IF ~Live(s) THEN "NONE"                         \* deleted meanwhile: accepted, moves nothing
     ELSE IF end <= streamStart[s] THEN "NONE"       \* wholly trimmed: accepted, moves nothing

@@ -1,8 +1,8 @@
 """Compression codecs of RecordBatch v2: ids, compress and decompress.
 
-The codec id lives in bits 0-2 of a batch's attributes (KAFKA.md section 4); the records section
-after the 61-byte header is compressed as one block. All four codecs come from ``cramjam`` (one
-Rust wheel), so the project needs no other compression package.
+The codec id lives in bits 0-2 of a batch's attributes (the layout is in ``record_batch_layout``);
+the records section after the 61-byte header is compressed as one block. All four codecs come
+from ``cramjam`` (one Rust wheel), so the project needs no other compression package.
 
 Formats on the wire, and what this module accepts:
 

@@ -1,6 +1,7 @@
 """RecordBatch v2 (magic 2): the layout of a batch, its field offsets and flags, the header type.
 
-Layout of one batch (KAFKA.md section 4, Kafka's ``DefaultRecordBatch``), all big-endian:
+Layout of one batch as Kafka's ``DefaultRecordBatch`` writes it (the magic 2 format of KIP-98),
+all big-endian:
 
 ======  ====  =====================  ====================================================
 offset  size  field                  notes

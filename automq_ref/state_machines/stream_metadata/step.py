@@ -141,7 +141,11 @@ def _accept(records: list[MetadataRecord], **fields: object) -> _Outcome:
 def _ignore_node(
     image: StreamMetadataImage, node_id: int, node_epoch: int, *, check_failover: bool = True
 ) -> _Outcome | None:
-    """The node-epoch check applied to most requests (AUTOMQ.md 4.3)."""
+    """The node-epoch check applied to most requests, as AutoMQ's controller does it.
+
+    An unregistered node is refused, a node epoch older than the stored one is expired, and a
+    node that failover took over is fenced unless the request may skip that last test.
+    """
     node = image.nodes.get(node_id)
     if node is None:
         return _reject(StreamErrorCode.NODE_EPOCH_NOT_EXIST, f"node {node_id} is not registered")
@@ -278,7 +282,11 @@ def _removable_ranges(stream: StreamMetadata, *, sealed_end: int) -> list[Metada
 def _ignore_owner(
     stream: StreamMetadata | None, stream_id: int, node_id: int, stream_epoch: int
 ) -> _Outcome | None:
-    """The ownership check of close, trim and delete (AUTOMQ.md 4.4)."""
+    """The ownership check of close, trim and delete, as AutoMQ's controller does it.
+
+    The stream must exist, the request must carry exactly the stream's epoch (an older one is
+    fenced, a newer one is an inner error) and the caller must own the current range.
+    """
     if stream is None:
         return _reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {stream_id} not found")
     if stream.epoch > stream_epoch:
