@@ -13,13 +13,14 @@ are): the name must be known (``Unknown topic config name: x``), the value must 
 config's type (``Invalid value x for configuration y: Not a number of type INT``), and the
 validator must accept it (``... Value must be at least 1048576``). A value is stored in Kafka's
 canonical form (what DescribeConfigs would print: ``compact,delete`` for ``compact, delete``).
-Two values Kafka accepts are refused here with a message saying why: ``message.timestamp.type=
-LogAppendTime`` (the broker keeps the producer's timestamps) and ``remote.storage.enable=true``
-(no tiered storage: Kafka refuses it too when tiered storage is off).
+Two values Kafka accepts are refused here with a message saying why:
+``message.timestamp.type=LogAppendTime`` (the broker keeps the producer's timestamps) and
+``remote.storage.enable=true`` (no tiered storage: Kafka refuses it too when tiered storage is
+off).
 
 IncrementalAlterConfigs' four operations are Kafka's: SET, DELETE (of a config the topic does not
 set, even an unknown name: nothing to do), and APPEND / SUBTRACT on list configs only
-(``cleanup.policy`` and the two replication-throttle lists), item by item, starting from the
+(``cleanup.policy`` and the two replication-throttle lists), item by item, starting from Kafka's
 default when the topic does not set the config; APPEND of an item already there does nothing and
 SUBTRACT of the last item leaves the empty list (for ``cleanup.policy``: no cleanup at all).
 AlterConfigs (the older API) replaces the topic's whole set. Every error is ``INVALID_CONFIG``
