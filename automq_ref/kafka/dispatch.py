@@ -72,6 +72,7 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.INIT_PRODUCER_ID: Route(producer_ids.handle_init_producer_id, 0, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: Route(offsets.handle_offset_for_leader_epoch, 2, 4),
     ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
+    ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
     ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
     ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: Route(configs.handle_incremental_alter_configs, 0, 1),

@@ -284,13 +284,20 @@ class CreatePartitionsResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class DescribedSynonym:
+    name: str
+    value: str | None
+    source: int
+
+
+@dataclass(frozen=True, slots=True)
 class DescribedConfig:
     name: str
     value: str | None
     config_source: int
     read_only: bool = False
     is_sensitive: bool = False
-    synonyms: Sequence[Any] = ()
+    synonyms: Sequence[DescribedSynonym] = ()
     config_type: int = 0  # UNKNOWN
     documentation: str | None = None
 
@@ -317,6 +324,13 @@ class AlterConfigsResourceResponse:
     resource_name: str
     error_code: KafkaErrorCode = NONE
     error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResponse(Response):
+    API_KEY = ApiKey.ALTER_CONFIGS
+    responses: Sequence[AlterConfigsResourceResponse]
+    throttle_time: int = 0
 
 
 @dataclass(frozen=True, slots=True)

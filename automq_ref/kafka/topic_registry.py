@@ -15,17 +15,16 @@ its record and decides the change once more on it; a topic deleted, re-created o
 is answered with an error (this node does not reconcile its open partitions with another's), and
 so is a change that loses twice. Partitions created for a change that then lost are deleted again.
 
-``topic_config`` answers a topic's effective config: its own setting, else the documented
-default, else the broker's setting (``log.retention.ms``, ...).
+``topic_config`` answers a topic's effective config: its own setting, else the broker's setting
+of the config's synonym (``log.retention.ms``, ...), else Kafka's default. What a config may be
+and how a change applies is :mod:`automq_ref.kafka.topic_configs`' (the catalog).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
@@ -35,32 +34,17 @@ from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.kafka.partition import Partition
-from automq_ref.kafka.topics import (
-    TOPIC_CONFIG_DEFAULTS,
-    TopicError,
-    check_replica_assignment,
-    check_topic_config,
-    check_topic_name,
+from automq_ref.kafka.topic_configs import (
+    ConfigChange,
+    altered_configs,
+    check_configs,
+    effective_defaults,
+    replaced_configs,
 )
+from automq_ref.kafka.topics import TopicError, check_replica_assignment, check_topic_name
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import topic_key
-
-
-class ConfigOperation(enum.IntEnum):
-    """IncrementalAlterConfigs' operations (Kafka's ``AlterConfigOp.OpType`` ids)."""
-
-    SET = 0
-    DELETE = 1
-    APPEND = 2
-    SUBTRACT = 3
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigChange:
-    name: str
-    operation: int  # a ConfigOperation, as the client sent it (unknown ones are refused)
-    value: str | None
 
 
 class TopicRegistry:
@@ -75,6 +59,11 @@ class TopicRegistry:
         self._client = client
         self._view = view
         self._config = config
+        # Each topic config's value where a topic does not set it: read once, since the
+        # broker's settings do not change while it runs (and Produce asks on every request).
+        self.config_defaults: Mapping[str, str] = effective_defaults(
+            config.model_dump(by_alias=True)
+        )
         self.topics: dict[str, Topic] = {}
         self.partitions: dict[tuple[str, int], Partition] = {}
         # Each topic's KV record as this registry read or last wrote it: the condition of the
@@ -110,33 +99,28 @@ class TopicRegistry:
         return None
 
     def topic_config(self, topic: Topic, name: str) -> str:
-        if name in topic.configs:
-            return topic.configs[name]
-        default = TOPIC_CONFIG_DEFAULTS[name]
-        if default is not None:
-            return default
-        return str(
-            {
-                "retention.ms": self._config.log_retention_ms,
-                "retention.bytes": self._config.log_retention_bytes,
-                "max.message.bytes": self._config.message_max_bytes,
-            }[name]
-        )
+        """Topic config ``name``'s value for ``topic`` (a name of the catalog)."""
+        value = topic.configs.get(name)
+        return self.config_defaults[name] if value is None else value
 
     # ----------------------------------------------------------------------------- changes
 
     async def create_topic(
-        self, name: str, partitions: int, configs: Mapping[str, str], validate_only: bool = False
+        self,
+        name: str,
+        partitions: int,
+        configs: Mapping[str, str | None],
+        validate_only: bool = False,
     ) -> Topic:
+        """Create topic ``name``; ``configs`` are checked whole (a missing value is refused)."""
         check_topic_name(name)
         if partitions < 1:
             raise TopicError(KafkaErrorCode.INVALID_PARTITIONS, f"{partitions} partitions")
-        for key, value in configs.items():
-            check_topic_config(key, value)
+        checked = check_configs(configs, self.config_defaults)
         async with self._lock:
             if name in self.topics or topic_key(name) in self._view.image.kv:
                 raise TopicError(KafkaErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name} exists")
-            topic = Topic(name, uuid.uuid4(), partitions, dict(configs))
+            topic = Topic(name, uuid.uuid4(), partitions, checked)
             if validate_only:
                 return topic
             for index in range(partitions):
@@ -234,10 +218,30 @@ class TopicRegistry:
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool
     ) -> None:
         """Apply ``changes`` to topic ``name``'s configs (IncrementalAlterConfigs): all or none."""
+        await self._reconfigure(
+            name,
+            lambda configs: altered_configs(configs, changes, self.config_defaults),
+            validate_only,
+        )
+
+    async def replace_configs(
+        self, name: str, configs: Sequence[tuple[str, str | None]], *, validate_only: bool
+    ) -> None:
+        """Make ``configs`` topic ``name``'s whole set of configs (AlterConfigs)."""
+        await self._reconfigure(
+            name, lambda _: replaced_configs(configs, self.config_defaults), validate_only
+        )
+
+    async def _reconfigure(
+        self,
+        name: str,
+        decide: Callable[[Mapping[str, str]], dict[str, str]],
+        validate_only: bool,
+    ) -> None:
         async with self._lock:
             for _ in range(CHANGE_ATTEMPTS):
                 topic = self._topic(name)
-                configs = _altered(topic.configs, changes)
+                configs = decide(topic.configs)
                 if validate_only:
                     return
                 altered = Topic(topic.name, topic.topic_id, topic.partitions, configs)
@@ -302,25 +306,6 @@ class TopicRegistry:
 
 
 CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
-
-
-def _altered(configs: Mapping[str, str], changes: Sequence[ConfigChange]) -> dict[str, str]:
-    altered = dict(configs)
-    for change in changes:
-        if change.operation == ConfigOperation.SET:
-            check_topic_config(change.name, change.value)
-            if change.value is None:
-                raise TopicError(KafkaErrorCode.INVALID_CONFIG, "SET without value")
-            altered[change.name] = change.value
-        elif change.operation == ConfigOperation.DELETE:
-            check_topic_config(change.name, None)
-            altered.pop(change.name, None)
-        else:
-            raise TopicError(
-                KafkaErrorCode.INVALID_CONFIG,
-                f"{change.name}: APPEND/SUBTRACT apply to list configs only",
-            )
-    return altered
 
 
 def _refused(response: sm.Response) -> TopicError:

@@ -14,7 +14,8 @@ from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.client import ControllerClient
-from automq_ref.kafka.topic_registry import ConfigChange, ConfigOperation, TopicRegistry
+from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
+from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.kafka.topics import TopicError
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm

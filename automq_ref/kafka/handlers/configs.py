@@ -1,28 +1,40 @@
-"""DescribeConfigs and IncrementalAlterConfigs: topic configs (read and changed) and the broker's
-settings (read only).
+"""DescribeConfigs, AlterConfigs and IncrementalAlterConfigs: topic configs (read and changed) and
+the broker's settings (read only).
 
-A topic config is reported with its source: set on the topic (DYNAMIC_TOPIC_CONFIG) or the
-default (DEFAULT_CONFIG, the documented default or the broker's setting). Only SET and DELETE
-apply: this broker has no list-valued topic configs for APPEND and SUBTRACT.
+Every topic config of the catalog (:mod:`automq_ref.kafka.topic_configs`) is described, as
+Kafka describes it: with its source (set on the topic: DYNAMIC_TOPIC_CONFIG; otherwise
+DEFAULT_CONFIG, the broker's setting or Kafka's default), not sensitive, not read-only, its type
+(v3+), its documentation when asked for (v3+) and its synonyms when asked for (the topic's own
+setting, then the broker property that gives the default). An empty list of names asks for all
+of them, as with Kafka. IncrementalAlterConfigs applies SET, DELETE, APPEND and SUBTRACT;
+AlterConfigs replaces a topic's whole set; both answer each resource on its own, and a resource
+named twice in one request is refused (INVALID_REQUEST) wherever it appears.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.topic_record import Topic
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     CONFIG_SOURCE_DEFAULT,
     CONFIG_SOURCE_DYNAMIC_TOPIC,
     AlterConfigsResourceResponse,
+    AlterConfigsResponse,
     DescribeConfigsResponse,
     DescribeConfigsResult,
     DescribedConfig,
+    DescribedSynonym,
     IncrementalAlterConfigsResponse,
     respond,
 )
 from automq_ref.kafka.server import Reply
-from automq_ref.kafka.topic_registry import ConfigChange
-from automq_ref.kafka.topics import TOPIC_CONFIG_DEFAULTS, TopicError
+from automq_ref.kafka.topic_configs import TOPIC_CONFIGS, ConfigChange, TopicConfig
+from automq_ref.kafka.topics import TopicError
 
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
@@ -30,10 +42,16 @@ BROKER_RESOURCE = 4
 
 async def handle_describe_configs(context: Context, request: Request) -> Reply:
     registry = context.topics
+    body = request.body
+    # Absent from the older versions: False there.
+    synonyms = bool(getattr(body, "include_synonyms", False))
+    documentation = bool(getattr(body, "include_documentation", False))
+    broker_settings = context.config.model_dump(by_alias=True)
     results = []
-    for resource in request.body.resources:
+    for resource in body.resources:
         kind, name = int(resource.resource_type), resource.resource_name
         keys = resource.configuration_keys
+        wanted = set(keys) if keys else None  # None or empty: every config
         if kind == TOPIC_RESOURCE:
             topic = registry.topics.get(name)
             if topic is None:
@@ -45,17 +63,22 @@ async def handle_describe_configs(context: Context, request: Request) -> Reply:
                 )
             else:
                 configs = [
-                    _entry(key, registry.topic_config(topic, key), key in topic.configs)
-                    for key in sorted(TOPIC_CONFIG_DEFAULTS)
-                    if keys is None or key in keys
+                    _topic_entry(
+                        config,
+                        topic,
+                        registry.topic_config(topic, key),
+                        broker_settings if synonyms else None,
+                        documentation,
+                    )
+                    for key, config in TOPIC_CONFIGS.items()
+                    if wanted is None or key in wanted
                 ]
                 result = DescribeConfigsResult(resource.resource_type, name, configs)
         elif kind == BROKER_RESOURCE:
-            values = context.config.model_dump(by_alias=True)
             configs = [
-                _entry(key, str(value), False, read_only=True)
-                for key, value in sorted(values.items())
-                if keys is None or key in keys
+                DescribedConfig(key, str(value), CONFIG_SOURCE_DEFAULT, read_only=True)
+                for key, value in sorted(broker_settings.items())
+                if wanted is None or key in wanted
             ]
             result = DescribeConfigsResult(resource.resource_type, name, configs)
         else:
@@ -69,38 +92,91 @@ async def handle_describe_configs(context: Context, request: Request) -> Reply:
     return respond(request, DescribeConfigsResponse(results))
 
 
-def _entry(name: str, value: str, explicit: bool, *, read_only: bool = False) -> DescribedConfig:
-    source = CONFIG_SOURCE_DYNAMIC_TOPIC if explicit else CONFIG_SOURCE_DEFAULT
-    return DescribedConfig(name, value, source, read_only=read_only)
+def _topic_entry(
+    config: TopicConfig,
+    topic: Topic,
+    value: str,
+    broker_settings: dict[str, Any] | None,
+    documentation: bool,
+) -> DescribedConfig:
+    explicit = config.name in topic.configs
+    synonyms = []
+    if broker_settings is not None:
+        if explicit:
+            synonyms.append(DescribedSynonym(config.name, value, CONFIG_SOURCE_DYNAMIC_TOPIC))
+        setting = broker_settings.get(config.synonym) if config.synonym else None
+        if config.synonym is not None and setting is not None:
+            shown = str(setting).lower() if isinstance(setting, bool) else str(setting)
+            synonyms.append(DescribedSynonym(config.synonym, shown, CONFIG_SOURCE_DEFAULT))
+    return DescribedConfig(
+        config.name,
+        value,
+        CONFIG_SOURCE_DYNAMIC_TOPIC if explicit else CONFIG_SOURCE_DEFAULT,
+        synonyms=synonyms,
+        config_type=int(config.type),
+        documentation=_documentation(config) if documentation else None,
+    )
+
+
+def _documentation(config: TopicConfig) -> str:
+    if config.effect is None:
+        return f"{config.documentation} Accepted without effect on this broker."
+    return f"{config.documentation} On this broker: {config.effect}."
 
 
 async def handle_incremental_alter_configs(context: Context, request: Request) -> Reply:
     body = request.body
+
+    async def alter(resource: Any) -> None:
+        changes = [
+            ConfigChange(change.name, int(change.config_operation), change.value)
+            for change in resource.configs
+        ]
+        await context.topics.alter_configs(
+            resource.resource_name, changes, validate_only=bool(body.validate_only)
+        )
+
+    responses = await _alter_each(body.resources, alter)
+    return respond(request, IncrementalAlterConfigsResponse(responses))
+
+
+async def handle_alter_configs(context: Context, request: Request) -> Reply:
+    body = request.body
+
+    async def replace(resource: Any) -> None:
+        configs = [(config.name, config.value) for config in resource.configs]
+        await context.topics.replace_configs(
+            resource.resource_name, configs, validate_only=bool(body.validate_only)
+        )
+
+    responses = await _alter_each(body.resources, replace)
+    return respond(request, AlterConfigsResponse(responses))
+
+
+async def _alter_each(
+    resources: Sequence[Any], alter: Callable[[Any], Awaitable[None]]
+) -> list[AlterConfigsResourceResponse]:
+    """Each resource altered on its own; one resource's error does not fail the others."""
+    named = Counter((int(r.resource_type), r.resource_name) for r in resources)
     responses = []
-    for resource in body.resources:
+    for resource in resources:
+        kind, name = int(resource.resource_type), resource.resource_name
         try:
-            if int(resource.resource_type) != TOPIC_RESOURCE:
+            if named[(kind, name)] > 1:
+                raise TopicError(
+                    KafkaErrorCode.INVALID_REQUEST, "Each resource must appear at most once."
+                )
+            if kind != TOPIC_RESOURCE:
                 raise TopicError(
                     KafkaErrorCode.INVALID_REQUEST, "only topic configs can be altered"
                 )
-            changes = [
-                ConfigChange(change.name, int(change.config_operation), change.value)
-                for change in resource.configs
-            ]
-            await context.topics.alter_configs(
-                resource.resource_name, changes, validate_only=bool(body.validate_only)
-            )
+            await alter(resource)
         except TopicError as error:
             responses.append(
                 AlterConfigsResourceResponse(
-                    resource.resource_type,
-                    resource.resource_name,
-                    error_code=error.code,
-                    error_message=str(error),
+                    resource.resource_type, name, error_code=error.code, error_message=str(error)
                 )
             )
             continue
-        responses.append(
-            AlterConfigsResourceResponse(resource.resource_type, resource.resource_name)
-        )
-    return respond(request, IncrementalAlterConfigsResponse(responses))
+        responses.append(AlterConfigsResourceResponse(resource.resource_type, name))
+    return responses

@@ -30,7 +30,8 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
-from automq_ref.kafka.topics import TOPIC_CONFIG_DEFAULTS, TopicError, check_replica_assignment
+from automq_ref.kafka.topic_configs import TOPIC_CONFIGS
+from automq_ref.kafka.topics import TopicError, check_replica_assignment
 
 
 async def handle_create_topics(context: Context, request: Request) -> Reply:
@@ -52,7 +53,7 @@ async def handle_create_topics(context: Context, request: Request) -> Reply:
                 topic_id=topic.topic_id,
                 num_partitions=topic.partitions,
                 replication_factor=1,
-                configs=[_config(context, topic, name) for name in sorted(TOPIC_CONFIG_DEFAULTS)],
+                configs=[_config(context, topic, name) for name in TOPIC_CONFIGS],
             )
         )
     return respond(request, CreateTopicsResponse(results))
@@ -88,14 +89,7 @@ async def _create(context: Context, creatable: Any, validate_only: bool) -> Topi
         )
     count = context.config.num_partitions if count == -1 else count
     configs = {config.name: config.value for config in creatable.configs}
-    if any(value is None for value in configs.values()):
-        raise TopicError(KafkaErrorCode.INVALID_CONFIG, "a config without a value")
-    return await context.topics.create_topic(
-        creatable.name,
-        count,
-        {k: v for k, v in configs.items() if v is not None},
-        validate_only,
-    )
+    return await context.topics.create_topic(creatable.name, count, configs, validate_only)
 
 
 async def handle_delete_topics(context: Context, request: Request) -> Reply:
