@@ -326,6 +326,13 @@ class IncrementalAlterConfigsResponse(Response):
     throttle_time: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResponse(Response):
+    API_KEY = ApiKey.ALTER_CONFIGS
+    responses: Sequence[AlterConfigsResourceResponse]
+    throttle_time: int = 0
+
+
 # -------------------------------------------------------------------------- producer ids
 
 
@@ -362,6 +369,18 @@ class FindCoordinatorResponse(Response):
     error_code: KafkaErrorCode = NONE
     error_message: str | None = None
     coordinators: Sequence[Coordinator] = ()
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupHeartbeatResponse(Response):
+    """KIP-848's heartbeat: this broker answers only with an error (see its handler)."""
+
+    API_KEY = ApiKey.CONSUMER_GROUP_HEARTBEAT
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval: int = 0
     throttle_time: int = 0
 
 

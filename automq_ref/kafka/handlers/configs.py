@@ -9,6 +9,7 @@ apply: this broker has no list-valued topic configs for APPEND and SUBTRACT.
 from __future__ import annotations
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka.handlers.unsupported import config_resource_refusal
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     CONFIG_SOURCE_DEFAULT,
@@ -79,10 +80,11 @@ async def handle_incremental_alter_configs(context: Context, request: Request) -
     responses = []
     for resource in body.resources:
         try:
-            if int(resource.resource_type) != TOPIC_RESOURCE:
-                raise TopicError(
-                    KafkaErrorCode.INVALID_REQUEST, "only topic configs can be altered"
-                )
+            refusal = config_resource_refusal(
+                context, request, "IncrementalAlterConfigs", int(resource.resource_type)
+            )
+            if refusal is not None:
+                raise TopicError(KafkaErrorCode.INVALID_REQUEST, refusal)
             changes = [
                 ConfigChange(change.name, int(change.config_operation), change.value)
                 for change in resource.configs
