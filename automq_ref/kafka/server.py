@@ -438,7 +438,8 @@ class _ConnectionLog:
     def opened(self, peer: Peer) -> None:
         host = peer.host
         self._open[host] += 1
-        log.debug("connection opened %s", fields(client=peer.address, open=self._open[host]))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("connection opened %s", fields(client=peer.address, open=self._open[host]))
         if host in self._since_line:
             self._since_line[host] += 1
             return
@@ -451,7 +452,8 @@ class _ConnectionLog:
         self._open[host] -= 1
         if self._open[host] <= 0:
             del self._open[host]
-        log.debug("connection closed %s", fields(client=peer.address, open=self._open[host]))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("connection closed %s", fields(client=peer.address, open=self._open[host]))
 
     def _start_window(self, host: str) -> None:
         loop = asyncio.get_running_loop()
