@@ -21,6 +21,7 @@ from automq_ref.config import ConfigError, did_you_mean, load_config
 
 # How long the broker's address may take to accept a connection before a command gives up.
 PROBE_TIMEOUT_S = 3.0
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 log = logging.getLogger("automq_ref")
 
@@ -38,7 +39,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=VALUE",
         help="set one property (repeatable), e.g. --override listeners=PLAINTEXT://127.0.0.1:0",
     )
-    serve.add_argument("--log-level", default="INFO")
+    serve.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help="what the broker logs to stderr: info (default) has a line per topic created or "
+        "deleted, group rebalance, burst of client connections, upload summary and recovery; "
+        "warning only what needs attention; debug every connection and request refused",
+    )
     check = commands.add_parser(
         "check", help="run real clients against a broker process under faults and check them"
     )

@@ -17,6 +17,13 @@ before anything is opened.
 :func:`serve` checks that the listener's address can be bound before it opens anything, so a
 port already taken is refused (:class:`ListenerUnavailable`) with nothing written to the data
 directory.
+
+What the node logs at INFO, as ``key=value`` fields: what start-up recovery replayed from the WAL
+(``WAL recovered``), the node once it is open (``node started``), and what was uploaded to the
+object store, summed over :data:`UPLOAD_LOG_INTERVAL_S` (``uploaded``; nothing when nothing was)
+and at shutdown. A summary rather than a line per upload: under load a block is uploaded every
+upload threshold of data (every second or two at 100 MB/s), idle every upload interval (a minute
+by default), so a line per minute says as much without drowning the rest.
 """
 
 from __future__ import annotations
@@ -32,12 +39,13 @@ from dataclasses import dataclass, field
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
+from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
-from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -50,6 +58,9 @@ from automq_ref.state_machines import log_cache as lc
 from automq_ref.vocabulary.naming import NAMESPACE
 
 log = logging.getLogger(__name__)
+
+# How often what was uploaded is summed up in the log (see the module docstring).
+UPLOAD_LOG_INTERVAL_S = 60.0
 
 # (config, granted node epoch) -> the opened WAL.
 WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
@@ -152,6 +163,7 @@ class Node:
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
+        self._upload_log_task = asyncio.create_task(_log_uploads_forever(storage, clock))
         self._server: KafkaServer | None = None
 
     @property
@@ -174,9 +186,10 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
-        self._retention_task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._retention_task
+        for task in (self._retention_task, self._upload_log_task):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()
@@ -187,6 +200,7 @@ class Node:
             closing.append(self.groups.close())
             await asyncio.gather(*closing)
             await self.storage.shutdown()
+            _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
             await self._metadata_log.close()
             await self._store.close()
@@ -205,6 +219,7 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
     store = open_object_store(config.object_store_uri)
     await store.__aenter__()
+    recovery_started_s = seams.clock.monotonic_s()
     params = lc.LogCacheParams(
         upload_threshold_bytes=config.upload_threshold_bytes,
         upload_interval_ms=config.s3_wal_upload_interval_ms,
@@ -222,6 +237,17 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
     )
+    recovered = storage.recovered
+    log.info(
+        "WAL recovered %s",
+        fields(
+            records=recovered.records,
+            bytes=recovered.bytes,
+            streams=recovered.streams,
+            refused=recovered.refused,
+            seconds=seams.clock.monotonic_s() - recovery_started_s,
+        ),
+    )
     topics = await TopicRegistry.open(storage, client, view, config)
     groups = await GroupCoordinator.open(
         storage,
@@ -231,6 +257,17 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         min_session_timeout_ms=config.group_min_session_timeout_ms,
         max_session_timeout_ms=config.group_max_session_timeout_ms,
         clock=seams.clock,
+    )
+    log.info(
+        "node started %s",
+        fields(
+            node_id=config.node_id,
+            node_epoch=registration.node_epoch,
+            topics=len(topics.topics),
+            partitions=len(topics.partitions),
+            data_dir=config.data_dir,
+            objects=config.object_store_uri,
+        ),
     )
     return Node(
         config=config,
@@ -244,6 +281,30 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         topics=topics,
         groups=groups,
         producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
+    )
+
+
+async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
+    while True:
+        started_s = clock.monotonic_s()
+        await asyncio.sleep(UPLOAD_LOG_INTERVAL_S)
+        _log_uploads(storage.take_upload_totals(), seconds=round(clock.monotonic_s() - started_s))
+
+
+def _log_uploads(totals: UploadTotals, **when: object) -> None:
+    """One line for ``totals``, if anything was uploaded; ``when`` says over what."""
+    if totals.blocks == 0:
+        return
+    log.info(
+        "uploaded %s",
+        fields(
+            **when,
+            blocks=totals.blocks,
+            objects=totals.objects,
+            bytes=totals.bytes,
+            streams=len(totals.streams),
+            slowest_seconds=totals.slowest_s,
+        ),
     )
 
 

@@ -3,9 +3,17 @@ request frame (decode it, route it) that the listener calls.
 
 Every request but Produce is decoded with kio (unknown tagged fields skipped); Produce is decoded
 by hand so that its record batches stay slices of the frame (no copy). What a request cannot be
-answered with closes the connection, as Kafka does: an unknown API key, a version this broker
-does not speak (except ApiVersions, answered in v0 with UNSUPPORTED_VERSION so the client can
-retry lower: KIP-511), a frame that does not decode.
+answered with closes the connection, as Kafka does: an API key this broker does not serve, a
+version it does not speak (except ApiVersions, answered in v0 with UNSUPPORTED_VERSION so the
+client can retry lower: KIP-511), a frame that does not decode. The listener logs why once per
+client (client id and host, see :mod:`automq_ref.kafka.notices`), naming the API.
+
+Features this broker lacks but Kafka's protocol has an error for are answered with that error
+by their handlers, so that clients fail at once and say why: transactions
+(``TRANSACTIONAL_ID_AUTHORIZATION_FAILED`` to FindCoordinator and InitProducerId), the KIP-848
+consumer group protocol (ConsumerGroupHeartbeat is advertised, as Kafka 4.0 does, and answered
+``UNSUPPORTED_VERSION``, as Kafka does when that protocol is disabled), config changes to
+anything but a topic.
 
 The version ranges are Kafka 4.0's for the keys implemented (``tests/unit/test_broker_api_versions
 .py`` compares them with kafka-python's table of real releases); ApiVersions answers from the
@@ -16,6 +24,7 @@ refused when used.
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -31,11 +40,17 @@ from automq_ref.kafka.handlers import (
     produce,
     producer_ids,
     topics,
+    unsupported,
 )
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
 from automq_ref.kafka.server import CloseConnection, Peer, Reply
 from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
-from automq_ref.protocol.kio_codec import RequestDecodeError, decode_request, peek_header
+from automq_ref.protocol.kio_codec import (
+    RequestDecodeError,
+    api_name,
+    decode_request,
+    peek_header,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +92,7 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: Route(configs.handle_incremental_alter_configs, 0, 1),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
 }
 
 # Plain ints for admit's comparisons, the per-request path.
@@ -104,9 +120,19 @@ class Dispatcher:
             return api_versions.unsupported_version(correlation_id, API_VERSIONS)
         route = self._routes.get(api_key)
         if route is None:
-            raise CloseConnection(f"unknown or unsupported API key {api_key}")
+            raise CloseConnection(
+                f"the client sent {api_name(api_key)} (API key {api_key}), which this broker "
+                "does not serve (it is not in its ApiVersions answer)",
+                reason=f"api {api_key}",
+                client_id=_client_id(frame),
+            )
         if not route.min_version <= api_version <= route.max_version:
-            raise CloseConnection(f"API key {api_key} version {api_version} is not supported")
+            raise CloseConnection(
+                f"the client sent {api_name(api_key)} v{api_version}, a version this broker "
+                f"does not serve (it serves v{route.min_version}-{route.max_version})",
+                reason=f"api {api_key} v{api_version}",
+                client_id=_client_id(frame),
+            )
         try:
             if api_key == _PRODUCE and api_version >= PRODUCE_MIN_VERSION:
                 # By hand: the records stay memoryview slices of the frame (no copy), writable
@@ -118,6 +144,21 @@ class Dispatcher:
                 client_id = header.client_id
         except (RequestDecodeError, FormatError) as error:
             log.debug("undecodable frame: %s", frame[:256].hex())
-            raise CloseConnection(f"undecodable request: {error}") from error
+            raise CloseConnection(
+                f"undecodable {api_name(api_key)} v{api_version} request: {error}",
+                reason=f"undecodable {api_key}",
+                client_id=_client_id(frame),
+            ) from error
         request = Request(api_key, api_version, correlation_id, client_id, body, peer)
         return await route.handler(self.context, request)
+
+
+def _client_id(frame: bytes | bytearray) -> str | None:
+    """The client id of a request header (v1 and v2 both put it after the correlation id), or
+    None when the frame is too short to hold one: for the log, when the request is refused."""
+    if len(frame) < 10:
+        return None
+    (length,) = struct.unpack_from(">h", frame, 8)
+    if length < 0 or 10 + length > len(frame):
+        return None
+    return bytes(frame[10 : 10 + length]).decode("utf-8", "replace")

@@ -22,6 +22,10 @@ view and written through the controller client.
 
 The stream only grows here; compacting it (rewriting the live offsets and trimming) is left for
 later, as AutoMQ does for its MetaStreams.
+
+Each new generation of a group is logged at INFO (``group rebalanced``: the group, generation,
+member count, protocol and leader; ``group empty`` when the last member left), and so is a group
+removed (deleted, or expired once empty without offsets).
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import group_record as gr
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.driver import Driver
+from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
@@ -76,6 +81,31 @@ def decode_record(payload: bytes | memoryview) -> gc.DurableRecord:
         )
         return gc.PersistOffsets(-1, record.group_id, offsets)
     return gc.PersistGroupDeletion(-1, record.group_ids)
+
+
+def _log_generations(before: Mapping[str, gc.Group], after: Mapping[str, gc.Group]) -> None:
+    """One line per group whose generation moved, or that is gone."""
+    for group_id, group in after.items():
+        old = before.get(group_id)
+        if group is old or group.generation_id == (0 if old is None else old.generation_id):
+            continue  # unchanged, or a group just created: its first rebalance is logged
+        if group.members:
+            log.info(
+                "group rebalanced %s",
+                fields(
+                    group=group_id,
+                    generation=group.generation_id,
+                    members=len(group.members),
+                    protocol_type=group.protocol_type or "",
+                    protocol=group.protocol_name or "",
+                    leader=group.leader_id or "",
+                ),
+            )
+        else:
+            log.info("group empty %s", fields(group=group_id, generation=group.generation_id))
+    # Linear, as the machine's own copy of the mapping on every change is.
+    for group_id in sorted(before.keys() - after.keys()):
+        log.info("group removed %s", fields(group=group_id))
 
 
 class CoordinatorError(RuntimeError):
@@ -183,7 +213,11 @@ class GroupCoordinator:
             self._step(gc.Tick(now_ms))
 
     def _step(self, event: gc.GroupEvent) -> None:
+        before = self._driver.state.groups
         self._driver.apply(event)
+        after = self._driver.state.groups
+        if after is not before and log.isEnabledFor(logging.INFO):
+            _log_generations(before, after)
 
     def _answer(self, effect: gc.Respond) -> None:
         answer = self._answers.pop(effect.request_id, None)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
 from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.server import Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
@@ -50,6 +51,7 @@ class ApiKey(enum.IntEnum):
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
     DESCRIBE_CLUSTER = 60
+    CONSUMER_GROUP_HEARTBEAT = 68
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,8 @@ class Request:
 class Context:
     """The node's parts a handler may use. ``advertised_host``/``advertised_port`` are what
     Metadata, DescribeCluster and FindCoordinator tell clients to connect to: the listener's
-    bound address (or ``advertised.listeners``), set once it listens."""
+    bound address (or ``advertised.listeners``), set once it listens. ``notices`` logs what a
+    handler refuses for lack of a feature once per client."""
 
     config: BrokerConfig
     topics: TopicRegistry
@@ -77,6 +80,7 @@ class Context:
     clock: Clock
     advertised_host: str
     advertised_port: int
+    notices: Notices = field(default_factory=Notices)
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

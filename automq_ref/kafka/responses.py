@@ -380,6 +380,18 @@ class FindCoordinatorResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerGroupHeartbeatResponse(Response):
+    """KIP-848's heartbeat: this broker answers only with an error (see its handler)."""
+
+    API_KEY = ApiKey.CONSUMER_GROUP_HEARTBEAT
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval: int = 0
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class JoinGroupMember:
     member_id: str
     group_instance_id: str | None

@@ -23,6 +23,13 @@ larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``) or with
 negative size closes the connection at once: the stream cannot be resynchronised. A handler that
 raises :class:`CloseConnection` closes the connection after the responses before it are written.
 
+What the operator is told (see :mod:`automq_ref.kafka.notices`): a connection whose first bytes are
+a TLS handshake (``0x16 0x03``: a client configured for SSL) or an HTTP request, rather than a
+Kafka size prefix, is named as such and closed; that, an oversized frame and a connection closed
+by a handler are logged at WARNING once per client and reason, at DEBUG afterwards (such clients
+retry several times a second). New connections are logged per client host in bursts: the first
+at once, then one line per :data:`CONNECTION_LOG_WINDOW_S` with how many more came, if any.
+
 Closing: once a connection is closing (the peer went away, a request could not be answered, the
 server stops) nothing more is admitted, and the answers admitted but not yet awaited are closed
 (a coroutine) or cancelled (a future) rather than dropped: their work is not undone (a
@@ -43,6 +50,9 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from automq_ref.io.logfmt import fields
+from automq_ref.kafka.notices import Notices
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
@@ -53,7 +63,17 @@ Reply = Chunks | None | Awaitable[Chunks | None]
 
 
 class CloseConnection(Exception):
-    """Raised by a handler: the request cannot be answered; close after earlier responses."""
+    """Raised by a handler: the request cannot be answered; close after earlier responses.
+
+    The listener logs the message once per client (``client_id`` and host) and ``reason`` (by
+    default the message itself): a client that retries does not repeat the line."""
+
+    def __init__(
+        self, message: str, *, reason: str | None = None, client_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+        self.client_id = client_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +107,12 @@ _OWN_BUFFER_ABOVE = SCRATCH_BYTES // 4
 # large frame copies no more than this of it.
 _READ_WINDOW = SCRATCH_BYTES // 4
 _PRODUCE_API_KEY = b"\x00\x00"
+# What the first bytes of a connection that does not speak Kafka look like: a TLS record of type
+# handshake (0x16) in TLS 1.x (0x03 ..), an HTTP request line.
+_TLS_HANDSHAKE = b"\x16\x03"
+_HTTP_METHODS = (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN")
+# New connections from one host are summed over this window and logged once per window.
+CONNECTION_LOG_WINDOW_S = 10.0
 
 
 class _Connection(asyncio.BufferedProtocol):
@@ -111,6 +137,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._frame_ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._framed = False  # a frame was taken: the connection speaks Kafka
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -121,6 +148,7 @@ class _Connection(asyncio.BufferedProtocol):
         address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self._peer = Peer(self._connection_id, address)
         self._server._connections.add(self)
+        self._server._connection_log.opened(self._peer)
         self._tasks = [
             asyncio.create_task(self._admit_forever()),
             asyncio.create_task(self._write_forever()),
@@ -156,13 +184,19 @@ class _Connection(asyncio.BufferedProtocol):
         start, end = self._start, self._end
         limit = self._server.max_request_bytes
         while end - start >= 4:
+            if not self._framed and self._not_kafka(bytes(view[start : start + 4])):
+                self._abort()
+                return
+            self._framed = True
             size = int.from_bytes(view[start : start + 4], "big", signed=True)
             if size < 0 or size > limit:
-                log.warning(
-                    "connection %s: frame of %d bytes (limit %d): closing",
-                    self._peer.address,
-                    size,
-                    limit,
+                self._server.notices.tell(
+                    ("frame size", self._peer.host),
+                    "closing a connection: a frame's size is out of bounds "
+                    "(a client that is not Kafka, or a request above socket.request.max.bytes)",
+                    size=size,
+                    limit=limit,
+                    client=self._peer.address,
                 )
                 self._abort()
                 return
@@ -188,6 +222,26 @@ class _Connection(asyncio.BufferedProtocol):
             start = end = 0
         self._start, self._end = start, end
 
+    def _not_kafka(self, first: bytes) -> bool:
+        """Whether a connection's first bytes are TLS or HTTP (logged once per host)."""
+        if first.startswith(_TLS_HANDSHAKE):
+            self._server.notices.tell(
+                ("tls", self._peer.host),
+                "TLS handshake on a plaintext listener: configure the client with "
+                "security.protocol=PLAINTEXT (this broker has no TLS listener)",
+                client=self._peer.address,
+            )
+            return True
+        if first in _HTTP_METHODS:
+            self._server.notices.tell(
+                ("http", self._peer.host),
+                "HTTP request on the Kafka listener: point a Kafka client at it "
+                "(bootstrap.servers), not a browser or an HTTP client",
+                client=self._peer.address,
+            )
+            return True
+        return False
+
     def _push(self, frame: bytes | bytearray) -> None:
         self._frames.append(frame)
         self._in_flight += 1
@@ -197,7 +251,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._server._connections.discard(self)
+        if self in self._server._connections:
+            self._server._connections.discard(self)
+            self._server._connection_log.closed(self._peer)
         for task in self._tasks:
             task.cancel()
         self._can_write.set()
@@ -224,7 +280,7 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 reply = await handler.admit(frame, self._peer)
             except CloseConnection as error:
-                log.info("connection %s: closing: %s", self._peer.address, error)
+                self._tell_closing(error)
                 self._replies.put_nowait(_Closing())
                 return
             except Exception:
@@ -255,7 +311,7 @@ class _Connection(asyncio.BufferedProtocol):
             try:
                 chunks = await reply if isinstance(reply, Awaitable) else reply
             except CloseConnection as error:
-                log.info("connection %s: closing: %s", self._peer.address, error)
+                self._tell_closing(error)
                 self._close()
                 return
             except Exception:
@@ -270,6 +326,14 @@ class _Connection(asyncio.BufferedProtocol):
             self._update_reading()
 
     # --------------------------------------------------------------------------- helpers
+
+    def _tell_closing(self, error: CloseConnection) -> None:
+        self._server.notices.tell(
+            ("close", error.reason, error.client_id, self._peer.host),
+            f"closing a connection: {error}",
+            client_id=error.client_id or "",
+            client=self._peer.address,
+        )
 
     def _update_reading(self) -> None:
         if self._transport is None or self._closed:
@@ -329,6 +393,8 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
         self._next_connection_id = 0
+        self.notices = Notices(log)
+        self._connection_log = _ConnectionLog()
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Start listening; return the bound address (port 0 picks a free port)."""
@@ -353,5 +419,60 @@ class KafkaServer:
                 with contextlib.suppress(BaseException):
                     await task
             connection._discard_replies()
+        self._connection_log.close()
         if self._server is not None:
             await self._server.wait_closed()
+
+
+class _ConnectionLog:
+    """New connections per client host, logged in bursts (see the module docstring); each
+    connection is logged at DEBUG."""
+
+    def __init__(self, window_s: float | None = None) -> None:
+        self._window_s = CONNECTION_LOG_WINDOW_S if window_s is None else window_s
+        self._open: collections.Counter[str] = collections.Counter()
+        # host -> connections since its last line, for the hosts with a window running
+        self._since_line: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+
+    def opened(self, peer: Peer) -> None:
+        host = peer.host
+        self._open[host] += 1
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("connection opened %s", fields(client=peer.address, open=self._open[host]))
+        if host in self._since_line:
+            self._since_line[host] += 1
+            return
+        log.info("client connected %s", fields(client=peer.address, open=self._open[host]))
+        self._since_line[host] = 0
+        self._start_window(host)
+
+    def closed(self, peer: Peer) -> None:
+        host = peer.host
+        self._open[host] -= 1
+        if self._open[host] <= 0:
+            del self._open[host]
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("connection closed %s", fields(client=peer.address, open=self._open[host]))
+
+    def _start_window(self, host: str) -> None:
+        loop = asyncio.get_running_loop()
+        self._timers[host] = loop.call_later(self._window_s, self._window_ended, host)
+
+    def _window_ended(self, host: str) -> None:
+        count = self._since_line.pop(host, 0)
+        del self._timers[host]
+        if count == 0:
+            return  # quiet: the next connection is logged at once
+        log.info(
+            "client connections %s",
+            fields(client=host, new=count, seconds=self._window_s, open=self._open[host]),
+        )
+        self._since_line[host] = 0
+        self._start_window(host)
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._since_line.clear()

@@ -18,11 +18,15 @@ so is a change that loses twice. Partitions created for a change that then lost 
 ``topic_config`` answers a topic's effective config: its own setting, else the broker's setting
 of the config's synonym (``log.retention.ms``, ...), else Kafka's default. What a config may be
 and how a change applies is :mod:`automq_ref.kafka.topic_configs`' (the catalog).
+
+Every change that took effect is logged at INFO, one line each (``topic created``, ``topic
+deleted``, ``topic partitions added``, ``topic configs altered``) with the topic's fields.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 
@@ -30,6 +34,7 @@ from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.topic_record import Topic, topics_in
+from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
@@ -45,6 +50,8 @@ from automq_ref.kafka.topics import TopicError, check_replica_assignment, check_
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import topic_key
+
+log = logging.getLogger(__name__)
 
 
 class TopicRegistry:
@@ -144,6 +151,15 @@ class TopicRegistry:
                 raise _refused(created)
             self._records[name] = encoded
             self.topics[name] = topic
+            log.info(
+                "topic created %s",
+                fields(
+                    topic=name,
+                    partitions=partitions,
+                    configs=topic.configs,
+                    topic_id=topic.topic_id,
+                ),
+            )
             return topic
 
     async def delete_topic(self, name: str) -> Topic:
@@ -161,6 +177,10 @@ class TopicRegistry:
             del self.topics[name]
             del self._records[name]
             await self._drop_partitions(name, range(topic.partitions))
+            log.info(
+                "topic deleted %s",
+                fields(topic=name, partitions=topic.partitions, topic_id=topic.topic_id),
+            )
             return topic
 
     async def add_partitions(
@@ -208,6 +228,10 @@ class TopicRegistry:
                     current = self._topic(name)
                     grown = Topic(current.name, current.topic_id, count, current.configs)
                     if await self._compare_and_set(grown):
+                        log.info(
+                            "topic partitions added %s",
+                            fields(topic=name, partitions=count, added=len(added)),
+                        )
                         return
                 raise _kept_changing(name)
             except Exception:
@@ -246,6 +270,7 @@ class TopicRegistry:
                     return
                 altered = Topic(topic.name, topic.topic_id, topic.partitions, configs)
                 if await self._compare_and_set(altered):
+                    log.info("topic configs altered %s", fields(topic=name, configs=configs))
                     return
             raise _kept_changing(name)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import struct
 import types
 import typing
@@ -45,6 +46,18 @@ def peek_header(frame: bytes) -> tuple[int, int, int]:
         raise RequestDecodeError(f"a request of {len(frame)} bytes has no header")
     api_key, api_version, correlation_id = struct.unpack_from(">hhi", frame, 0)
     return api_key, api_version, correlation_id
+
+
+@functools.lru_cache(maxsize=256)
+def api_name(api_key: int) -> str:
+    """Kafka's name for an API key (``AddPartitionsToTxn`` for 24), or ``an unknown API`` for a
+    key Kafka does not define: for messages about requests this broker refuses."""
+    for version in range(32):
+        try:
+            return str(load_request_schema(api_key, version).__name__).removesuffix("Request")
+        except Exception:  # kio: an unknown key, or no such version of it
+            continue
+    return "an unknown API"
 
 
 _READERS: dict[Any, Any] = {}

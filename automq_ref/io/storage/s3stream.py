@@ -22,6 +22,10 @@ can be repeated. Only once shutdown has begun does an exhausted upload fail the 
 the data to WAL recovery at the next start. A read from objects that fails is a ``StorageError``
 (Fetch answers ``KAFKA_STORAGE_ERROR`` for that partition and the client retries).
 
+What was uploaded is summed in :class:`UploadTotals`, which the node takes and logs now and then,
+and what recovery replayed in :class:`RecoveryTotals` (``S3Storage.recovered``); each committed
+block is logged at DEBUG.
+
 Start-up recovery: the node has registered (``RegisterNode``, before its WAL was opened: the WAL
 carries the granted epoch) and learnt which streams it still owns (the :class:`Registration`);
 every WAL record of those streams at or past the stream's committed end is replayed into a fresh
@@ -41,7 +45,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from automq_ref.formats.errors import FormatError
@@ -72,6 +76,29 @@ WAL_FULL_RETRIES = 3
 UPLOAD_RETRY_BASE_S = 1.0
 UPLOAD_RETRY_MAX_S = 30.0
 DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class UploadTotals:
+    """Blocks uploaded and committed since these totals were taken: their objects, the bytes of
+    those objects, the streams they hold, and the slowest block's PUTs in seconds."""
+
+    blocks: int = 0
+    objects: int = 0
+    bytes: int = 0
+    streams: set[int] = field(default_factory=set)
+    slowest_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryTotals:
+    """What start-up recovery replayed from the WAL into objects: records, their bytes, the
+    streams they belong to, and records refused as discontinuities (logged as errors)."""
+
+    records: int = 0
+    bytes: int = 0
+    streams: int = 0
+    refused: int = 0
 
 
 class StorageError(Exception):
@@ -155,6 +182,8 @@ class S3Storage:
         self._recovering = False
         # Set when shutdown begins: an upload that runs out of retries then fails the storage.
         self._shutting_down = asyncio.Event()
+        self._upload_totals = UploadTotals()
+        self.recovered = RecoveryTotals()
 
     # ---------------------------------------------------------------------------- start-up
 
@@ -192,6 +221,8 @@ class S3Storage:
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
         expected = {stream_id: s.end_offset for stream_id, s in recovering.items()}
+        replayed, replayed_bytes, refused = 0, 0, 0
+        replayed_streams: set[int] = set()
         async for record in wal.recover():
             try:
                 batch, _ = decode_stream_record_batch(record.body)
@@ -207,9 +238,14 @@ class S3Storage:
                     batch.base_offset,
                     next_offset,
                 )
+                refused += 1
                 continue
             expected[batch.stream_id] = batch.last_offset
             storage._cache_record(batch, record.next_offset)
+            replayed += 1
+            replayed_bytes += len(record.body)
+            replayed_streams.add(batch.stream_id)
+        storage.recovered = RecoveryTotals(replayed, replayed_bytes, len(replayed_streams), refused)
         await storage.force_upload(lc.ALL_STREAMS)
         await wal.reset()
         storage._recovering = False
@@ -223,8 +259,14 @@ class S3Storage:
         # id names one block for the storage's lifetime (commit waiters are keyed by it).
         storage._cache.reset(lc.LogCacheState(next_block_id=storage._cache.state.next_block_id))
         storage._committed.clear()
+        storage.take_upload_totals()  # recovery's uploads are in ``recovered``
         storage._ticker = asyncio.create_task(storage._tick_forever())
         return storage
+
+    def take_upload_totals(self) -> UploadTotals:
+        """The totals since they were last taken; counting starts again from zero."""
+        totals, self._upload_totals = self._upload_totals, UploadTotals()
+        return totals
 
     @property
     def node_id(self) -> int:
@@ -536,7 +578,10 @@ class S3Storage:
                     assert response.first_object_id is not None
                     self._apply(lc.ObjectsPrepared(effect.block_id, response.first_object_id))
                 case lc.UploadBlock():
+                    started_s = self._clock.monotonic_s()
                     self._sizes[effect.block_id] = await self._upload(effect)
+                    totals = self._upload_totals
+                    totals.slowest_s = max(totals.slowest_s, self._clock.monotonic_s() - started_s)
                     self._apply(lc.BlockUploaded(effect.block_id))
                 case lc.CommitBlock():
                     await self._commit(effect)
@@ -605,6 +650,20 @@ class S3Storage:
             )
         )
         self._check(response, f"commit block {effect.block_id}")
+        streams = {run.stream_id for run in layout.stream_set_runs}
+        streams.update(run.stream_id for _, run in layout.stream_objects)
+        totals = self._upload_totals
+        totals.blocks += 1
+        totals.objects += len(sizes)
+        totals.bytes += sum(sizes.values())
+        totals.streams |= streams
+        log.debug(
+            "block committed block=%d objects=%d bytes=%d streams=%d",
+            effect.block_id,
+            len(sizes),
+            sum(sizes.values()),
+            len(streams),
+        )
         self._apply(lc.BlockCommitted(effect.block_id))
         self._committed_event(effect.block_id).set()
 

@@ -14,11 +14,12 @@ named twice in one request is refused (INVALID_REQUEST) wherever it appears.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
+from automq_ref.kafka.handlers.unsupported import config_resource_refusal
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     CONFIG_SOURCE_DEFAULT,
@@ -136,7 +137,7 @@ async def handle_incremental_alter_configs(context: Context, request: Request) -
             resource.resource_name, changes, validate_only=bool(body.validate_only)
         )
 
-    responses = await _alter_each(body.resources, alter)
+    responses = await _alter_each(context, request, "IncrementalAlterConfigs", alter)
     return respond(request, IncrementalAlterConfigsResponse(responses))
 
 
@@ -149,14 +150,16 @@ async def handle_alter_configs(context: Context, request: Request) -> Reply:
             resource.resource_name, configs, validate_only=bool(body.validate_only)
         )
 
-    responses = await _alter_each(body.resources, replace)
+    responses = await _alter_each(context, request, "AlterConfigs", replace)
     return respond(request, AlterConfigsResponse(responses))
 
 
 async def _alter_each(
-    resources: Sequence[Any], alter: Callable[[Any], Awaitable[None]]
+    context: Context, request: Request, api: str, alter: Callable[[Any], Awaitable[None]]
 ) -> list[AlterConfigsResourceResponse]:
-    """Each resource altered on its own; one resource's error does not fail the others."""
+    """Each resource altered on its own; one resource's error does not fail the others. Only
+    topics can be changed: any other resource type is refused with what to do instead."""
+    resources = request.body.resources
     named = Counter((int(r.resource_type), r.resource_name) for r in resources)
     responses = []
     for resource in resources:
@@ -166,10 +169,9 @@ async def _alter_each(
                 raise TopicError(
                     KafkaErrorCode.INVALID_REQUEST, "Each resource must appear at most once."
                 )
-            if kind != TOPIC_RESOURCE:
-                raise TopicError(
-                    KafkaErrorCode.INVALID_REQUEST, "only topic configs can be altered"
-                )
+            refusal = config_resource_refusal(context, request, api, kind)
+            if refusal is not None:
+                raise TopicError(KafkaErrorCode.INVALID_REQUEST, refusal)
             await alter(resource)
         except TopicError as error:
             responses.append(

@@ -7,7 +7,8 @@ the coordinator (:mod:`automq_ref.kafka.groups`); its response is translated bac
 request's version. Requests the machine may answer later (a JoinGroup waits for the rebalance, a
 commit for durability) are answered in the awaitable returned, so that they do not hold up the
 connection's later requests. This node coordinates every group; there is no transaction
-coordinator.
+coordinator (FindCoordinator for a transactional id is refused as
+:mod:`automq_ref.kafka.handlers.unsupported` explains).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
 from automq_ref.kafka.acl_operations import GROUP_OPERATIONS
+from automq_ref.kafka.handlers.unsupported import TRANSACTIONS_MESSAGE, refuse_transactions
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Peer, Reply
 from automq_ref.state_machines import group as gc
@@ -46,9 +48,8 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
     error = KafkaErrorCode.NONE
     message = None
     if key_type != GROUP_KEY_TYPE:
-        # Transactions are not supported, so there is no transaction coordinator.
-        error = KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
-        message = "this broker has no transaction coordinator"
+        error = refuse_transactions(context, request, "FindCoordinator")
+        message = TRANSACTIONS_MESSAGE
     if request.api_version >= 4:
         coordinators = [
             r.Coordinator(key, node_id, host, port, error, message) for key in body.coordinator_keys

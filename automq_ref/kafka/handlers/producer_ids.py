@@ -3,12 +3,12 @@
 A producer that sends its current id and epoch gets the next epoch of the same id; one that
 sends none (or whose epoch is exhausted) gets a fresh id from the node's allocator
 (:mod:`automq_ref.kafka.producer_ids`). Transactions are not supported: a transactional id is
-answered ``TRANSACTIONAL_ID_NOT_FOUND``.
+refused as :mod:`automq_ref.kafka.handlers.unsupported` explains.
 """
 
 from __future__ import annotations
 
-from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka.handlers.unsupported import refuse_transactions
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import InitProducerIdResponse, respond
 from automq_ref.kafka.server import Reply
@@ -19,9 +19,8 @@ MAX_PRODUCER_EPOCH = 32767
 async def handle_init_producer_id(context: Context, request: Request) -> Reply:
     body = request.body
     if body.transactional_id is not None:
-        return respond(
-            request, InitProducerIdResponse(error_code=KafkaErrorCode.TRANSACTIONAL_ID_NOT_FOUND)
-        )
+        error = refuse_transactions(context, request, "InitProducerId")
+        return respond(request, InitProducerIdResponse(error_code=error))
     producer_id = int(getattr(body, "producer_id", -1))
     epoch = int(getattr(body, "producer_epoch", -1))
     if producer_id >= 0 and 0 <= epoch < MAX_PRODUCER_EPOCH:

@@ -1,0 +1,117 @@
+"""What this broker does not implement, answered with the Kafka error that makes clients stop.
+
+A client that asks for a missing feature should fail at once and say why, not retry until its
+own timeout: each answer here is an error the clients treat as fatal (checked against
+confluent-kafka/librdkafka, kafka-python and aiokafka), with a message where the response has
+room for one, and the broker logs the reason once per client (:mod:`automq_ref.kafka.notices`).
+
+- **Transactions.** A transactional producer first looks for its transaction coordinator
+  (FindCoordinator with key type 1), then asks it for a producer id (InitProducerId with a
+  transactional id). Both are answered ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: no transactional
+  id may be used here. librdkafka treats only the two authorization failures as fatal at the
+  first step and retries on any other error until ``init_transactions``' timeout
+  (``COORDINATOR_NOT_AVAILABLE`` makes every client retry); kafka-python and aiokafka stop on it
+  too. FindCoordinator carries the message, which librdkafka shows.
+- **The KIP-848 consumer group protocol** (``group.protocol=consumer``). When the broker does not
+  list ConsumerGroupHeartbeat in ApiVersions, librdkafka marks the coordinator dead and looks
+  for it again, silently and for ever. So the API is advertised (Kafka 4.0's range) and every
+  heartbeat answered ``UNSUPPORTED_VERSION``, as Kafka answers when the protocol is disabled
+  (``group.coordinator.rebalance.protocols=classic``); librdkafka and the Java client then fail
+  with a fatal error that names the group protocol.
+- **Config changes to anything but a topic** (a broker, a broker logger, a group, client
+  metrics): ``INVALID_REQUEST`` per resource, with a message saying how to change the setting
+  instead.
+"""
+
+from __future__ import annotations
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka import responses as r
+from automq_ref.kafka.notices import unsupported_request
+from automq_ref.kafka.request import Context, Request
+from automq_ref.kafka.server import Reply
+
+TRANSACTIONS_ERROR = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+TRANSACTIONS_MESSAGE = (
+    "transactions are not supported by this broker yet; use a producer without transactional.id "
+    "(an idempotent producer keeps exactly-once writes per partition)"
+)
+CONSUMER_PROTOCOL_MESSAGE = (
+    "the consumer group protocol of KIP-848 (group.protocol=consumer) is not supported by this "
+    "broker; use group.protocol=classic"
+)
+
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+BROKER_LOGGER_RESOURCE = 8
+_RESOURCE_NAMES = {
+    TOPIC_RESOURCE: "topic",
+    BROKER_RESOURCE: "broker",
+    BROKER_LOGGER_RESOURCE: "broker logger",
+    16: "client metrics",
+    32: "group",
+}
+
+
+def refuse_transactions(context: Context, request: Request, api: str) -> KafkaErrorCode:
+    """Log (once per client) that ``request`` asked for transactions; the error to answer."""
+    unsupported_request(
+        context.notices,
+        "transactions",
+        client_id=request.client_id,
+        host=request.peer.host,
+        api=api,
+        error=TRANSACTIONS_ERROR.name,
+        hint=TRANSACTIONS_MESSAGE,
+    )
+    return TRANSACTIONS_ERROR
+
+
+async def handle_consumer_group_heartbeat(context: Context, request: Request) -> Reply:
+    unsupported_request(
+        context.notices,
+        "consumer group protocol",
+        client_id=request.client_id,
+        host=request.peer.host,
+        api="ConsumerGroupHeartbeat",
+        error=KafkaErrorCode.UNSUPPORTED_VERSION.name,
+        hint=CONSUMER_PROTOCOL_MESSAGE,
+    )
+    return r.respond(
+        request,
+        r.ConsumerGroupHeartbeatResponse(
+            error_code=KafkaErrorCode.UNSUPPORTED_VERSION, error_message=CONSUMER_PROTOCOL_MESSAGE
+        ),
+    )
+
+
+def config_resource_refusal(
+    context: Context, request: Request, api: str, resource_type: int
+) -> str | None:
+    """None for a topic, whose configs can be changed; otherwise the message to answer the
+    resource with (``INVALID_REQUEST``), logged once per client."""
+    if resource_type == TOPIC_RESOURCE:
+        return None
+    kind = _RESOURCE_NAMES.get(resource_type, f"resource type {resource_type}")
+    if resource_type == BROKER_RESOURCE:
+        message = (
+            "broker configs cannot be changed while the broker runs; set them in its "
+            "properties file (--config) or with --override and restart it"
+        )
+    elif resource_type == BROKER_LOGGER_RESOURCE:
+        message = (
+            "broker loggers cannot be changed while the broker runs; start it with "
+            "--log-level debug|info|warning"
+        )
+    else:
+        message = f"{kind} configs are not supported by this broker; only topic configs are"
+    unsupported_request(
+        context.notices,
+        f"{kind} configs",
+        client_id=request.client_id,
+        host=request.peer.host,
+        api=api,
+        error=KafkaErrorCode.INVALID_REQUEST.name,
+        hint=message,
+    )
+    return message
