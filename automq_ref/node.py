@@ -39,6 +39,7 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
@@ -152,6 +153,9 @@ class Node:
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
+        self._cleaner_task: asyncio.Task[None] | None = None
+        if config.log_cleaner_enable:
+            self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = None
 
     @property
@@ -174,9 +178,13 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
-        self._retention_task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._retention_task
+        # The loops stop before the partitions close: a clean cut short here is discarded by
+        # the next open (automq_ref/kafka/compaction.py).
+        for task in (self._retention_task, self._cleaner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()

@@ -72,8 +72,10 @@ def check_topic_config(name: str, value: str | None) -> None:
             ) from None
         if number < -1:
             raise TopicError(KafkaErrorCode.INVALID_CONFIG, f"{name}={value} is below -1")
-    if name == "cleanup.policy" and value != "delete":
-        raise TopicError(KafkaErrorCode.INVALID_CONFIG, "only cleanup.policy=delete is supported")
+    if name == "cleanup.policy" and not (
+        {part.strip() for part in value.split(",")} <= {"delete", "compact"}
+    ):
+        raise TopicError(KafkaErrorCode.INVALID_CONFIG, "cleanup.policy is delete, compact or both")
     if name == "message.timestamp.type" and value != "CreateTime":
         raise TopicError(
             KafkaErrorCode.INVALID_CONFIG, "only message.timestamp.type=CreateTime is supported"
