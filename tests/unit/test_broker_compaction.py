@@ -274,8 +274,7 @@ async def test_keyless_records_are_refused_and_idempotent_state_survives(tmp_pat
         assert refused.error is KafkaErrorCode.INVALID_RECORD
         assert refused.message is not None and "without key" in refused.message
         # A producer whose every record is superseded keeps an empty last batch.
-        idempotent = {"producer_id": 5, "producer_epoch": 0, "base_sequence": 0}
-        await produce(partition, [(b"a", b"1")], **idempotent)
+        await produce(partition, [(b"a", b"1")], producer_id=5, producer_epoch=0, base_sequence=0)
         await produce(partition, [(b"a", b"2")])
         await clean_partition(partition, NOW, EAGER)
         assert await read_log(partition) == [(1, b"a", b"2")]
@@ -287,9 +286,13 @@ async def test_keyless_records_are_refused_and_idempotent_state_survives(tmp_pat
         partition = node.topics.partitions[("keys", 0)]
         # A retry of that batch is still known as a duplicate after the restart, and the
         # producer's next sequence is still the one expected.
-        retry = build_record_batch([(b"a", b"1", (), NOW)], **idempotent)
+        retry = build_record_batch(
+            [(b"a", b"1", (), NOW)], producer_id=5, producer_epoch=0, base_sequence=0
+        )
         assert partition.append_nowait(retry, 1 << 20).base_offset == 0
-        gap = build_record_batch([(b"a", b"3", (), NOW)], **{**idempotent, "base_sequence": 2})
+        gap = build_record_batch(
+            [(b"a", b"3", (), NOW)], producer_id=5, producer_epoch=0, base_sequence=2
+        )
         assert partition.append_nowait(gap, 1 << 20).error is (
             KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
         )
