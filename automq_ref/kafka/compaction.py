@@ -20,7 +20,7 @@ A clean rewrites the whole log from the log start to a new clean end ``E`` into 
    new stream to the log start (so its offsets are Kafka offsets);
 3. read ``[log start, E)`` again and append each batch as compaction leaves it
    (:func:`~automq_ref.state_machines.compaction.compact_batch`: unchanged, thinned, an empty
-   producer batch, or nothing), grouped about a MiB to a stream record whose offset range runs
+   producer batch, or nothing), grouped up to 64 KiB to a stream record whose offset range runs
    from the previous record's end to its last batch's end; wait until all are durable;
 4. ``commit_clean``: record ``CLEANED {stream, end: E, replaces: old}``: the commit point. The
    partition then reads below ``E`` from the new stream and from ``E`` on from the live stream;
@@ -74,8 +74,11 @@ from automq_ref.state_machines.compaction import (
 
 log = logging.getLogger(__name__)
 
-# Compacted batches are appended to the clean's stream in records of about this size.
-CLEANED_RECORD_BYTES = 1024 * 1024
+# Compacted batches are appended to the clean's stream in records of at most this size (a batch
+# larger on its own is a record alone). Fetch hands out whole stored records where Kafka hands
+# out whole batches, so this bounds how far the first record of a response may pass a
+# consumer's fetch.max.bytes beyond what Kafka would send.
+CLEANED_RECORD_BYTES = 64 * 1024
 
 
 def _cleanup_policies(value: str) -> frozenset[str]:
@@ -216,7 +219,7 @@ async def _write_clean(
     entries: list[BatchEntry] = []
     durable: list[asyncio.Future[None]] = []
     group: list[bytes] = []
-    group_bytes = read = written = 0
+    group_bytes = group_end = read = written = 0
     async for stored in partition.read_stored(start, end):
         read += len(stored.payload)
         for view in _live(stored.payload, start):
@@ -229,19 +232,17 @@ async def _write_clean(
             )
             if out is None:
                 continue
-            entries.append(
-                index_entry(RecordBatchView.parse(out, verify_crc=False, compacted=True))
-            )
-            group.append(out)
-            group_bytes += len(out)
-            if group_bytes >= CLEANED_RECORD_BYTES:
-                durable.append(
-                    partition.append_cleaned(stream_id, b"".join(group), entries[-1].end_offset)
-                )
+            if group and group_bytes + len(out) > CLEANED_RECORD_BYTES:
+                durable.append(partition.append_cleaned(stream_id, b"".join(group), group_end))
                 written += group_bytes
                 group, group_bytes = [], 0
+            entry = index_entry(RecordBatchView.parse(out, verify_crc=False, compacted=True))
+            entries.append(entry)
+            group.append(out)
+            group_bytes += len(out)
+            group_end = entry.end_offset
     if group:
-        durable.append(partition.append_cleaned(stream_id, b"".join(group), entries[-1].end_offset))
+        durable.append(partition.append_cleaned(stream_id, b"".join(group), group_end))
         written += group_bytes
     await asyncio.gather(*durable)
     return entries, read, written

@@ -7,7 +7,7 @@ The node runs with ``log.cleaner.enable=false``; each test drives the cleans its
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ async def topic(node: Node, name: str, policy: str = "compact", **configs: str) 
 
 
 async def produce(
-    partition: Partition, records: list[tuple[bytes | None, bytes | None]], **options: Any
+    partition: Partition, records: Sequence[tuple[bytes | None, bytes | None]], **options: Any
 ) -> int:
     """One batch; returns its base offset once durable."""
     batch = build_record_batch([(key, value, (), NOW) for key, value in records], **options)
@@ -308,3 +308,36 @@ async def test_the_cleaner_round_cleans_compacted_topics_only(node: Node) -> Non
     assert await clean_round(node.topics, node.config, node.clock) == 1
     assert await read_log(compacted) == COMPACTED
     assert len(await read_log(plain)) == 7
+
+
+async def test_a_read_at_any_offset_finds_the_next_survivor(tmp_path: Path) -> None:
+    """Enough data for the clean to write several stream records: wherever a consumer starts,
+    in a gap or not, the first record it gets at or after its offset is the next survivor."""
+    node = await start_node(config_for(tmp_path))
+    try:
+        partition = await topic(node, "gaps")
+        last: dict[bytes, tuple[int, bytes]] = {}
+        for batch in range(40):
+            records = [
+                (f"k{(batch * 7 + i) % 23}".encode(), bytes([batch]) * 3000) for i in range(5)
+            ]
+            base = await produce(partition, records)
+            for delta, (key, value) in enumerate(records):
+                last[key] = (base + delta, value)
+        await clean_partition(partition, NOW, EAGER)
+        assert partition.cleaned_stream_id is not None
+        assert len(await node.storage.read(partition.cleaned_stream_id, 0, 200, 1 << 30)) > 1
+        survivors = sorted((offset, key, value) for key, (offset, value) in last.items())
+        assert await read_log(partition) == survivors
+        for offset in range(partition.log_start_offset, partition.high_watermark):
+            chunks = await partition.read(offset, 1)
+            first = next(
+                (r.offset, r.key, r.value)
+                for chunk in chunks
+                for view in iter_batches(chunk, compacted=True)
+                for r in view.records()
+                if r.offset >= offset
+            )
+            assert first == next(s for s in survivors if s[0] >= offset)
+    finally:
+        await node.shutdown()
