@@ -5,8 +5,9 @@ seams everything above reaches it through: the controller client (requests) and 
 view (the image and its changes). It registers the node through the client (proposing the clock's
 time as the node epoch; the controller grants one above any it stored), opens the WAL at the
 granted epoch, the object store and S3Storage over them, then the topic registry (every existing
-partition opened), the group coordinator, the producer-id allocator, the retention task and the
-Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
+partition opened), the group coordinator, the producer-id allocator, the retention and cleaner
+tasks and the Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else
+constructs them.
 :meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
 
