@@ -94,6 +94,22 @@ class BrokerConfig(BaseModel):
     log_retention_check_interval_ms: int = Field(
         300_000, alias="log.retention.check.interval.ms", ge=100
     )
+    # Log compaction of topics with cleanup.policy=compact: whether the cleaner runs, how long
+    # it sleeps when nothing was due, and the broker defaults of the topic compaction configs.
+    log_cleaner_enable: bool = Field(True, alias="log.cleaner.enable")
+    log_cleaner_backoff_ms: int = Field(15_000, alias="log.cleaner.backoff.ms", ge=0)
+    log_cleaner_delete_retention_ms: int = Field(
+        86_400_000, alias="log.cleaner.delete.retention.ms", ge=0
+    )
+    log_cleaner_min_compaction_lag_ms: int = Field(
+        0, alias="log.cleaner.min.compaction.lag.ms", ge=0
+    )
+    log_cleaner_max_compaction_lag_ms: int = Field(
+        2**63 - 1, alias="log.cleaner.max.compaction.lag.ms", ge=1
+    )
+    log_cleaner_min_cleanable_ratio: float = Field(
+        0.5, alias="log.cleaner.min.cleanable.ratio", ge=0, le=1
+    )
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod

@@ -5,8 +5,9 @@ seams everything above reaches it through: the controller client (requests) and 
 view (the image and its changes). It registers the node through the client (proposing the clock's
 time as the node epoch; the controller grants one above any it stored), opens the WAL at the
 granted epoch, the object store and S3Storage over them, then the topic registry (every existing
-partition opened), the group coordinator, the producer-id allocator, the retention task and the
-Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
+partition opened), the group coordinator, the producer-id allocator, the retention and cleaner
+tasks and the Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else
+constructs them.
 :meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
 
@@ -47,6 +48,7 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
@@ -164,6 +166,9 @@ class Node:
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
         self._upload_log_task = asyncio.create_task(_log_uploads_forever(storage, clock))
+        self._cleaner_task: asyncio.Task[None] | None = None
+        if config.log_cleaner_enable:
+            self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = None
 
     @property
@@ -186,10 +191,13 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
-        for task in (self._retention_task, self._upload_log_task):
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        # The loops stop before the partitions close: a clean cut short here is discarded by
+        # the next open (automq_ref/kafka/compaction.py).
+        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()

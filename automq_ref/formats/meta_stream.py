@@ -1,13 +1,24 @@
 """A partition's MetaStream records: small key/value records, the last value of a key wins.
 
-Each record is one stream record whose payload is the JSON ``{"k": key, "v": value}``. Two keys
-are used today:
+Each record is one stream record whose payload is the JSON ``{"k": key, "v": value}``. The keys:
 
 ``LOG``
-    ``{"data": <data stream id>}``: the stream holding the partition's Kafka batches.
+    ``{"data": <data stream id>}``: the stream holding the partition's Kafka batches (the live
+    log, where produce appends).
 ``LEADER_EPOCHS``
     ``[[epoch, start offset], ...]``: the epoch history, oldest first, rewritten whole each time
     the partition is opened (OffsetForLeaderEpoch answers from it).
+``CLEANING``
+    ``{"stream": <id>}``: a compaction began writing its output to this new stream. Until a
+    ``CLEANED`` record names the same stream, that output is not part of the log: a partition
+    opened with a ``CLEANING`` stream that ``CLEANED`` does not name deletes it (a clean cut
+    short is discarded, never seen in part).
+``CLEANED``
+    ``{"stream": <id>, "end": <offset>, "replaces": <id> | null}``: the commit point of a
+    compaction. The log below ``end`` is read from this stream (the compacted batches, at their
+    own offsets), the log from ``end`` on from the ``LOG`` stream (trimmed to ``end`` right
+    after); ``replaces`` is the previous clean's stream, deleted after the switch (and by the
+    next open if that did not happen).
 
 Written by the broker's partitions (:mod:`automq_ref.kafka.partition`); read back by them when
 they open, and by the ``automq-objects`` Spark source (:mod:`automq_ref.spark.image`) to find a
@@ -18,7 +29,7 @@ not know (a later version may add some) and checks the values of those it does.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from automq_ref.formats.json_document import (
@@ -34,6 +45,8 @@ from automq_ref.formats.json_document import (
 
 LOG_KEY: Final = "LOG"
 LEADER_EPOCHS_KEY: Final = "LEADER_EPOCHS"
+CLEANING_KEY: Final = "CLEANING"
+CLEANED_KEY: Final = "CLEANED"
 
 
 def encode_entry(key: str, value: Json) -> bytes:
@@ -58,12 +71,33 @@ def encode_leader_epochs(epochs: Sequence[tuple[int, int]]) -> bytes:
     return encode_entry(LEADER_EPOCHS_KEY, [[epoch, offset] for epoch, offset in epochs])
 
 
+def encode_cleaning(stream_id: int) -> bytes:
+    """The ``CLEANING`` record: a compaction writes to ``stream_id``."""
+    return encode_entry(CLEANING_KEY, {"stream": stream_id})
+
+
+def encode_cleaned(stream_id: int, end: int, replaces: int | None) -> bytes:
+    """The ``CLEANED`` record: the log below ``end`` is now ``stream_id``'s."""
+    return encode_entry(CLEANED_KEY, {"stream": stream_id, "end": end, "replaces": replaces})
+
+
+@dataclass(frozen=True, slots=True)
+class Cleaned:
+    """The last committed compaction: its stream, where it ended, the stream it replaced."""
+
+    stream_id: int
+    end: int
+    replaces: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionMeta:
     """What a partition's MetaStream says, once replayed."""
 
     data_stream_id: int | None = None  # None: no LOG record (yet)
     leader_epochs: tuple[tuple[int, int], ...] = ()
+    cleaning_stream_id: int | None = None  # the last compaction begun
+    cleaned: Cleaned | None = None  # the last compaction committed
 
 
 def _log_value(value: Json) -> int:
@@ -79,13 +113,31 @@ def _leader_epochs_value(value: Json) -> tuple[tuple[int, int], ...]:
     return tuple(pairs)
 
 
+def _cleaning_value(value: Json) -> int:
+    document = require_object(value, "CLEANING value")
+    return require_int(require_field(document, "stream", "CLEANING value"), "stream", minimum=0)
+
+
+def _cleaned_value(value: Json) -> Cleaned:
+    document = require_object(value, "CLEANED value")
+    stream_id = require_int(require_field(document, "stream", "CLEANED value"), "stream", minimum=0)
+    end = require_int(require_field(document, "end", "CLEANED value"), "end", minimum=0)
+    raw = require_field(document, "replaces", "CLEANED value")
+    replaces = None if raw is None else require_int(raw, "replaces", minimum=0)
+    return Cleaned(stream_id, end, replaces)
+
+
 def replay(payloads: Iterable[bytes | bytearray | memoryview]) -> PartitionMeta:
     """The MetaStream's state after its records, in stream order: the last value of each key."""
     meta = PartitionMeta()
     for payload in payloads:
         key, value = decode_entry(payload)
         if key == LOG_KEY:
-            meta = PartitionMeta(_log_value(value), meta.leader_epochs)
+            meta = replace(meta, data_stream_id=_log_value(value))
         elif key == LEADER_EPOCHS_KEY:
-            meta = PartitionMeta(meta.data_stream_id, _leader_epochs_value(value))
+            meta = replace(meta, leader_epochs=_leader_epochs_value(value))
+        elif key == CLEANING_KEY:
+            meta = replace(meta, cleaning_stream_id=_cleaning_value(value))
+        elif key == CLEANED_KEY:
+            meta = replace(meta, cleaned=_cleaned_value(value))
     return meta

@@ -16,6 +16,12 @@ validate before returning (magic, framing, CRC, codec id, offset range, sequence
 get an unvalidated view is :meth:`RecordBatchView.unchecked`, meant for bytes this process already
 validated; it still checks the framing, because the view's extent depends on it.
 
+The offset-range rule has two forms. A batch a client produces holds one record per offset
+(``recordsCount == lastOffsetDelta + 1``), the default. A batch read back from a log may have
+been thinned by log compaction (:mod:`automq_ref.formats.compacted_batch`): it keeps its offsets,
+so it holds from 0 to ``lastOffsetDelta + 1`` records; readers of stored batches pass
+``compacted=True``.
+
 Records are decoded only on request (:meth:`RecordBatchView.records`), decompressing first with
 :func:`automq_ref.formats.codecs.decompress`; every length is checked against the bytes present.
 """
@@ -151,23 +157,36 @@ class RecordBatchView:
 
     _buffer: memoryview
 
-    def __init__(self, buffer: BytesLike, position: int = 0, *, verify_crc: bool = True) -> None:
+    def __init__(
+        self,
+        buffer: BytesLike,
+        position: int = 0,
+        *,
+        verify_crc: bool = True,
+        compacted: bool = False,
+    ) -> None:
         memory = _byte_memoryview(buffer)
         # Magic first: a v0/v1 message has its magic at the same byte but a shorter minimum
         # length, and "wrong magic" is the error that tells the sender what is wrong.
         _check_magic_if_present(memory, position)
         self._buffer = _slice_batch(memory, position)
-        self.validate(verify_crc=verify_crc)
+        self.validate(verify_crc=verify_crc, compacted=compacted)
 
     @classmethod
     def parse(
-        cls, buffer: BytesLike, position: int = 0, *, verify_crc: bool = True
+        cls,
+        buffer: BytesLike,
+        position: int = 0,
+        *,
+        verify_crc: bool = True,
+        compacted: bool = False,
     ) -> RecordBatchView:
         """Frame and validate the batch at ``position``; raise a FormatError subclass if invalid.
 
-        ``verify_crc=False`` skips only the CRC, for bytes whose CRC was checked before.
+        ``verify_crc=False`` skips only the CRC, for bytes whose CRC was checked before;
+        ``compacted=True`` accepts a batch log compaction thinned (fewer records than offsets).
         """
-        return cls(buffer, position, verify_crc=verify_crc)
+        return cls(buffer, position, verify_crc=verify_crc, compacted=compacted)
 
     @classmethod
     def unchecked(cls, buffer: BytesLike, position: int = 0) -> RecordBatchView:
@@ -181,8 +200,11 @@ class RecordBatchView:
         view._buffer = _slice_batch(_byte_memoryview(buffer), position)
         return view
 
-    def validate(self, *, verify_crc: bool = True) -> None:
-        """Check magic, framing, CRC, codec id, offset range and sequence, in that order."""
+    def validate(self, *, verify_crc: bool = True, compacted: bool = False) -> None:
+        """Check magic, framing, CRC, codec id, offset range and sequence, in that order.
+
+        ``compacted``: the offset range may hold fewer records than offsets, even none (a batch
+        as log compaction leaves it); otherwise exactly one record per offset."""
         header = self.header()
         if header.magic != MAGIC:
             raise BadMagicError(f"magic is {header.magic}, expected {MAGIC}")
@@ -199,7 +221,16 @@ class RecordBatchView:
                     f"[{CRC_COVERAGE_START}, {len(self._buffer)})"
                 )
         compression_type_from_id(header.attributes & COMPRESSION_CODEC_MASK)
-        if header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
+        if compacted:
+            if header.last_offset_delta < 0 or not (
+                0 <= header.records_count <= header.last_offset_delta + 1
+            ):
+                raise InvalidFieldError(
+                    f"Inconsistent batch offset range: lastOffsetDelta={header.last_offset_delta}"
+                    f", recordsCount={header.records_count} (need 0 <= recordsCount <= "
+                    f"lastOffsetDelta + 1 in a compacted batch)"
+                )
+        elif header.records_count <= 0 or header.last_offset_delta + 1 != header.records_count:
             raise InvalidFieldError(
                 f"Inconsistent batch offset range: lastOffsetDelta={header.last_offset_delta}, "
                 f"recordsCount={header.records_count} (need lastOffsetDelta + 1 == "
@@ -429,21 +460,26 @@ class RecordBatchView:
 
 
 def iter_batches(
-    buffer: BytesLike, *, verify_crc: bool = True, allow_partial_tail: bool = False
+    buffer: BytesLike,
+    *,
+    verify_crc: bool = True,
+    allow_partial_tail: bool = False,
+    compacted: bool = False,
 ) -> Iterator[RecordBatchView]:
     """Yield a validated view of each batch in ``buffer``, in order, without copying.
 
     A batch cut off at the end raises TruncatedError, unless ``allow_partial_tail``: then
     iteration stops there silently, as a Kafka consumer does with a fetch response that ends
     inside a batch. A tail whose length or magic is invalid is not "partial": it still raises.
-    Errors surface when iteration reaches the bad batch.
+    Errors surface when iteration reaches the bad batch. ``compacted`` as in
+    :meth:`RecordBatchView.validate` (for batches read back from a log).
     """
     memory = _byte_memoryview(buffer)
     position = 0
     while position < len(memory):
         if allow_partial_tail and _is_partial_tail(memory, position):
             return
-        view = RecordBatchView(memory, position, verify_crc=verify_crc)
+        view = RecordBatchView(memory, position, verify_crc=verify_crc, compacted=compacted)
         yield view
         position += view.size_bytes
 

@@ -13,11 +13,25 @@ id is found through the controller's KV under :func:`~automq_ref.vocabulary.nami
 The leader epoch is the stream epoch: every open (a restart, or a move to another node) opens both
 streams one epoch higher, which fences the previous owner.
 
-On open the partition also scans its data stream once (batch headers only) to rebuild what Kafka
+A compacted topic's partition has a second data stream, the *cleaned* stream, named by the
+MetaStream's ``CLEANED`` record with the offset where the last clean ended (the cleaned end):
+the log below the cleaned end is read from the cleaned stream, the log from it on from the live
+``LOG`` stream (which is trimmed to the cleaned end once the clean is committed). Both keep the
+rule "a Kafka offset is a stream offset": the cleaned stream holds the compacted batches at their
+own offsets, each stream record covering the offsets from the end of the previous one to the end
+of its last batch, so the offsets compaction removed lie inside the record that follows them and
+a read at any offset finds the next batch that survived. Reads (Fetch, the index scan, the
+cleaner) go through :meth:`Partition.read` / :meth:`Partition.read_stored`, which walk the two
+parts in offset order; the log start is the cleaned stream's start when there is one. How a
+clean is written and committed, and what a restart finds after a crash at any point of it, is
+in :mod:`automq_ref.kafka.compaction`; this module holds the steps that touch the streams and
+the MetaStream (``begin_clean``, ``append_cleaned``, ``commit_clean``, ``settle``).
+
+On open the partition also scans its log once (batch headers only) to rebuild what Kafka
 keeps beside its segments: the producer state of idempotent producers (last five batches per
 producer id) and a batch index (base offset, end offset, max timestamp, size) used by ListOffsets
-by timestamp and by retention. That scan reads the whole retained log: fine for a reference
-broker, and the place where producer-state snapshots would go.
+by timestamp, by retention and by the cleaner. That scan reads the whole retained log: fine for
+a reference broker, and the place where producer-state snapshots would go.
 """
 
 from __future__ import annotations
@@ -27,16 +41,25 @@ import bisect
 import collections
 import logging
 import uuid
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
-from automq_ref.formats.meta_stream import PartitionMeta, encode_leader_epochs, encode_log, replay
+from automq_ref.formats.meta_stream import (
+    PartitionMeta,
+    encode_cleaned,
+    encode_cleaning,
+    encode_leader_epochs,
+    encode_log,
+    replay,
+)
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
 
@@ -53,6 +76,19 @@ class BatchEntry:
     end_offset: int  # exclusive
     max_timestamp: int
     size_bytes: int
+    empty: bool = False  # a compacted batch kept for its producer's sake: no record in it
+
+
+def index_entry(view: RecordBatchView) -> BatchEntry:
+    """The batch index's entry for one stored batch."""
+    header = view.header()
+    return BatchEntry(
+        header.base_offset,
+        header.base_offset + header.last_offset_delta + 1,
+        header.max_timestamp,
+        view.size_bytes,
+        header.records_count == 0,
+    )
 
 
 @dataclass(slots=True)
@@ -100,6 +136,16 @@ class Partition:
         self.producers: dict[int, ProducerState] = {}
         self.leader_epochs: list[tuple[int, int]] = []
         self._appended = asyncio.Event()
+        # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
+        # clean in progress writes, the replaced cleaned stream still to delete.
+        self.cleaned_stream_id: int | None = None
+        self.cleaned_end = 0
+        self._cleaning_stream_id: int | None = None
+        self._retiring: int | None = None
+        # Held by whatever changes which streams hold the log: a clean, a trim, close, delete.
+        self.maintenance = asyncio.Lock()
+        # Reads in flight per stream: a replaced cleaned stream is deleted once none is left.
+        self._readers: collections.Counter[int] = collections.Counter()
 
     # ------------------------------------------------------------------------ lifecycle
 
@@ -158,22 +204,65 @@ class Partition:
         partition = cls(
             storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
         )
+        if recorded.cleaned is not None:
+            await storage.open_stream(recorded.cleaned.stream_id, epoch)
+            partition.cleaned_stream_id = recorded.cleaned.stream_id
+            partition.cleaned_end = recorded.cleaned.end
         partition.leader_epochs = list(recorded.leader_epochs)
         start_of_epoch = storage.next_offset(data_stream_id, epoch)
         partition.leader_epochs.append((epoch, start_of_epoch))
         await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+        await partition._finish_cleans(view, recorded)
         await partition._scan()
         return partition
 
+    async def _finish_cleans(self, view: MetadataView, recorded: PartitionMeta) -> None:
+        """What a clean cut short by a crash or a shutdown left: a stream begun but never
+        committed is deleted (its output never became part of the log), the stream a committed
+        clean replaced is deleted, and the live stream is trimmed to the cleaned end."""
+        cleaned = recorded.cleaned
+        leftovers = []
+        if recorded.cleaning_stream_id is not None and (
+            cleaned is None or recorded.cleaning_stream_id != cleaned.stream_id
+        ):
+            leftovers.append(recorded.cleaning_stream_id)
+        if cleaned is not None and cleaned.replaces is not None:
+            leftovers.append(cleaned.replaces)
+        for stream_id in leftovers:
+            if stream_id not in view.image.streams:
+                continue  # deleted already
+            try:
+                await self.storage.open_stream(stream_id, self.epoch)
+                await self.storage.close_stream(stream_id, self.epoch)
+                await self.storage.delete_stream(stream_id, self.epoch)
+            except StorageError as error:  # an unreferenced stream: a leak, not a fault
+                log.warning(
+                    "%s-%d: stream %d left by a clean: %s", self.topic, self.index, stream_id, error
+                )
+        await self.settle()
+
+    def _streams(self) -> list[int]:
+        """Every stream this partition has open."""
+        streams = [self.data_stream_id]
+        for stream_id in (self.cleaned_stream_id, self._cleaning_stream_id, self._retiring):
+            if stream_id is not None:
+                streams.append(stream_id)
+        return [*streams, self.meta_stream_id]
+
     async def close(self) -> None:
-        for stream_id in (self.data_stream_id, self.meta_stream_id):
+        async with self.maintenance:
+            await self._close_streams()
+
+    async def _close_streams(self) -> None:
+        for stream_id in self._streams():
             await self.storage.close_stream(stream_id, self.epoch)
 
     async def delete(self) -> None:
-        """Close and delete both streams and forget the KV entry."""
-        await self.close()
-        for stream_id in (self.data_stream_id, self.meta_stream_id):
-            await self.storage.delete_stream(stream_id, self.epoch)
+        """Close and delete every stream and forget the KV entry."""
+        async with self.maintenance:
+            await self._close_streams()
+            for stream_id in self._streams():
+                await self.storage.delete_stream(stream_id, self.epoch)
         await self._client.submit(sm.DeleteKV(partition_key(self.topic_id, self.index)))
 
     async def _put_meta(self, record: bytes) -> None:
@@ -181,23 +270,13 @@ class Partition:
 
     async def _scan(self) -> None:
         """Rebuild the batch index and producer state from the retained log."""
-        cursor = self.log_start_offset
-        end = self.high_watermark
-        while cursor < end:
-            found = await self.storage.read(self.data_stream_id, cursor, end, SCAN_CHUNK_BYTES)
-            if not found:
-                break
-            for stream_batch in found:
-                self._index_payload(stream_batch.payload)
-            cursor = found[-1].last_offset
+        async for stream_batch in self.read_stored(self.log_start_offset, self.high_watermark):
+            self._index_payload(stream_batch.payload)
 
     def _index_payload(self, payload: bytes | memoryview) -> None:
-        for view in iter_batches(payload, verify_crc=False):
+        for view in stored_batches(payload):
             header = view.header()
-            end = header.base_offset + header.last_offset_delta + 1
-            self.batches.append(
-                BatchEntry(header.base_offset, end, header.max_timestamp, view.size_bytes)
-            )
+            self.batches.append(index_entry(view))
             if header.producer_id >= 0 and not view.is_control:
                 self._remember_producer(
                     header.producer_id,
@@ -215,7 +294,30 @@ class Partition:
 
     @property
     def log_start_offset(self) -> int:
+        if self.cleaned_stream_id is not None:
+            return self.storage.start_offset(self.cleaned_stream_id)
         return self.storage.start_offset(self.data_stream_id)
+
+    @property
+    def dirty_start(self) -> int:
+        """Where the part of the log no clean has reached begins."""
+        if self.cleaned_stream_id is None:
+            return self.log_start_offset
+        return max(self.cleaned_end, self.log_start_offset)
+
+    def _parts(self) -> list[tuple[int, int, int]]:
+        """(stream, first offset, end offset) of each stream holding the log, in offset order:
+        the cleaned stream's own extent, then the live stream from the cleaned end."""
+        live_start = self.storage.start_offset(self.data_stream_id)
+        parts = []
+        cleaned = self.cleaned_stream_id
+        if cleaned is not None:
+            parts.append(
+                (cleaned, self.storage.start_offset(cleaned), self.storage.confirm_offset(cleaned))
+            )
+            live_start = max(live_start, self.cleaned_end)
+        parts.append((self.data_stream_id, live_start, self.high_watermark))
+        return parts
 
     @property
     def log_end_offset(self) -> int:
@@ -240,7 +342,7 @@ class Partition:
         the broker then finds the record inside it."""
         start = self.log_start_offset
         for entry in self.batches:
-            if entry.end_offset > start and entry.max_timestamp >= timestamp:
+            if entry.end_offset > start and entry.max_timestamp >= timestamp and not entry.empty:
                 return max(entry.base_offset, start), entry.max_timestamp
         return None
 
@@ -248,8 +350,10 @@ class Partition:
         start = self.log_start_offset
         best: BatchEntry | None = None
         for entry in self.batches:
-            if entry.end_offset > start and (
-                best is None or entry.max_timestamp > best.max_timestamp
+            if (
+                entry.end_offset > start
+                and not entry.empty
+                and (best is None or entry.max_timestamp > best.max_timestamp)
             ):
                 best = entry
         if best is None:
@@ -259,10 +363,15 @@ class Partition:
     # ----------------------------------------------------------------------------- produce
 
     def append_nowait(
-        self, records: bytes | memoryview | None, max_batch_bytes: int
+        self,
+        records: bytes | memoryview | None,
+        max_batch_bytes: int,
+        *,
+        require_keys: bool = False,
     ) -> ProduceResult:
         """Validate, assign offsets and queue the WAL write; nothing here awaits, so calls run
         in arrival order. The result's ``durable`` completes when the data is acknowledged.
+        ``require_keys`` (a compacted topic): a record without a key is ``INVALID_RECORD``.
 
         A writable ``memoryview`` (a slice of a request frame) gets the offsets and leader epoch
         written into it in place; the storage is handed a copy (``bytes``) either way."""
@@ -292,6 +401,10 @@ class Partition:
                 return ProduceResult(
                     KafkaErrorCode.INVALID_TXN_STATE, message="transactions are not supported"
                 )
+            if require_keys:
+                keyless = self._keyless_record(view)
+                if keyless is not None:
+                    return keyless
         checked = self._check_sequences(views)
         if checked is not None:
             return checked
@@ -307,14 +420,7 @@ class Partition:
         assert first == base, (first, base)
         for view in views:
             header = view.header()
-            self.batches.append(
-                BatchEntry(
-                    header.base_offset,
-                    header.base_offset + header.last_offset_delta + 1,
-                    header.max_timestamp,
-                    view.size_bytes,
-                )
-            )
+            self.batches.append(index_entry(view))
             if header.producer_id >= 0:
                 self._remember_producer(
                     header.producer_id,
@@ -325,6 +431,21 @@ class Partition:
                 )
         durable.add_done_callback(lambda _: self._wake())
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
+
+    def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
+        """Kafka's rule for compacted topics: every record needs a key (a clean would drop a
+        keyless one)."""
+        try:
+            records = view.records()
+        except FormatError as error:
+            return ProduceResult(error.code, message=str(error))
+        if all(record.key is not None for record in records):
+            return None
+        return ProduceResult(
+            KafkaErrorCode.INVALID_RECORD,
+            message="Compacted topic cannot accept message without key in topic partition "
+            f"{self.topic}-{self.index}.",
+        )
 
     def _check_sequences(self, views: list[RecordBatchView]) -> ProduceResult | None:
         """Kafka's idempotence rules (ProducerAppendInfo): a duplicate of one of the last five
@@ -400,7 +521,15 @@ class Partition:
         end = self.high_watermark
         if offset >= end or (max_bytes <= 0 and not min_one):
             return []
-        found = await self.storage.read(self.data_stream_id, offset, end, max(max_bytes, 1))
+        start = self.log_start_offset
+        if offset < start:
+            raise OffsetOutOfRangeError(f"{self.topic}-{self.index}: {offset} is below {start}")
+        found: list[StreamRecordBatch] = []
+        for stream_id, first, stop in self._parts():
+            if offset < stop and first < stop:
+                found = await self._read_part(stream_id, max(offset, first), stop, max_bytes)
+                if found:
+                    break
         # Storage stops once the budget is spent, so its last batch may overshoot it.
         payloads: list[bytes | memoryview] = []
         size = 0
@@ -411,12 +540,52 @@ class Partition:
             payloads.append(batch.payload)
         return payloads
 
+    async def _read_part(
+        self, stream_id: int, start: int, end: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        self._readers[stream_id] += 1
+        try:
+            return await self.storage.read(stream_id, start, end, max(max_bytes, 1))
+        finally:
+            self._readers[stream_id] -= 1
+
+    async def read_stored(self, start: int, end: int) -> AsyncIterator[StreamRecordBatch]:
+        """The stored stream records from the one holding ``start`` on, up to the one holding
+        ``end - 1``, across the cleaned and the live part. The streams must not change while
+        this runs (the caller holds :attr:`maintenance`, or nothing else runs yet)."""
+        for stream_id, first, stop in self._parts():
+            cursor, stop = max(start, first), min(end, stop)
+            while cursor < stop:
+                found = await self._read_part(stream_id, cursor, stop, SCAN_CHUNK_BYTES)
+                if not found:
+                    break
+                for stream_batch in found:
+                    yield stream_batch
+                cursor = found[-1].last_offset
+
     # -------------------------------------------------------------------------------- trim
 
     async def trim(self, new_start_offset: int) -> None:
-        await self.storage.trim_stream(self.data_stream_id, self.epoch, new_start_offset)
-        cut = bisect.bisect_right([entry.end_offset for entry in self.batches], new_start_offset)
-        del self.batches[:cut]
+        """Move the log start to ``new_start_offset`` (retention, DeleteRecords)."""
+        async with self.maintenance:
+            if self.cleaned_stream_id is not None:
+                await self._trim_stream(self.cleaned_stream_id, new_start_offset)
+            if self.cleaned_stream_id is None or new_start_offset > self.cleaned_end:
+                await self._trim_stream(self.data_stream_id, new_start_offset)
+            cut = bisect.bisect_right(
+                [entry.end_offset for entry in self.batches], new_start_offset
+            )
+            del self.batches[:cut]
+
+    async def _trim_stream(self, stream_id: int, new_start_offset: int) -> None:
+        if new_start_offset <= self.storage.start_offset(stream_id):
+            return
+        await self.storage.trim_stream(stream_id, self.epoch, new_start_offset)
+        if new_start_offset > self.storage.next_offset(stream_id, self.epoch):
+            # Trimmed past its end (a cleaned stream whose last batches went, or a new one that
+            # must start at the log start): the controller moved its end there too; opening it
+            # again at the same epoch hands this node the new start and end.
+            await self.storage.open_stream(stream_id, self.epoch)
 
     def retention_trim_point(self, now_ms: int, retention_ms: int, retention_bytes: int) -> int:
         """The new log start retention allows (the current start if nothing expires). Only
@@ -437,6 +606,75 @@ class Partition:
         if keep_from == 0:
             return start
         return min(live[keep_from].base_offset, self.high_watermark)
+
+    # -------------------------------------------------------------------------- compaction
+
+    def producer_last_batches(self) -> frozenset[int]:
+        """Base offsets of each idempotent producer's last batch (a clean keeps them)."""
+        return frozenset(state.batches[-1][2] for state in self.producers.values() if state.batches)
+
+    async def begin_clean(self, start: int) -> int:
+        """A new stream for a clean's output, recorded as ``CLEANING`` and starting at
+        ``start`` (the log start). Call with :attr:`maintenance` held."""
+        stream_id = await self.storage.create_stream()
+        await self.storage.open_stream(stream_id, self.epoch)
+        self._cleaning_stream_id = stream_id
+        await self._put_meta(encode_cleaning(stream_id))
+        await self._trim_stream(stream_id, start)
+        return stream_id
+
+    def append_cleaned(self, stream_id: int, payload: bytes, end: int) -> asyncio.Future[None]:
+        """Append compacted batches ending at Kafka offset ``end`` to the clean's stream, as one
+        record covering the offsets from the stream's end to ``end``; the future completes once
+        durable."""
+        count = end - self.storage.next_offset(stream_id, self.epoch)
+        _, durable = self.storage.append_nowait(stream_id, self.epoch, payload, count)
+        return durable
+
+    async def commit_clean(self, stream_id: int, end: int, entries: list[BatchEntry]) -> None:
+        """Make the clean's stream the log below ``end``: the ``CLEANED`` record is the commit
+        point (durable before anything reads the new stream); ``entries`` index its batches."""
+        replaced = self.cleaned_stream_id
+        await self._put_meta(encode_cleaned(stream_id, end, replaced))
+        # No await from here to the end of the switch: a read sees the old parts or the new.
+        self.cleaned_stream_id, self.cleaned_end = stream_id, end
+        self._cleaning_stream_id = None
+        self._retiring = replaced
+        self.batches = entries + [entry for entry in self.batches if entry.base_offset >= end]
+        await self.settle()
+
+    async def abandon_clean(self, stream_id: int) -> None:
+        """A clean that failed before its commit: its stream goes now (an open would delete it
+        too, as the ``CLEANED`` record does not name it)."""
+        self._cleaning_stream_id = None
+        try:
+            await self.storage.close_stream(stream_id, self.epoch)
+            await self.storage.delete_stream(stream_id, self.epoch)
+        except StorageError as error:
+            log.warning(
+                "%s-%d: stream %d of a failed clean: %s", self.topic, self.index, stream_id, error
+            )
+
+    async def settle(self) -> None:
+        """Finish what a committed clean leaves to do: trim the live stream to the cleaned end
+        and delete the replaced cleaned stream once no read of it is in flight. Idempotent; run
+        after every commit and every open."""
+        if self.cleaned_stream_id is not None:
+            await self._trim_stream(self.data_stream_id, self.cleaned_end)
+        replaced = self._retiring
+        if replaced is not None:
+            while self._readers[replaced]:
+                await asyncio.sleep(0.001)
+            await self.storage.close_stream(replaced, self.epoch)
+            await self.storage.delete_stream(replaced, self.epoch)
+            self._retiring = None
+            del self._readers[replaced]
+
+
+def stored_batches(payload: bytes | memoryview) -> Iterator[RecordBatchView]:
+    """The Kafka batches of one stored stream record (CRC not checked again: it was at produce
+    time, or the cleaner computed it); compacted batches are accepted."""
+    return iter_batches(payload, verify_crc=False, compacted=True)
 
 
 async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:

@@ -1,8 +1,10 @@
 """Retention: the loop that trims every partition to what its topic's retention allows.
 
-Each round asks every partition for the offset below which its whole batches are older than
-``retention.ms`` or beyond ``retention.bytes`` (:meth:`Partition.retention_trim_point`) and trims
-there; a round that fails is logged and the next one retries.
+Each round asks every partition of a topic whose ``cleanup.policy`` holds ``delete``
+(``delete`` or ``compact,delete``; plain ``compact`` keeps every key's last record however old)
+for the offset below which its whole batches are older than ``retention.ms`` or beyond
+``retention.bytes`` (:meth:`Partition.retention_trim_point`) and trims there; a round that fails
+is logged and the next one retries.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import logging
 
 from automq_ref.io.clock import Clock
+from automq_ref.kafka.compaction import cleanup_policies
 from automq_ref.kafka.topic_registry import TopicRegistry
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,7 @@ async def enforce_retention(registry: TopicRegistry, now_ms: int) -> int:
     dropped = 0
     for (name, _), partition in list(registry.partitions.items()):
         topic = registry.topics.get(name)
-        if topic is None:
+        if topic is None or "delete" not in cleanup_policies(registry, topic):
             continue
         retention_ms = int(registry.topic_config(topic, "retention.ms"))
         retention_bytes = int(registry.topic_config(topic, "retention.bytes"))

@@ -345,6 +345,7 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = _catalog(
     TopicConfig(
         "max.compaction.lag.ms", _LONG, _LONG_MAX, Range(1),
         "The longest a record may stay uncompacted in a compacted topic.",
+        effect="compaction cleans a record no later than this after it was written",
         synonym="log.cleaner.max.compaction.lag.ms",
     ),
     TopicConfig(
@@ -391,11 +392,13 @@ TOPIC_CONFIGS: Mapping[str, TopicConfig] = _catalog(
     TopicConfig(
         "min.cleanable.dirty.ratio", ConfigType.DOUBLE, "0.5", Range(0, 1),
         "The share of uncompacted records at which a compacted topic is cleaned.",
+        effect="compaction cleans once this share of the log is uncleaned",
         synonym="log.cleaner.min.cleanable.ratio",
     ),
     TopicConfig(
         "min.compaction.lag.ms", _LONG, "0", Range(0),
         "The shortest a record stays uncompacted in a compacted topic.",
+        effect="compaction leaves records younger than this uncleaned",
         synonym="log.cleaner.min.compaction.lag.ms",
     ),
     TopicConfig(

@@ -541,7 +541,7 @@ def read_range(options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBa
                     f"({error.high_watermark}); offsets up to {end - 1} were expected",
                 )
                 return
-            views = list(iter_batches(result.records, allow_partial_tail=True))
+            views = list(iter_batches(result.records, allow_partial_tail=True, compacted=True))
             if not views:
                 if result.records:  # one batch larger than the limit: ask for more
                     if partition_max >= MAX_PARTITION_FETCH_BYTES:

@@ -74,7 +74,7 @@ async def _record_at_timestamp(
     ``timestamp``."""
     chunks = await partition.read(offset, 1)
     for chunk in chunks:
-        for view in iter_batches(chunk, verify_crc=False):
+        for view in iter_batches(chunk, verify_crc=False, compacted=True):
             for record in view.records():
                 if record.offset < partition.log_start_offset:
                     continue

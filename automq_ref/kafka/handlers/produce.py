@@ -14,6 +14,7 @@ from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.storage.s3stream import StorageError, StreamFencedError
+from automq_ref.kafka.compaction import is_compacted
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, CloseConnection, Reply
 from automq_ref.protocol.produce_response import (
@@ -46,8 +47,11 @@ async def handle_produce(context: Context, request: Request) -> Reply:
             else:
                 topic = registry.topics[topic_data.name]
                 max_bytes = int(registry.topic_config(topic, "max.message.bytes"))
+                compacted = is_compacted(registry, topic)
                 try:
-                    result = partition.append_nowait(partition_data.records, max_bytes)
+                    result = partition.append_nowait(
+                        partition_data.records, max_bytes, require_keys=compacted
+                    )
                 except StreamFencedError:
                     # Closing (shutdown, deletion) or moved: the client refreshes and retries.
                     results.append((partition_data.index, KafkaErrorCode.NOT_LEADER_OR_FOLLOWER))
