@@ -324,11 +324,14 @@ class _VerifyTally:
         spark = self.spark
         if spark is not None:
             tracker = spark.sparkContext.statusTracker()
-            stages = [tracker.getStageInfo(i) for i in tracker.getActiveStageIds()]
-            total = sum(info.numTasks for info in stages if info is not None)
-            done = sum(info.numCompletedTasks for info in stages if info is not None)
+            running = [tracker.getStageInfo(i) for i in sorted(tracker.getActiveStageIds())]
+            stages = [info for info in running if info is not None]
+            total = sum(info.numTasks for info in stages)
+            done = sum(info.numCompletedTasks for info in stages)
             if total:
-                detail += f", {done}/{total} Spark tasks"
+                ids = ",".join(str(info.stageId) for info in stages)
+                detail += f", Spark stage{'s' if len(stages) > 1 else ''} {ids}: {done}/{total}"
+                detail += " tasks"
                 fraction += done / total / self.stages
         return Status(self.stage, detail, fraction)
 
