@@ -73,7 +73,8 @@ def spark_session(
         .set("spark.sql.shuffle.partitions", "16")
         .set("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     )
-    if verbose:
+    # Verbose, or a context already running (its JVM started as it did): Spark's own way.
+    if verbose or SparkContext._active_spark_context is not None:
         builder: Any = SparkSession.builder
         session: SparkSession = builder.config(conf=conf).getOrCreate()
         return session
