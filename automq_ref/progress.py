@@ -34,7 +34,7 @@ from typing import TextIO
 
 LINE_INTERVAL_S = 5.0  # a plain line this often when not on a terminal
 REDRAW_INTERVAL_S = 0.2  # the bar's redraw period on a terminal
-BAR_WIDTH = 16
+BAR_WIDTH = 10
 CLEAR_TO_END = "\x1b[K"
 
 log = logging.getLogger(__name__)

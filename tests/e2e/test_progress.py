@@ -99,8 +99,8 @@ def test_on_a_terminal_produce_draws_a_bar(broker: BrokerProcess, tmp_path: Path
     terminal = b"".join(chunks).decode().replace("\r\n", "\n")
     draws = terminal.split("\r")[1:]
     assert draws, terminal
-    assert draws[0].startswith("produce [----------------]   0% 0 s: creating the topic")
-    assert draws[-1].startswith("produce [################] 100% "), draws[-1]
+    assert draws[0].startswith("produce [----------]   0% 0 s: creating the topic")
+    assert draws[-1].startswith("produce [##########] 100% "), draws[-1]
     assert f"done, {RECORDS:,}/{RECORDS:,} acknowledged" in draws[-1]
     assert terminal.endswith("\x1b[K\n")
     assert terminal.count("\n") == 1  # the bar's line ends once, at the end

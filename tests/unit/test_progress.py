@@ -2,7 +2,8 @@
 
 Off a terminal: a line at the start, then one every interval and one at each change of stage,
 and the final state once at the end; nothing between. On a terminal: a bar redrawn in place
-(carriage return, clear to the end of the line) on every tick, ended by a newline. A run that
+(carriage return, clear to the end of the line) on every tick, cut to the terminal's width, ended
+by a newline. A run that
 fails prints no final state (the bar is cleared for the error). Whether a stream is a terminal is
 asked of the stream: a pseudo-terminal (``os.openpty``) is one, a pipe is not. No test waits on
 the real clock.
@@ -87,10 +88,17 @@ def test_on_a_terminal_a_bar_redrawn_in_place() -> None:
     text = stream.getvalue()
     draws = text.split("\r")[1:]
     assert len(draws) == 3
-    assert all(draw.startswith("test [########--------]  50% 1m05s: warming up") for draw in draws)
+    assert all(draw.startswith("test [#####-----]  50% 1m05s: warming up") for draw in draws)
     assert draws[0].endswith(CLEAR_TO_END)
     assert text.endswith(CLEAR_TO_END + "\n")
     assert text.count("\n") == 1
+
+
+def test_the_bar_is_cut_to_the_terminal_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "30")  # a stream without a terminal size falls back to it
+    work, stream = Work(), io.StringIO()
+    Progress("automq-ref test", work.status, stream=stream, terminal=True, clock=Clock()).tick()
+    assert stream.getvalue() == "\rtest [----------]   0% 0 s: w" + CLEAR_TO_END
 
 
 def test_a_failed_run_clears_the_bar_and_prints_no_final_state() -> None:
