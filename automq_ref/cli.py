@@ -214,6 +214,9 @@ def _add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     verify.add_argument("--master", default="local[*]", help="Spark master URL")
     verify.add_argument("--report", type=Path, default=Path("verify-report"), help="directory")
     verify.add_argument("--examples", type=int, default=5, help="examples named per partition")
+    verify.add_argument(
+        "--verbose", action="store_true", help="show Spark's own log lines and stage bars"
+    )
 
 
 def _produce(arguments: argparse.Namespace) -> int:
@@ -279,6 +282,7 @@ def _verify(arguments: argparse.Namespace) -> int:
             master=arguments.master,
             report=arguments.report,
             examples=arguments.examples,
+            verbose=arguments.verbose,
         )
     )
 

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.spark.manifest import Manifest
 from automq_ref.spark.produce import ProduceSettings, produce
-from automq_ref.spark.verify import checksum_summary, read_source, spark_session
+from automq_ref.spark.session import spark_session
+from automq_ref.spark.verify import checksum_summary, read_source
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
         if result.failed:
             raise RuntimeError(f"{result.failed} records were not acknowledged")
         manifest = result.manifest
-        spark = spark_session(arguments.master, progress_bar=False)
+        spark = spark_session(arguments.master)
         spark.conf.set("spark.sql.shuffle.partitions", str(max(2, os.cpu_count() or 2)))
         kafka = time_source(spark, "automq", manifest, arguments.runs, bootstrap=broker.bootstrap)
         stop_started = time.perf_counter()

@@ -1,7 +1,11 @@
 """A picture of a checked run: throughput and send latency over time, with the faults shaded.
 
 ``plot_history`` draws two panels that share the time axis (seconds since the history's first
-entry) and writes them as a PNG:
+entry) and writes them as a PNG (``history_figure`` is the same figure, unsaved, for a caller
+that wants to look at it). The run's verdict, when given (``verdict_text`` words it from the
+checkers' result), is the top panel's title, green when valid and red when not, so the picture
+says what the run found without the report beside it. Every series is named in plain words
+("acknowledged sends per second", "produce latency p99 (ms)", "fault injected: kill broker"):
 
 1. Throughput per one-second bin, counted at completion time: acknowledged sends (``ok``), sends
    whose outcome is unknown (``info``; a send still open at the end of the history counts at its
@@ -10,7 +14,9 @@ entry) and writes them as a PNG:
    the workload.
 2. Send latency, invocation to completion, one dot per completed send at its invocation time
    (``ok`` and ``info`` in different colours, log-scale milliseconds), and the 99th percentile
-   of every one-second bin that has sends (``ok`` and ``info`` together) as a line.
+   of every one-second bin that has sends (``ok`` and ``info`` together) as a line. A second
+   with no sends has no p99: the line breaks there (NaN) rather than joining the seconds on
+   either side, which would draw latencies nobody measured across a broker that was down.
 
 Every fault window is shaded in both panels, one colour per kind, and the legend names the kinds.
 Invocations are matched with completions by :func:`automq_ref.checker.history.pair`, so a
@@ -44,10 +50,59 @@ INFO_COLOUR = "tab:orange"
 FAIL_COLOUR = "tab:red"
 POLL_COLOUR = "tab:green"
 P99_COLOUR = "black"
+VALID_COLOUR = "tab:green"
+INVALID_COLOUR = "tab:red"
+# The faults the checker injects, as the legend says them; another kind is named as it is.
+FAULT_WORDS = {
+    "kill": "kill broker",
+    "pause": "pause broker",
+    "wal-loss": "power loss (unsynced WAL tail undone)",
+    "s3": "object store errors and latency",
+    "net": "network faults on client connections",
+}
+# Anomaly kinds as the verdict says them; another kind is named as it is.
+ANOMALY_WORDS = {"lost-write": "lost", "duplicate": "duplicated"}
+SENDS_OK_LABEL = "acknowledged sends per second"
+SENDS_INFO_LABEL = "sends with unknown outcome per second"
+SENDS_FAIL_LABEL = "failed sends per second"
+POLLED_LABEL = "records read by consumers per second"
+P99_LABEL = "produce latency p99 (ms)"
+LATENCY_LABELS = {
+    "ok": "produce latency, acknowledged (ms)",
+    "info": "produce latency, outcome unknown (ms)",
+}
 
 
-def plot_history(ops: list[Op], faults: list[FaultWindow], path: Path, title: str) -> None:
-    """Write the two-panel PNG of ``ops`` with ``faults`` shaded to ``path``."""
+def verdict_text(valid: bool, anomalies: dict[str, int], linearizable: str) -> str:
+    """The verdict in words: ``valid: no acknowledged record lost`` or, e.g., ``INVALID: 12
+    lost, 3 duplicated; not linearizable``."""
+    if valid:
+        return "valid: no acknowledged record lost, no anomaly, linearizable"
+    found = [
+        f"{count} {ANOMALY_WORDS.get(kind, kind)}" for kind, count in anomalies.items() if count
+    ]
+    if linearizable != "ok":
+        found.append("not linearizable" if linearizable == "fail" else "linearizability unknown")
+    return f"INVALID: {'; '.join(found) if found else 'see the report'}"
+
+
+def plot_history(
+    ops: list[Op],
+    faults: list[FaultWindow],
+    path: Path,
+    title: str,
+    *,
+    verdict: str | None = None,
+) -> None:
+    """Write the two-panel PNG of ``ops`` with ``faults`` shaded (and ``verdict`` on it) to
+    ``path``."""
+    history_figure(ops, faults, title, verdict=verdict).savefig(path, format="png", dpi=100)
+
+
+def history_figure(
+    ops: list[Op], faults: list[FaultWindow], title: str, *, verdict: str | None = None
+) -> Figure:
+    """The two-panel figure of ``ops`` with ``faults`` shaded, on an Agg canvas."""
     if not ops:
         raise ValueError("an empty history has nothing to plot")
     origin_ns = min(op.time_ns for op in ops)
@@ -93,18 +148,21 @@ def plot_history(ops: list[Op], faults: list[FaultWindow], path: Path, title: st
     FigureCanvasAgg(figure)
     throughput, latency_axes = figure.subplots(2, 1, sharex=True)
     figure.suptitle(title)
+    if verdict is not None:
+        valid = verdict.startswith("valid")
+        throughput.set_title(
+            verdict, color=VALID_COLOUR if valid else INVALID_COLOUR, fontweight="bold"
+        )
     centres = np.arange(bins) + 0.5
 
     steps = "steps-mid"  # one flat step per one-second bin
-    throughput.plot(centres, sends_ok, color=OK_COLOUR, label="sends ok/s", drawstyle=steps)
-    throughput.plot(centres, sends_info, color=INFO_COLOUR, label="sends info/s", drawstyle=steps)
+    throughput.plot(centres, sends_ok, color=OK_COLOUR, label=SENDS_OK_LABEL, drawstyle=steps)
+    throughput.plot(centres, sends_info, color=INFO_COLOUR, label=SENDS_INFO_LABEL, drawstyle=steps)
     if sends_fail.any():
         throughput.plot(
-            centres, sends_fail, color=FAIL_COLOUR, label="sends fail/s", drawstyle=steps
+            centres, sends_fail, color=FAIL_COLOUR, label=SENDS_FAIL_LABEL, drawstyle=steps
         )
-    throughput.plot(
-        centres, records_polled, color=POLL_COLOUR, label="records polled/s", drawstyle=steps
-    )
+    throughput.plot(centres, records_polled, color=POLL_COLOUR, label=POLLED_LABEL, drawstyle=steps)
     throughput.set_ylabel("per second")
     throughput.set_ylim(bottom=0)
 
@@ -112,21 +170,30 @@ def plot_history(ops: list[Op], faults: list[FaultWindow], path: Path, title: st
         xs, ys = latency[outcome]
         if xs:
             latency_axes.scatter(
-                xs, ys, s=4, color=colour, alpha=0.5, linewidths=0, label=f"send {outcome}"
+                xs, ys, s=4, color=colour, alpha=0.5, linewidths=0, label=LATENCY_LABELS[outcome]
             )
-    p99 = [
-        (centre, float(np.percentile(values, 99)))
-        for centre, values in zip(centres, latencies_by_bin, strict=True)
-        if values
-    ]
-    if p99:
-        latency_axes.plot(*zip(*p99, strict=True), color=P99_COLOUR, linewidth=1.2, label="p99")
+    # NaN where a second has no sends: the line breaks there; the marker keeps a second
+    # between two gaps visible.
+    p99 = np.array(
+        [float(np.percentile(values, 99)) if values else math.nan for values in latencies_by_bin]
+    )
+    sent = bool(np.isfinite(p99).any())
+    if sent:
+        latency_axes.plot(
+            centres,
+            p99,
+            color=P99_COLOUR,
+            linewidth=1.2,
+            marker=".",
+            markersize=3,
+            label=P99_LABEL,
+        )
         latency_axes.set_yscale("log")
     else:
         latency_axes.text(
             0.5, 0.5, "no completed sends", transform=latency_axes.transAxes, ha="center"
         )
-    latency_axes.set_ylabel("send latency (ms)")
+    latency_axes.set_ylabel("produce latency (ms)")
     latency_axes.set_xlabel("seconds since the first operation")
     latency_axes.set_xlim(0, seconds(end_ns))
 
@@ -141,13 +208,14 @@ def plot_history(ops: list[Op], faults: list[FaultWindow], path: Path, title: st
                 linewidth=0,
             )
     fault_patches = [
-        Patch(color=colour, alpha=0.2, label=f"fault: {kind}") for kind, colour in colours.items()
+        Patch(color=colour, alpha=0.2, label=f"fault injected: {FAULT_WORDS.get(kind, kind)}")
+        for kind, colour in colours.items()
     ]
     handles, _ = throughput.get_legend_handles_labels()
     throughput.legend(handles=handles + fault_patches, loc="upper left", fontsize="small")
-    if p99:
+    if sent:
         latency_axes.legend(loc="upper left", fontsize="small", markerscale=3)
-    figure.savefig(path, format="png", dpi=100)
+    return figure
 
 
 def fault_colours(kinds: Sequence[str]) -> dict[str, str]:

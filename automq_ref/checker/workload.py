@@ -7,7 +7,8 @@ completes ``ok`` with its offset on a delivery report, ``info`` on any delivery 
 or a broker that died may or may not have stored it: never ``fail``). The nemesis loop (this
 thread) injects faults on a seeded schedule and heals each one (``automq_ref.checker.nemesis``
 lists them). After the faults, producers flush, and a final phase reads every partition from its
-start to its end with a fresh consumer.
+start to its end with a fresh consumer. A :class:`CheckTally` given to :func:`run_workload`
+counts acknowledged sends and injected faults as they happen, for the command's progress line.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from automq_ref.checker.history import Op, Recorder
 from automq_ref.checker.nemesis import NEMESES, Environment
+from automq_ref.progress import Status
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines (connection refused while the broker is down, ...) go here instead
@@ -69,6 +71,35 @@ class WorkloadResult:
     topic: str = ""
 
 
+@dataclass
+class CheckTally:
+    """What a running check has done so far, read by its progress line from another thread.
+
+    Each producer thread counts its acknowledged sends in its own slot of ``acknowledged`` (one
+    writer per slot: the delivery path takes no lock, as :class:`_History` explains); the
+    nemesis loop alone writes ``faults`` and ``fault_now``; the reader only sums and copies."""
+
+    duration_s: float
+    stage: str = "starting the broker"
+    acknowledged: list[int] = field(default_factory=list)
+    faults: int = 0
+    fault_now: str = ""  # the fault in force, while one is
+    workload_started: float | None = None  # time.monotonic() when the clients started
+
+    def status(self, _elapsed_s: float) -> Status:
+        faults = f"{self.faults} fault{'' if self.faults == 1 else 's'} injected"
+        if self.fault_now:
+            faults += f" ({self.fault_now} now)"
+        fraction = None
+        if self.workload_started is not None:
+            fraction = (time.monotonic() - self.workload_started) / max(self.duration_s, 1e-9)
+        return Status(
+            self.stage,
+            f"{sum(list(self.acknowledged)):,} sends acknowledged, {faults}",
+            fraction,
+        )
+
+
 class _History:
     """Entries appended from client threads and librdkafka callbacks without a lock: a callback
     must not block on (or die holding) a lock, so each entry takes a number from a shared
@@ -91,7 +122,11 @@ class _History:
         return recorder.ops
 
 
-def run_workload(env: Environment, settings: WorkloadSettings) -> WorkloadResult:
+def run_workload(
+    env: Environment, settings: WorkloadSettings, tally: CheckTally | None = None
+) -> WorkloadResult:
+    tally = tally if tally is not None else CheckTally(settings.duration_s)
+    tally.acknowledged = [0] * settings.producers
     topic = f"checked-{uuid.uuid4().hex[:8]}"
     bootstrap = env.bootstrap
     admin_config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": CLIENT_LOG}
@@ -101,26 +136,34 @@ def run_workload(env: Environment, settings: WorkloadSettings) -> WorkloadResult
     stop = threading.Event()
     faults: list[FaultWindow] = []
     threads = [
-        threading.Thread(target=_produce, args=(bootstrap, topic, settings, p, history, stop))
+        threading.Thread(
+            target=_produce,
+            args=(bootstrap, topic, settings, p, history, stop, tally.acknowledged),
+        )
         for p in range(settings.producers)
     ]
     threads += [
         threading.Thread(target=_consume, args=(bootstrap, topic, settings, 100 + c, history, stop))
         for c in range(settings.consumers)
     ]
+    tally.stage, tally.workload_started = "workload", time.monotonic()
     for thread in threads:
         thread.start()
     try:
-        _nemesis(env, settings, faults)
+        _nemesis(env, settings, faults, tally)
     finally:
         stop.set()
+        tally.stage = "producers flushing"
         for thread in threads:
             thread.join()
+    tally.stage = "final read"
     _final_read(bootstrap, topic, settings, history)
     return WorkloadResult(history.ops, faults, topic)
 
 
-def _nemesis(env: Environment, settings: WorkloadSettings, faults: list[FaultWindow]) -> None:
+def _nemesis(
+    env: Environment, settings: WorkloadSettings, faults: list[FaultWindow], tally: CheckTally
+) -> None:
     rng = random.Random(settings.seed)
     deadline = time.monotonic() + settings.duration_s
     while True:
@@ -132,11 +175,14 @@ def _nemesis(env: Environment, settings: WorkloadSettings, faults: list[FaultWin
         nemesis = NEMESES[rng.choice(settings.nemeses)]
         start = time.monotonic_ns()
         detail = nemesis.inject(env, rng)
+        tally.faults += 1
+        tally.fault_now = nemesis.name
         log.info("nemesis %s: %s", nemesis.name, detail)
         try:
             time.sleep(settings.fault_length_s)
         finally:
             nemesis.heal(env)
+            tally.fault_now = ""
         faults.append(FaultWindow(nemesis.name, start, time.monotonic_ns(), detail))
 
 
@@ -147,15 +193,23 @@ def _produce(
     process: int,
     history: _History,
     stop: threading.Event,
+    acknowledged: list[int],
 ) -> None:
     """One producer thread. A fatal producer error (a broker that lost acknowledged data breaks
     the idempotence sequence) ends that client: its open send stays unknown, and a new client
     under a new process number (``process + 10,000 x generation``) carries on, so writes after
-    the fault still happen and land on the offsets the lost records had."""
+    the fault still happen and land on the offsets the lost records had. Every generation
+    counts its acknowledged sends in ``acknowledged[process]``."""
     generation = 0
     while not stop.is_set():
         _produce_until_fatal(
-            bootstrap, topic, settings, process + 10_000 * generation, history, stop
+            bootstrap,
+            topic,
+            settings,
+            process + 10_000 * generation,
+            history,
+            stop,
+            (acknowledged, process),
         )
         generation += 1
 
@@ -167,7 +221,11 @@ def _produce_until_fatal(
     process: int,
     history: _History,
     stop: threading.Event,
+    tally: tuple[list[int], int],
 ) -> None:
+    """One producer client until a fatal error; ``tally`` is (counts, slot): the slot of this
+    thread where each acknowledged send is counted."""
+    counts, slot = tally
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -190,6 +248,7 @@ def _produce_until_fatal(
             sent = {"partition": message.partition(), "value": value}
             if error is None:
                 history.add(process, "ok", "send", {**sent, "offset": message.offset()})
+                counts[slot] += 1
             else:  # a timeout or a lost connection: it may have been stored
                 history.add(process, "info", "send", {**sent, "error": str(error)})
         except Exception:  # an exception must not escape into librdkafka's callback

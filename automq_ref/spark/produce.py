@@ -7,7 +7,9 @@ retries without duplicates or reordering) and tuned for throughput (1 MB batches
 linger, a deep local queue). One delivery callback, set in the configuration, feeds every report
 into a :class:`~automq_ref.spark.manifest.PartitionTally`; a failed report is counted and left out,
 so the manifest describes exactly the acknowledged records. Nothing is kept per record, so ten
-million records cost the same memory as ten.
+million records cost the same memory as ten. A :class:`ProduceTally` counts what was handed over,
+acknowledged and failed as it happens; the command shows it as a progress line on stderr
+(:mod:`automq_ref.progress`: a bar on a terminal, a line every few seconds otherwise).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import logging
 import secrets
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from automq_ref.progress import Progress, Status
 from automq_ref.spark.manifest import Manifest, PartitionTally, ValueScheme
 
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -99,11 +101,38 @@ def ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
     raise RuntimeError(f"topic {topic} has no leader for every partition")
 
 
+@dataclass
+class ProduceTally:
+    """How far a run is, for the progress line. The producing thread alone writes it (the
+    delivery callback runs inside its ``poll`` and ``flush``); the progress thread only reads."""
+
+    records: int
+    stage: str = "creating the topic"
+    handed: int = 0  # records handed to the producer
+    acknowledged: int = 0
+    failed: int = 0
+    producing_since: float | None = None  # time.monotonic() when the first record was handed
+
+    def status(self, _elapsed_s: float) -> Status:
+        detail = f"{self.acknowledged:,}/{self.records:,} acknowledged, {self.handed:,} queued"
+        if self.producing_since is not None:
+            seconds = time.monotonic() - self.producing_since
+            if seconds > 0:
+                detail += f", {self.acknowledged / seconds:,.0f} records/s"
+        if self.failed:
+            detail += f", {self.failed:,} not acknowledged"
+        done = (self.acknowledged + self.failed) / self.records if self.records else 1.0
+        return Status(self.stage, detail, done)
+
+
 class _Deliveries:
     """The one delivery callback: tallies acknowledged records per partition."""
 
-    def __init__(self, scheme: ValueScheme, tallies: list[PartitionTally]) -> None:
+    def __init__(
+        self, scheme: ValueScheme, tallies: list[PartitionTally], progress: ProduceTally
+    ) -> None:
         self.tallies = tallies
+        self.progress = progress
         self.sequence_slice = scheme.sequence_slice
         self.failed = 0
         self.first_error: str | None = None
@@ -111,8 +140,10 @@ class _Deliveries:
     def __call__(self, error: KafkaError | None, message: Message) -> None:
         if error is not None:
             self.failed += 1
+            self.progress.failed += 1
             self.first_error = self.first_error or str(error)
             return
+        self.progress.acknowledged += 1
         value = message.value()
         partition = message.partition()
         offset = message.offset()
@@ -120,16 +151,16 @@ class _Deliveries:
         self.tallies[partition].add(int(value[self.sequence_slice]), offset, value)
 
 
-def produce(
-    settings: ProduceSettings, progress: Callable[[int, int], None] | None = None
-) -> ProduceResult:
-    """Produce ``settings.records`` records; the manifest of the acknowledged ones."""
+def produce(settings: ProduceSettings, progress: ProduceTally | None = None) -> ProduceResult:
+    """Produce ``settings.records`` records; the manifest of the acknowledged ones. ``progress``
+    is kept current as the run goes."""
     if settings.codec not in CODECS:
         raise ValueError(f"codec {settings.codec!r}: choose from {', '.join(CODECS)}")
+    progress = progress if progress is not None else ProduceTally(settings.records)
     partitions = ensure_topic(settings.bootstrap, settings.topic, settings.partitions)
     scheme = ValueScheme(producer=settings.producer, value_bytes=settings.value_bytes)
     tallies = [PartitionTally(index) for index in range(partitions)]
-    deliveries = _Deliveries(scheme, tallies)
+    deliveries = _Deliveries(scheme, tallies, progress)
     producer = Producer(
         {
             "bootstrap.servers": settings.bootstrap,
@@ -148,6 +179,7 @@ def produce(
     value = scheme.value
     topic = settings.topic
     started = time.perf_counter()
+    progress.stage, progress.producing_since = "producing", time.monotonic()
     for index in range(settings.records):
         partition = index % partitions
         payload = value(partition, index // partitions)
@@ -157,13 +189,13 @@ def produce(
                 break
             except BufferError:
                 producer.poll(0.01)
-        if index % 10_000 == 9_999:
-            producer.poll(0)
-            if progress is not None and index + 1 < settings.records:
-                progress(index + 1, settings.records)
+        if index % 1_000 == 999:
+            progress.handed = index + 1
+            if index % 10_000 == 9_999:
+                producer.poll(0)
+    progress.handed = settings.records
+    progress.stage = "waiting for the acknowledgements"
     remaining = producer.flush(FLUSH_TIMEOUT_S)
-    if progress is not None:
-        progress(settings.records, settings.records)
     seconds = time.perf_counter() - started
     if remaining:
         raise RuntimeError(f"{remaining} records still undelivered after {FLUSH_TIMEOUT_S} s")
@@ -179,22 +211,17 @@ def produce(
         produce_seconds=seconds,
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),
     )
+    progress.stage = "done"
     return ProduceResult(manifest, seconds, deliveries.failed, deliveries.first_error)
-
-
-def _status_line(done: int, total: int) -> None:
-    sys.stderr.write(f"\rproduce: {done}/{total} records handed to the producer")
-    if done == total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def main(settings: ProduceSettings, manifest_path: Path) -> int:
     """The command: produce, write the manifest, print the rate. Exit 1 if any record failed,
     2 if the broker stopped answering before the records were handed over."""
-    progress = _status_line if sys.stderr.isatty() else None
+    tally = ProduceTally(settings.records)
     try:
-        result = produce(settings, progress)
+        with Progress("automq-ref produce", tally.status):
+            result = produce(settings, tally)
     except (KafkaException, RuntimeError) as error:
         print(
             f"automq-ref produce: the broker at {settings.bootstrap} did not answer: {error}; "

@@ -26,23 +26,29 @@ the driver, so the check scales with the cluster, not with the driver's memory.
 The verdict names the kinds found: ``lost``, ``duplicate``, ``reordered``, ``unexpected``,
 ``checksum``. ``report.txt`` and ``report.json`` go to the report directory; the command exits 0
 when everything matches, 1 on a mismatch, 2 when the check could not run.
+
+While it runs, the command shows its stage (starting Spark, reading the topic or the objects,
+comparing) with the elapsed time and the running Spark tasks on stderr (:mod:`automq_ref.progress`:
+a bar on a terminal, a line every few seconds and at each stage otherwise), and keeps Spark's own
+JVM noise out of the way (:mod:`automq_ref.spark.session`) unless ``verbose``.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from automq_ref.progress import Progress, Status
 from automq_ref.spark.manifest import MODULUS, VALUE_REGEX, Manifest, PartitionManifest
+from automq_ref.spark.session import spark_session
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -299,18 +305,35 @@ def classified(spark: SparkSession, frame: DataFrame, manifest: Manifest) -> Dat
 
 
 @dataclass
-class _Progress:
-    """One status line per phase on stderr, only when stderr is a terminal."""
+class _VerifyTally:
+    """The command's stage, for its progress line: ``say`` (the main thread) moves it on; the
+    progress thread reads it and asks Spark's status tracker how many tasks of the running
+    stages are done."""
 
-    enabled: bool
-    phases: int = 4
-    done: int = 0
+    stages: int = 5  # starting Spark, reading, two comparisons, the verdict
+    stage: str = "starting Spark"
+    step: int = 1
+    spark: SparkSession | None = None
 
-    def __call__(self, what: str) -> None:
-        self.done += 1
-        if self.enabled:
-            sys.stderr.write(f"\nverify [{self.done}/{self.phases}] {what}\n")
-            sys.stderr.flush()
+    def say(self, what: str) -> None:
+        self.stage, self.step = what, min(self.step + 1, self.stages)
+
+    def status(self, _elapsed_s: float) -> Status:
+        detail = f"step {self.step}/{self.stages}"
+        fraction = (self.step - 1) / self.stages
+        spark = self.spark
+        if spark is not None:
+            tracker = spark.sparkContext.statusTracker()
+            running = [tracker.getStageInfo(i) for i in sorted(tracker.getActiveStageIds())]
+            stages = [info for info in running if info is not None]
+            total = sum(info.numTasks for info in stages)
+            done = sum(info.numCompletedTasks for info in stages)
+            if total:
+                ids = ",".join(str(info.stageId) for info in stages)
+                detail += f", Spark stage{'s' if len(stages) > 1 else ''} {ids}: {done}/{total}"
+                detail += " tasks"
+                fraction += done / total / self.stages
+        return Status(self.stage, detail, fraction)
 
 
 def verify_frame(
@@ -328,6 +351,7 @@ def verify_frame(
     from pyspark.sql import functions as F
 
     say = progress or (lambda _what: None)
+    read = "objects" if source == "automq-objects" else "topic"
     examples = max(1, examples)  # the counts of each kind come back with its examples
     started = time.perf_counter()
     reports = {
@@ -343,7 +367,7 @@ def verify_frame(
     }
     rows = classified(spark, frame, manifest).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        say("reading the topic: counts, offsets, checksums")
+        say(f"reading the {read}")
         expected_rows = dict.fromkeys(reports, 0)
         expected = F.col("expected")
         for row in (
@@ -373,7 +397,7 @@ def verify_frame(
             report.read_values_checksum = combine(row["v_hi"], row["v_lo"])
             report.read_placed_checksum = combine(row["p_hi"], row["p_lo"])
 
-        say("values: duplicates and order")
+        say("comparing: duplicates, order")
         valued = (
             rows.where(expected)
             .groupBy("partition", "sequence")
@@ -434,7 +458,7 @@ def verify_frame(
                 expected_rows[report.partition] - report.extra_copies
             )
 
-        say("examples of lost and unexpected records")
+        say("comparing: lost, unexpected")
         losing = [part for part in manifest.partitions if reports[part.partition].lost]
         if losing:
             acked = spark.createDataFrame([], "partition int, sequence long")
@@ -579,27 +603,7 @@ class VerifySettings:
     master: str = "local[*]"
     report: Path = Path("verify-report")
     examples: int = EXAMPLES
-
-
-def spark_session(master: str, *, progress_bar: bool) -> SparkSession:
-    """A session for the command: binds to 127.0.0.1 unless SPARK_LOCAL_IP says otherwise."""
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    builder: Any = SparkSession.builder
-    session: SparkSession = (
-        builder.master(master)
-        .appName("automq-ref verify")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "true" if progress_bar else "false")
-        .config("spark.sql.shuffle.partitions", "16")
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("WARN" if progress_bar else "ERROR")
-    return session
+    verbose: bool = False  # Spark's own log lines and stage bars
 
 
 def main(settings: VerifySettings, spark: SparkSession | None = None) -> int:
@@ -612,32 +616,37 @@ def main(settings: VerifySettings, spark: SparkSession | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"automq-ref verify: cannot read the manifest: {error}", file=sys.stderr)
         return 2
-    tty = sys.stderr.isatty()
     own_session = spark is None
-    if spark is None:
-        spark = spark_session(settings.master, progress_bar=tty)
+    tally = _VerifyTally()
+    # Spark draws its own bars when verbose: ours then keeps to plain lines.
+    terminal = False if settings.verbose else None
     try:
-        frame = read_source(
-            spark,
-            settings.source,
-            manifest.topic,
-            bootstrap=settings.bootstrap,
-            path=settings.path,
-            object_store=settings.object_store,
-        )
-        report = verify_frame(
-            spark,
-            frame,
-            manifest,
-            source=settings.source,
-            examples=settings.examples,
-            progress=_Progress(tty),
-        )
+        with Progress("automq-ref verify", tally.status, terminal=terminal):
+            if spark is None:
+                spark = spark_session(settings.master, verbose=settings.verbose)
+            tally.spark = spark
+            frame = read_source(
+                spark,
+                settings.source,
+                manifest.topic,
+                bootstrap=settings.bootstrap,
+                path=settings.path,
+                object_store=settings.object_store,
+            )
+            report = verify_frame(
+                spark,
+                frame,
+                manifest,
+                source=settings.source,
+                examples=settings.examples,
+                progress=tally.say,
+            )
+            tally.spark = None
     except Exception as error:  # the check did not run: say why, exit 2
         print(f"automq-ref verify: the check could not run: {error!r}", file=sys.stderr)
         return 2
     finally:
-        if own_session:
+        if own_session and spark is not None:
             spark.stop()
     report.write(settings.report)
     print(report.text(), end="", flush=True)

@@ -1,5 +1,7 @@
 """The check report's plot: a synthetic history with two faults gives a PNG that matplotlib
-wrote; an empty history is refused with a ValueError."""
+wrote; an empty history is refused with a ValueError. The figure itself (its artists, not its
+pixels) carries the verdict as the top panel's title, names every series in plain words, and
+breaks the p99 line (NaN) over seconds with no sends."""
 
 from __future__ import annotations
 
@@ -8,10 +10,20 @@ import struct
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
+from matplotlib.colors import to_hex
 
 from automq_ref.checker.history import Op, Recorder
-from automq_ref.checker.plot import fault_colours, plot_history
+from automq_ref.checker.plot import (
+    INVALID_COLOUR,
+    P99_LABEL,
+    VALID_COLOUR,
+    fault_colours,
+    history_figure,
+    plot_history,
+    verdict_text,
+)
 from automq_ref.checker.workload import FaultWindow
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -113,3 +125,70 @@ def test_each_fault_kind_has_its_own_colour() -> None:
     colours = fault_colours(["kill", "pause", "kill", "disk-full", "wal-loss", "clock"])
     assert list(colours) == ["kill", "pause", "disk-full", "wal-loss", "clock"]
     assert len(set(colours.values())) == len(colours)
+
+
+def sends_with_a_silent_gap() -> list[Op]:
+    """One producer sending every 100 ms in seconds 0-3 and 6-9, nothing in seconds 3-6."""
+    recorder = Recorder()
+    count = 0
+    for second in (0, 1, 2, 6, 7, 8):
+        for tenth in range(10):
+            invoked = ORIGIN_NS + second * 1000 * NS_PER_MS + tenth * 100 * NS_PER_MS
+            value = {"partition": 0, "value": f"0-{count}"}
+            recorder.add(0, "invoke", "send", invoked, value)
+            recorder.add(0, "ok", "send", invoked + 5 * NS_PER_MS, {**value, "offset": count})
+            count += 1
+    return recorder.ops
+
+
+def test_the_p99_line_breaks_over_seconds_without_sends() -> None:
+    kill = FaultWindow("kill", ORIGIN_NS + 3_000 * NS_PER_MS, ORIGIN_NS + 6_000 * NS_PER_MS)
+    figure = history_figure(sends_with_a_silent_gap(), [kill], "gap")
+    _, latency = figure.axes
+    (p99,) = [line for line in latency.get_lines() if line.get_label() == P99_LABEL]
+    xs = np.asarray(p99.get_xdata(), dtype=float)
+    ys = np.asarray(p99.get_ydata(), dtype=float)
+    silent = (xs > 3) & (xs < 6)
+    assert silent.sum() == 3
+    assert np.isnan(ys[silent]).all()  # a break in the line, not a segment across the gap
+    assert np.isfinite(ys[~silent]).all()
+    assert ys[~silent] == pytest.approx(5.0)
+
+
+def test_the_verdict_is_on_the_figure_and_the_series_are_named_in_words() -> None:
+    ops, faults = synthetic_history(seconds=4)
+    verdict = verdict_text(False, {"lost-write": 12, "duplicate": 3}, "fail")
+    assert verdict == "INVALID: 12 lost; 3 duplicated; not linearizable"
+    figure = history_figure(ops, faults, "seed 3", verdict=verdict)
+    throughput, latency = figure.axes
+    assert throughput.get_title() == verdict
+    assert to_hex(throughput.title.get_color()) == to_hex(INVALID_COLOUR)
+    legend = throughput.get_legend()
+    assert legend is not None
+    labels = [text.get_text() for text in legend.get_texts()]
+    assert labels == [
+        "acknowledged sends per second",
+        "sends with unknown outcome per second",
+        "records read by consumers per second",
+        "fault injected: kill broker",
+        "fault injected: pause broker",
+    ]
+    latency_legend = latency.get_legend()
+    assert latency_legend is not None
+    assert "produce latency p99 (ms)" in [text.get_text() for text in latency_legend.get_texts()]
+
+
+def test_a_valid_run_says_so_in_green() -> None:
+    verdict = verdict_text(True, {}, "ok")
+    assert verdict.startswith("valid: no acknowledged record lost")
+    ops, faults = synthetic_history(seconds=3)
+    throughput, _ = history_figure(ops, faults, "seed 3", verdict=verdict).axes
+    assert throughput.get_title() == verdict
+    assert to_hex(throughput.title.get_color()) == to_hex(VALID_COLOUR)
+
+
+def test_an_unlinearizable_run_without_queue_anomalies_says_which() -> None:
+    assert verdict_text(False, {}, "fail") == "INVALID: not linearizable"
+    assert verdict_text(False, {"unseen": 2}, "unknown") == (
+        "INVALID: 2 unseen; linearizability unknown"
+    )
