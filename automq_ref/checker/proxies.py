@@ -302,11 +302,13 @@ class TcpProxy:
                 self._count("dropped_bytes", len(chunk))
                 continue
             writer.write(chunk)
+            # Counted once handed to the socket, before the drain: the peer may read the bytes
+            # (and a test the stats) before this task runs again.
+            self._count(counter, len(chunk))
             try:
                 await writer.drain()
             except OSError:
                 return
-            self._count(counter, len(chunk))
 
 
 # ---------------------------------------------------------------------------------------------
