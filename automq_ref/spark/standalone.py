@@ -220,6 +220,7 @@ def start_cluster(
     owns = directory is None
     root = Path(tempfile.mkdtemp(prefix="spark-standalone-")) if directory is None else directory
     root.mkdir(parents=True, exist_ok=True)
+    root = root.resolve()  # as executors see their working directories
     cluster = StandaloneCluster(
         host=host,
         port=port or free_port(host),
@@ -296,7 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     arguments = parser.parse_args(argv)
     # SIGTERM as Ctrl-C: either one, even while the daemons start, stops them all.
-    signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _run(arguments)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(arguments: argparse.Namespace) -> int:
     try:
         cluster = start_cluster(
             arguments.workers,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -286,3 +287,12 @@ def test_verify_command_on_the_cluster(
     assert "automq-ref verify" in finished
     assert SparkSession.getActiveSession() is None  # and stopped it
     assert topic.broker.alive()
+
+
+def test_the_launcher_refuses_a_cluster_without_workers(capsys: pytest.CaptureFixture[str]) -> None:
+    from automq_ref.spark import standalone
+
+    handler = signal.getsignal(signal.SIGTERM)
+    assert standalone.main(["--workers", "0"]) == 2
+    assert "at least one worker" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == handler  # the command's own handler is undone
