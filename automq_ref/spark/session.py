@@ -73,8 +73,9 @@ def spark_session(
         .set("spark.sql.shuffle.partitions", "16")
         .set("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
     )
-    # Verbose, or a context already running (its JVM started as it did): Spark's own way.
-    if verbose or SparkContext._active_spark_context is not None:
+    # Verbose, or a JVM already running in this process (a context, or one stopped but whose
+    # gateway lives on): Spark's own way, reusing that JVM rather than starting an idle second.
+    if verbose or SparkContext._gateway is not None:
         builder: Any = SparkSession.builder
         session: SparkSession = builder.config(conf=conf).getOrCreate()
         return session
