@@ -4,7 +4,7 @@ The metadata log and the controller election need a handful of etcd calls, and n
 them than ``aetcd``'s convenience methods expose: a transaction's header revision, ranges with a
 ``limit``, a sort order and a ``revision``, reads inside a transaction. This module speaks to
 etcd's KV service with its protobuf messages directly (``aetcd.rpc``) and keeps ``aetcd`` for what
-it does well (the channel, leases, watches). Everything above sees typed values: :class:`KeyValue`,
+it does well (the channel and its stubs). Everything above sees typed values: :class:`KeyValue`,
 the compares (:class:`ValueIs`, :class:`VersionIs`, :class:`CreateRevisionIs`,
 :class:`ModRevisionIs`), the operations (:class:`Put`, :class:`Get`, :class:`DeleteRange`),
 :class:`TxnResult` and :class:`RangeResult`.
@@ -14,6 +14,10 @@ Errors. Every failure arrives as an :class:`EtcdError` with the cause chained:
 a write is then unknown), :class:`EtcdRejected` when etcd refused the request as it stands (too
 many operations in a transaction, a request above ``--max-request-bytes``: nothing was applied),
 :class:`EtcdCompacted` when a read or watch asked for a revision that compaction removed.
+
+Leases and watches use etcd's streams directly too, one stream per watch (cancelling the call
+ends it), rather than ``aetcd``'s shared watch stream with its locks and queues: leaving a watch,
+or cancelling the task in it, never waits on etcd.
 
 Endpoints. :meth:`EtcdClient.connect` takes one or more ``host:port`` endpoints of one etcd
 cluster; after a call fails as unreachable, the next call goes to the next endpoint.
@@ -30,6 +34,7 @@ from typing import Any, Final
 
 import aetcd
 import aetcd.exceptions
+import grpc
 from aetcd import rpc
 
 log = logging.getLogger(__name__)
@@ -274,6 +279,7 @@ class EtcdClient:
         self.request_timeout_s = request_timeout_s
         self._current = 0
         self._client: aetcd.Client | None = None
+        self._watch_stub: Any = None
         self._closed = False
 
     @classmethod
@@ -311,6 +317,7 @@ class EtcdClient:
         translated = _translate(error, f"{what} (etcd at {self.endpoint})")
         if isinstance(translated, EtcdUnavailable) and len(self.endpoints) > 1:
             client, self._client = self._client, None
+            self._watch_stub = None
             self._current = (self._current + 1) % len(self.endpoints)
             if client is not None:
                 with contextlib.suppress(Exception):
@@ -319,6 +326,7 @@ class EtcdClient:
 
     async def close(self) -> None:
         self._closed = True
+        self._watch_stub = None
         client, self._client = self._client, None
         if client is not None:
             with contextlib.suppress(Exception):
@@ -391,27 +399,49 @@ class EtcdClient:
     async def grant_lease(self, ttl_s: int) -> int:
         client = await self._aetcd()
         try:
-            lease = await client.lease(ttl_s)
+            reply = await client.leasestub.LeaseGrant(
+                rpc.LeaseGrantRequest(TTL=ttl_s),
+                timeout=self.request_timeout_s,
+                metadata=client.metadata,
+            )
         except Exception as error:
             raise await self._failed(error, "lease grant") from error
-        return int(lease.id)
+        if reply.error:
+            raise EtcdRejected(f"lease grant: {reply.error}")
+        return int(reply.ID)
 
     async def keep_alive(self, lease_id: int) -> int:
-        """Refresh the lease; its remaining TTL in seconds (0 or less: it has expired)."""
+        """Refresh the lease once; its remaining TTL in seconds (0 or less: it has expired)."""
         client = await self._aetcd()
+        call = client.leasestub.LeaseKeepAlive(
+            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
+            timeout=self.request_timeout_s,
+            metadata=client.metadata,
+        )
         try:
-            reply = await client.refresh_lease(lease_id)
+            reply = await call.read()
         except Exception as error:
             raise await self._failed(error, "lease keepalive") from error
-        return 0 if reply is None else int(reply.TTL)
+        finally:
+            call.cancel()
+        if reply is grpc.aio.EOF:
+            raise EtcdUnavailable("lease keepalive: the stream ended without an answer")
+        return int(reply.TTL)
 
     async def revoke_lease(self, lease_id: int) -> None:
         """End the lease now: every key attached to it is deleted."""
         client = await self._aetcd()
         try:
-            await client.revoke_lease(lease_id)
+            await client.leasestub.LeaseRevoke(
+                rpc.LeaseRevokeRequest(ID=lease_id),
+                timeout=self.request_timeout_s,
+                metadata=client.metadata,
+            )
         except Exception as error:
-            raise await self._failed(error, "lease revoke") from error
+            translated = await self._failed(error, "lease revoke")
+            if "lease not found" in str(translated):
+                return  # expired already: the keys are gone all the same
+            raise translated from error
 
     # -------------------------------------------------------------------------- watches
 
@@ -422,26 +452,58 @@ class EtcdClient:
         """Watch ``key`` (or ``[key, range_end)``) from ``start_revision`` on, inclusive: the
         events, in revision order, until the block ends (the watch is then cancelled). A
         broken stream raises :class:`EtcdUnavailable` from the iterator; a start below the
-        compaction point raises :class:`EtcdCompacted`."""
-        client = await self._aetcd()
-        try:
-            watch = await client.watch(key, range_end=range_end, start_revision=start_revision)
-        except Exception as error:
-            raise await self._failed(error, "watch") from error
+        compaction point raises :class:`EtcdCompacted`.
 
-        async def events() -> AsyncGenerator[WatchEvent, None]:
+        Each watch is a stream of its own on the connection, ended by cancelling the call, so
+        that leaving the block (a cancelled task too) never waits on etcd."""
+        client = await self._aetcd()
+        if self._watch_stub is None:
+            self._watch_stub = rpc.WatchStub(client.channel)
+        create = rpc.WatchCreateRequest(key=key, start_revision=start_revision)
+        if range_end is not None:
+            create.range_end = range_end
+        ended = asyncio.Event()
+
+        async def requests() -> AsyncGenerator[Any, None]:
+            yield rpc.WatchRequest(create_request=create)
+            # Keep the sending side open: the watch lives until the call is cancelled.
+            await ended.wait()
+
+        call = self._watch_stub.Watch(requests(), metadata=client.metadata)
+        try:
             try:
-                async for event in watch:
-                    yield WatchEvent(event.kind == "DELETE", _kv(event.kv))
+                async with asyncio.timeout(self.request_timeout_s):
+                    created = await call.read()
+            except TimeoutError:
+                raise EtcdUnavailable(f"watch: not created in {self.request_timeout_s} s") from None
             except Exception as error:
                 raise await self._failed(error, "watch") from error
-            # The stream ended without an error: the client was closed under it.
-            raise EtcdUnavailable("watch: the etcd connection closed")
+            self._check_watch_response(created)
 
-        iterator = events()
-        try:
-            yield iterator
+            async def events() -> AsyncGenerator[WatchEvent, None]:
+                while True:
+                    try:
+                        response = await call.read()
+                    except Exception as error:
+                        raise await self._failed(error, "watch") from error
+                    self._check_watch_response(response)
+                    for event in response.events:
+                        yield WatchEvent(event.type == rpc.Event.DELETE, _kv(event.kv))
+
+            iterator = events()
+            try:
+                yield iterator
+            finally:
+                await iterator.aclose()
         finally:
-            await iterator.aclose()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(watch.cancel())
+            ended.set()
+            call.cancel()
+
+    @staticmethod
+    def _check_watch_response(response: Any) -> None:
+        if response is grpc.aio.EOF:
+            raise EtcdUnavailable("watch: the stream ended")
+        if response.compact_revision:
+            raise EtcdCompacted(f"watch: history compacted up to {response.compact_revision}")
+        if response.canceled:
+            raise EtcdUnavailable(f"watch: cancelled by etcd: {response.cancel_reason}")
