@@ -15,6 +15,11 @@ its record and decides the change once more on it; a topic deleted, re-created o
 is answered with an error (this node does not reconcile its open partitions with another's), and
 so is a change that loses twice. Partitions created for a change that then lost are deleted again.
 
+Brokers of a cluster share the KV: at open, a partition another broker holds open is left to
+it (``open_elsewhere``), rather than opened here at a higher epoch, which would be refused
+while that broker has it open. Which broker should hold which partition is placement's
+business; until then a topic's partitions stay where they were opened.
+
 ``topic_config`` answers a topic's effective config: its own setting, else the documented
 default, else the broker's setting (``log.retention.ms``, ...).
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
@@ -44,7 +51,9 @@ from automq_ref.kafka.topics import (
 )
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.vocabulary.naming import topic_key
+from automq_ref.vocabulary.naming import partition_key, topic_key
+
+log = logging.getLogger(__name__)
 
 
 class ConfigOperation(enum.IntEnum):
@@ -61,6 +70,25 @@ class ConfigChange:
     name: str
     operation: int  # a ConfigOperation, as the client sent it (unknown ones are refused)
     value: str | None
+
+
+def open_elsewhere(
+    image: sm.StreamMetadataImage, topic_id: uuid.UUID, index: int, node_id: int
+) -> int | None:
+    """The node that holds partition ``index`` of ``topic_id`` open, if that is not ``node_id``
+    (its MetaStream is OPENED and its current range is that node's)."""
+    raw = image.kv.get(partition_key(topic_id, index))
+    if raw is None:
+        return None
+    try:
+        meta_stream_id = decode_kv_integer(raw, "MetaStream id")
+    except FormatError:
+        return None
+    stream = image.streams.get(meta_stream_id)
+    current = None if stream is None else stream.current_range
+    if stream is None or current is None or stream.state is not sm.StreamState.OPENED:
+        return None
+    return current.node_id if current.node_id != node_id else None
 
 
 class TopicRegistry:
@@ -98,6 +126,12 @@ class TopicRegistry:
             registry.topics[name] = topic
             registry._records[name] = kv[topic_key(name)]
             for index in range(topic.partitions):
+                holder = open_elsewhere(view.image, topic.topic_id, index, config.node_id)
+                if holder is not None:
+                    # Another broker of the cluster has it open: opening it here would fence
+                    # that broker (or be refused while it is open). Moving it is placement's.
+                    log.info("partition %s-%d is open on node %d, not here", name, index, holder)
+                    continue
                 registry.partitions[(name, index)] = await Partition.open(
                     storage, client, view, name, topic.topic_id, index
                 )
