@@ -157,6 +157,9 @@ class ClusterControllerClient:
             ) from error
         try:
             async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                if self._replica.applied_index < index:
+                    # The decision is durable: read it now rather than wait for the follower.
+                    await self._replica.catch_up()
                 await self._replica.wait_applied(index)
         except TimeoutError:
             raise ControllerError(

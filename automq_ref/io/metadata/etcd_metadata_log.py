@@ -38,9 +38,10 @@ header (below its index: ``LogTruncated``), ``next``, the batch holding ``from_i
 greatest batch key at or below it) and the batches after it, a page at a time. A snapshot
 installed between two pages ends the read early with what was read so far.
 
-*wait_for* reads ``next`` and, while it is not past the index, watches ``next`` from the
-revision right after that read: no append can slip between the read and the watch, as etcd
-replays every event from that revision on.
+*wait_for* waits until ``next`` passes the index. One watch per log serves every waiter: it reads
+``next`` and watches it from the revision right after that read (etcd replays every event from
+that revision on, so no append slips between the read and the watch), and starts over after a
+failure; a waiter waits through an etcd outage rather than failing, and ends at ``close``.
 
 *install_snapshot(S)* writes the chunks under a fresh generation, then in one transaction
 guarded on the snapshot header being the one it read (and the fence): puts the header, deletes
@@ -76,6 +77,7 @@ from typing import Any, Final, TypeVar
 
 from crc32c import crc32c
 
+from automq_ref.io.metadata.background import stop
 from automq_ref.io.metadata.etcd_client import (
     Compare,
     CreateRevisionIs,
@@ -118,6 +120,7 @@ REQUEST_OVERHEAD_BYTES: Final = 4096
 READ_PAGE_BATCHES: Final = 256
 SNAPSHOT_PAGE_CHUNKS: Final = 8
 SNAPSHOT_ATTEMPTS: Final = 5
+WATCH_RETRY_S: Final = 0.25
 
 _COUNT = struct.Struct(">I")
 _T = TypeVar("_T")
@@ -264,7 +267,10 @@ class EtcdMetadataLog(MetadataLog):
         self._fenced_writes = fenced_writes
         self.fence: LeaderFence | None = None
         self._closed = False
-        self._waiters: set[asyncio.Future[int]] = set()
+        # wait_for's waiters: woken each time next_index grows, or at close. One watch of the
+        # next-index key serves them all, started by the first wait.
+        self._advanced = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -323,8 +329,10 @@ class EtcdMetadataLog(MetadataLog):
         return self._first_index
 
     def _saw(self, *, next_index: int | None = None, first_index: int | None = None) -> None:
-        if next_index is not None:
-            self._next_index = max(self._next_index, next_index)
+        if next_index is not None and next_index > self._next_index:
+            self._next_index = next_index
+            advanced, self._advanced = self._advanced, asyncio.Event()
+            advanced.set()
         if first_index is not None:
             self._first_index = max(self._first_index, first_index)
 
@@ -649,54 +657,41 @@ class EtcdMetadataLog(MetadataLog):
         return True
 
     async def wait_for(self, index: int) -> int:
-        self._check_open()
-        if self._next_index > index:
-            return self._next_index
-        waiter = asyncio.ensure_future(self._wait_for(index))
-        self._waiters.add(waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if self._closed and (current is None or not current.cancelling()):
-                raise MetadataLogClosed(
-                    f"metadata log of cluster {self.cluster_id} was closed"
-                ) from None
-            raise
-        finally:
-            self._waiters.discard(waiter)
-            waiter.cancel()
+        while self._next_index <= index:
+            self._check_open()
+            self._watch_next()
+            advanced = self._advanced
+            await advanced.wait()
+        return self._next_index
 
-    async def _wait_for(self, index: int) -> int:
+    def _watch_next(self) -> None:
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(
+                self._watch_next_forever(), name=f"metadata-log-{self.cluster_id}-next"
+            )
+
+    async def _watch_next_forever(self) -> None:
+        """Keep ``next_index`` current for ``wait_for``: read ``next``, then watch it from the
+        revision after that read (no append slips between), again after any failure."""
         while True:
-            found = await self._call("read the next index", self._client.range, Get(self._next_key))
-            next_index = self._next_of(found)
-            self._saw(next_index=next_index)
-            if next_index > index:
-                return next_index
             try:
+                found = await self._client.range(Get(self._next_key))
+                self._saw(next_index=self._next_of(found))
                 async with self._client.watch(
                     self._next_key, start_revision=found.revision + 1
                 ) as events:
                     async for event in events:
-                        if event.deleted:
-                            continue
-                        next_index = int(event.kv.value)
-                        self._saw(next_index=next_index)
-                        if next_index > index:
-                            return next_index
-            except EtcdCompacted:
-                continue  # read again, watch from the newer revision
-            except EtcdError as error:
-                raise MetadataLogError(
-                    f"metadata log of cluster {self.cluster_id}: watching the next index: {error}"
-                ) from error
+                        if not event.deleted:
+                            self._saw(next_index=int(event.kv.value))
+            except (EtcdError, MetadataLogCorrupt, ValueError) as error:
+                log.debug("watching the metadata log's next index: %s; again", error)
+                await asyncio.sleep(WATCH_RETRY_S)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for waiter in list(self._waiters):
-            waiter.cancel()
+        self._advanced.set()
+        await stop(self._watcher)
         if self._owns_client:
             await self._client.close()
