@@ -34,14 +34,13 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
-from automq_ref.io.metadata.cluster import ClusterMetadata, ClusterSettings
 from automq_ref.io.metadata.controller import Controller
-from automq_ref.io.metadata.etcd_metadata_log import EtcdLimits
-from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
@@ -55,6 +54,9 @@ from automq_ref.kafka.server import KafkaServer
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.vocabulary.naming import NAMESPACE, OFFSETS_STREAM_KEY, node_offsets_stream_key
+
+if TYPE_CHECKING:
+    from automq_ref.io.metadata.cluster import ClusterSettings
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,9 @@ class NodeMetadata:
 
 
 def cluster_settings(config: BrokerConfig) -> ClusterSettings:
+    from automq_ref.io.metadata.cluster import ClusterSettings
+    from automq_ref.io.metadata.etcd_metadata_log import EtcdLimits
+
     rpc_host, rpc_port = config.controller_rpc_address
     return ClusterSettings(
         endpoints=config.etcd_endpoints,
@@ -101,7 +106,14 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
     """The embedded file log and its controller, or, with ``metadata.etcd.endpoints``, this
     broker's part of the cluster's metadata."""
     if config.etcd_endpoints:
-        cluster = await ClusterMetadata.start(cluster_settings(config))
+        # Imported here: the embedded default never loads etcd's client (gRPC).
+        from automq_ref.io.metadata.cluster import ClusterMetadata
+
+        try:
+            cluster = await ClusterMetadata.start(cluster_settings(config))
+        except MetadataLogError as error:
+            reason = str(error.__cause__ or error)
+            raise MetadataUnavailable(config.etcd_endpoints, reason) from error
         return NodeMetadata(cluster.controller, cluster.client, cluster.view, cluster.close)
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
@@ -111,6 +123,15 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         raise
     client, view = connect_in_process(controller)
     return NodeMetadata(controller, client, view, metadata_log.close)
+
+
+class MetadataUnavailable(Exception):
+    """The cluster's metadata quorum (etcd at ``metadata.etcd.endpoints``) did not answer at
+    start; nothing was opened."""
+
+    def __init__(self, endpoints: tuple[str, ...], reason: str) -> None:
+        super().__init__(f"cannot reach etcd at {','.join(endpoints)}: {reason}")
+        self.endpoints, self.reason = endpoints, reason
 
 
 class ListenerUnavailable(Exception):
