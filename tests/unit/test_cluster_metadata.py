@@ -22,6 +22,7 @@ from automq_ref.io.metadata.controller import ControllerError
 from automq_ref.io.metadata.election import ControllerInfo, election_key
 from automq_ref.io.metadata.etcd_client import EtcdClient, Put
 from automq_ref.io.metadata.etcd_metadata_log import NotController
+from automq_ref.io.metadata.metadata_log import MetadataLogError
 from automq_ref.state_machines import stream_metadata as sm
 from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
 
@@ -211,3 +212,41 @@ async def test_a_lost_reply_is_an_error_not_a_retry(cluster: StartNode) -> None:
     gate.set()
     with contextlib.suppress(Exception):
         await first.close()
+
+
+async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: EtcdServer) -> None:
+    """etcd stops for a moment and comes back (same data): one controller again, and every
+    broker's requests are decided and seen in its image."""
+    nodes = [await cluster(node_id, request_timeout_ms=20_000) for node_id in (1, 2)]
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    for node in nodes:
+        assert (await node.client.submit(sm.RegisterNode(node.settings.node_id, 1))).ok
+    await asyncio.to_thread(etcd.restart)
+    for node in nodes:
+        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        assert created.stream_id in node.view.image.streams
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    await until(lambda: nodes[0].view.image == nodes[1].view.image)
+
+
+async def test_decisions_resume_after_etcd_was_paused(cluster: StartNode, etcd: EtcdServer) -> None:
+    """etcd stops answering for longer than the lease TTL: a request in flight fails (its
+    outcome unknown) or waits; once etcd answers again, there is one controller and requests
+    are decided."""
+    nodes = [await cluster(node_id, request_timeout_ms=20_000) for node_id in (1, 2)]
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    for node in nodes:
+        assert (await node.client.submit(sm.RegisterNode(node.settings.node_id, 1))).ok
+    etcd.pause()
+    try:
+        during = asyncio.ensure_future(nodes[1].client.submit(sm.CreateStream(2, 1)))
+        await asyncio.sleep(TTL_MS / 1000 + 1)
+    finally:
+        etcd.resume()
+    with contextlib.suppress(ControllerError, MetadataLogError):
+        await during
+    for node in nodes:
+        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        assert created.stream_id in node.view.image.streams
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    await until(lambda: nodes[0].view.image == nodes[1].view.image)

@@ -262,18 +262,40 @@ class ControllerElection:
             await self._until_gone(holder, lost)
 
     async def _until_gone(self, holder: KeyValue, lost: asyncio.Event) -> None:
-        """Return once ``holder`` (the key as read) is deleted or replaced, or ``lost`` is set."""
-        async with self._client.watch(self.key, start_revision=holder.mod_revision + 1) as events:
-            gone = asyncio.ensure_future(self._key_gone(events, holder))
-            lost_waiter = asyncio.ensure_future(lost.wait())
+        """Return once ``holder`` (the key as read) is deleted or replaced, or ``lost`` is set.
+        A broken watch is set up again (after reading the key once more): an etcd hiccup
+        does not depose a holder whose lease lives."""
+        revision = holder.mod_revision
+        while not lost.is_set():
             try:
-                await asyncio.wait({gone, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                await stop(gone, lost_waiter)
-            if gone.done() and not gone.cancelled():
-                failure = gone.exception()
-                if failure is not None:
-                    raise failure
+                async with self._client.watch(self.key, start_revision=revision + 1) as events:
+                    await self._first(self._key_gone(events, holder), lost)
+                    return
+            except EtcdError as error:
+                log.debug("watching the controller election key: %s; again", error)
+            await self._first(asyncio.sleep(RETRY_S), lost)
+            try:
+                found = await self._client.range(Get(self.key))
+            except EtcdError:
+                continue
+            current = found.kvs[0] if found.kvs else None
+            if current is None or current.create_revision != holder.create_revision:
+                return
+            revision = found.revision
+
+    @staticmethod
+    async def _first(work: Awaitable[None], lost: asyncio.Event) -> None:
+        """Await ``work`` until it ends or ``lost`` is set; ``work``'s failure is raised."""
+        task = asyncio.ensure_future(work)
+        lost_waiter = asyncio.ensure_future(lost.wait())
+        try:
+            await asyncio.wait({task, lost_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await stop(task, lost_waiter)
+        if task.done() and not task.cancelled():
+            failure = task.exception()
+            if failure is not None:
+                raise failure
 
     @staticmethod
     async def _key_gone(events: AsyncIterator[WatchEvent], holder: KeyValue) -> None:
