@@ -4,7 +4,8 @@ directory, stopped and removed however the test ends.
 The tests run against Debian's ``etcd`` binary (``etcd-server``; ``make test`` installs it when it
 is missing), never a system service: :class:`EtcdServer` starts its own member with
 ``--data-dir``, ``--listen-client-urls`` and ``--listen-peer-urls`` on ports the OS handed out,
-waits for ``/health`` to answer, and :meth:`EtcdServer.stop` kills it and deletes the directory.
+waits for ``/health`` to answer, and :meth:`EtcdServer.stop` kills it and deletes the directory
+(a member whose test process is killed from outside dies with it, on Linux).
 :meth:`pause` / :meth:`resume` (SIGSTOP / SIGCONT) make it unreachable without losing anything.
 
 ``ETCD_PREFIX`` gives each test a key prefix of its own, so one server serves a whole module.
@@ -13,6 +14,7 @@ waits for ``/health`` to answer, and :meth:`EtcdServer.stop` kills it and delete
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -27,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 START_TIMEOUT_S = 30
+PR_SET_PDEATHSIG = 1
 START_ATTEMPTS = 3
 
 
@@ -39,6 +42,13 @@ def etcd_binary() -> str:
             "(or run `apt-get install -y etcd-server`)"
         )
     return found
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, be killed when the test process dies, so a test run
+    killed from outside (a timeout, SIGKILL) leaves no etcd behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _free_port() -> int:
@@ -99,7 +109,11 @@ class EtcdServer:
             log_file = self.log_path.open("ab")
             try:
                 self.process = subprocess.Popen(
-                    command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+                    command,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             finally:
                 log_file.close()
