@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 RUNTIME := $(VENV)/.runtime
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest tlc kcat java run bench clean
+.PHONY: test lint typecheck pytest tlc kcat java etcd run bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) kcat java
+pytest: $(STAMP) kcat java etcd
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
 # The end-to-end tests drive the broker with kcat too (Debian's package).
@@ -39,6 +39,13 @@ kcat:
 	@command -v kcat >/dev/null 2>&1 || { \
 	  echo "kcat not found: installing Debian's kcat for the end-to-end tests"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat; }
+
+# The cluster tests run their own etcd members (the metadata quorum): Debian's etcd-server if
+# missing. Its package may start a system service on the default ports; the tests never use it.
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  echo "etcd not found: installing Debian's etcd-server for the cluster tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; }
 
 # TLC and Spark (the tests' local Spark session) run on Java: Debian's default JRE if missing.
 java:

@@ -112,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+        except node.MetadataUnavailable as error:
+            print(
+                f"automq-ref serve: {error}; start etcd there or correct metadata.etcd.endpoints",
+                file=sys.stderr,
+            )
+            return 2
     return 0
 
 

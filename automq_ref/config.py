@@ -110,6 +110,27 @@ class BrokerConfig(BaseModel):
     log_cleaner_min_cleanable_ratio: float = Field(
         0.5, alias="log.cleaner.min.cleanable.ratio", ge=0, le=1
     )
+    # A cluster: the metadata log on etcd (comma-separated host:port of one etcd cluster).
+    # Empty: the embedded file log under log.dirs, one process, no etcd.
+    metadata_etcd_endpoints: str = Field("", alias="metadata.etcd.endpoints")
+    # etcd's --max-request-bytes: batches and snapshot chunks are sized to fit.
+    metadata_etcd_max_request_bytes: int = Field(
+        1_572_864, alias="metadata.etcd.max.request.bytes", ge=64 * 1024
+    )
+    # Kafka's name: the controller writes a snapshot once this many record bytes followed it.
+    metadata_log_max_record_bytes_between_snapshots: int = Field(
+        20 * MIB, alias="metadata.log.max.record.bytes.between.snapshots", ge=1
+    )
+    # The active controller's etcd lease (whole seconds, at least 2): a dead controller is
+    # replaced within it.
+    controller_lease_ttl_ms: int = Field(3000, alias="controller.lease.ttl.ms", ge=2000)
+    # Where this broker serves controller requests from the others (host:port); empty: the
+    # listener's host and a free port. The address is published in etcd.
+    controller_rpc_listener: str = Field("", alias="controller.rpc.listener")
+    # How long a request waits for a controller (through a failover) before it fails.
+    controller_request_timeout_ms: int = Field(
+        30_000, alias="controller.request.timeout.ms", ge=100
+    )
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod
@@ -118,6 +139,25 @@ class BrokerConfig(BaseModel):
             return value
         if not value.startswith("PLAINTEXT://") or "," in value or ":" not in value[12:]:
             raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
+        return value
+
+    @field_validator("metadata_etcd_endpoints")
+    @classmethod
+    def _etcd_endpoints(cls, value: str) -> str:
+        for endpoint in filter(None, (part.strip() for part in value.split(","))):
+            address = endpoint.removeprefix("http://")
+            host, _, port = address.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"{endpoint!r}: expected host:port (or http://host:port)")
+        return value
+
+    @field_validator("controller_rpc_listener")
+    @classmethod
+    def _rpc_listener(cls, value: str) -> str:
+        if value:
+            host, _, port = value.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError("expected host:port")
         return value
 
     @field_validator("default_replication_factor")
@@ -168,6 +208,19 @@ class BrokerConfig(BaseModel):
         raw = raw.split("@", 1)[1] if "@" in raw.split("/", 1)[0] else raw
         raw = raw.removeprefix("file://").split("?", 1)[0]
         return Path(raw)
+
+    @property
+    def etcd_endpoints(self) -> tuple[str, ...]:
+        """``metadata.etcd.endpoints`` as host:port entries; empty without a cluster."""
+        parts = (part.strip() for part in self.metadata_etcd_endpoints.split(","))
+        return tuple(part.removeprefix("http://") for part in parts if part)
+
+    @property
+    def controller_rpc_address(self) -> tuple[str, int]:
+        if not self.controller_rpc_listener:
+            return self.host, 0
+        host, port = self.controller_rpc_listener.rsplit(":", 1)
+        return host, int(port)
 
     @property
     def upload_threshold_bytes(self) -> int:

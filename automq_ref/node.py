@@ -2,12 +2,16 @@
 
 :func:`start_node` opens, in this order, the metadata log and the controller, and makes the two
 seams everything above reaches it through: the controller client (requests) and the metadata
-view (the image and its changes). It registers the node through the client (proposing the clock's
-time as the node epoch; the controller grants one above any it stored), opens the WAL at the
-granted epoch, the object store and S3Storage over them, then the topic registry (every existing
-partition opened), the group coordinator, the producer-id allocator, the retention and cleaner
-tasks and the Kafka front end (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else
-constructs them.
+view (the image and its changes). Without ``metadata.etcd.endpoints`` that is the embedded file
+log under ``log.dirs`` and the controller in this process; with it, the node is a broker of a
+cluster (:class:`~automq_ref.io.metadata.cluster.ClusterMetadata`: the log on etcd, the
+controller election, this node's replica of the image, the controller RPC).
+
+It registers the node through the client (proposing the clock's time as the node epoch; the
+controller grants one above any it stored), opens the WAL at the granted epoch, the object store
+and S3Storage over them, then the topic registry (every existing partition opened), the group
+coordinator, the producer-id allocator, the retention and cleaner tasks and the Kafka front end
+(:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
 
@@ -37,13 +41,14 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
-from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
@@ -57,7 +62,10 @@ from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import KafkaServer
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
-from automq_ref.vocabulary.naming import NAMESPACE
+from automq_ref.vocabulary.naming import NAMESPACE, OFFSETS_STREAM_KEY, node_offsets_stream_key
+
+if TYPE_CHECKING:
+    from automq_ref.io.metadata.cluster import ClusterSettings
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +83,67 @@ class Seams:
     clock: Clock = field(default_factory=SystemClock)
     open_wal: WalOpener | None = None  # None: :func:`open_wal`
     before_open: Callable[[BrokerConfig], None] | None = None  # run before anything is opened
+
+
+@dataclass(frozen=True)
+class NodeMetadata:
+    """The node's metadata: the controller (in a cluster, this node's replica of it, deciding
+    only while elected), the client and view everything above uses, and how to close them."""
+
+    controller: Controller
+    client: ControllerClient
+    view: MetadataView
+    close: Callable[[], Awaitable[None]]
+
+
+def cluster_settings(config: BrokerConfig) -> ClusterSettings:
+    from automq_ref.io.metadata.cluster import ClusterSettings
+    from automq_ref.io.metadata.etcd_metadata_log import EtcdLimits
+
+    rpc_host, rpc_port = config.controller_rpc_address
+    return ClusterSettings(
+        endpoints=config.etcd_endpoints,
+        cluster_id=config.cluster_id,
+        node_id=config.node_id,
+        rpc_host=rpc_host,
+        rpc_port=rpc_port,
+        lease_ttl_ms=config.controller_lease_ttl_ms,
+        request_timeout_ms=config.controller_request_timeout_ms,
+        snapshot_bytes=config.metadata_log_max_record_bytes_between_snapshots,
+        limits=EtcdLimits(max_request_bytes=config.metadata_etcd_max_request_bytes),
+    )
+
+
+async def open_metadata(config: BrokerConfig) -> NodeMetadata:
+    """The embedded file log and its controller, or, with ``metadata.etcd.endpoints``, this
+    broker's part of the cluster's metadata."""
+    if config.etcd_endpoints:
+        # Imported here: the embedded default never loads etcd's client (gRPC).
+        from automq_ref.io.metadata.cluster import ClusterMetadata
+
+        try:
+            cluster = await ClusterMetadata.start(cluster_settings(config))
+        except MetadataLogError as error:
+            reason = str(error.__cause__ or error)
+            raise MetadataUnavailable(config.etcd_endpoints, reason) from error
+        return NodeMetadata(cluster.controller, cluster.client, cluster.view, cluster.close)
+    metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
+    try:
+        controller = await Controller.open(metadata_log)
+    except BaseException:
+        await metadata_log.close()
+        raise
+    client, view = connect_in_process(controller)
+    return NodeMetadata(controller, client, view, metadata_log.close)
+
+
+class MetadataUnavailable(Exception):
+    """The cluster's metadata quorum (etcd at ``metadata.etcd.endpoints``) did not answer at
+    start; nothing was opened."""
+
+    def __init__(self, endpoints: tuple[str, ...], reason: str) -> None:
+        super().__init__(f"cannot reach etcd at {','.join(endpoints)}: {reason}")
+        self.endpoints, self.reason = endpoints, reason
 
 
 class ListenerUnavailable(Exception):
@@ -131,10 +200,7 @@ class Node:
         *,
         config: BrokerConfig,
         clock: Clock,
-        metadata_log: FileMetadataLog,
-        controller: Controller,
-        client: ControllerClient,
-        view: MetadataView,
+        metadata: NodeMetadata,
         store: ObjectStore,
         storage: S3Storage,
         topics: TopicRegistry,
@@ -143,14 +209,14 @@ class Node:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.controller = controller
-        self.client = client
-        self.view = view
+        self.metadata = metadata
+        self.controller = metadata.controller
+        self.client = metadata.client
+        self.view = metadata.view
         self.storage = storage
         self.topics = topics
         self.groups = groups
         self.producer_ids = producer_ids
-        self._metadata_log = metadata_log
         self._store = store
         self.context = Context(
             config=config,
@@ -210,7 +276,7 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
-            await self._metadata_log.close()
+            await self.metadata.close()
             await self._store.close()
 
 
@@ -218,9 +284,16 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     if seams.before_open is not None:
         seams.before_open(config)
-    metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
-    controller = await Controller.open(metadata_log)
-    client, view = connect_in_process(controller)
+    metadata = await open_metadata(config)
+    try:
+        return await _start_on(config, seams, metadata)
+    except BaseException:
+        await metadata.close()
+        raise
+
+
+async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) -> Node:
+    client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
     registration = await register_node(client, config.node_id, seams.clock.now_ms())
@@ -265,6 +338,10 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
         min_session_timeout_ms=config.group_min_session_timeout_ms,
         max_session_timeout_ms=config.group_max_session_timeout_ms,
         clock=seams.clock,
+        # In a cluster each broker keeps its groups' offsets in a stream of its own.
+        offsets_stream_key=(
+            node_offsets_stream_key(config.node_id) if config.etcd_endpoints else OFFSETS_STREAM_KEY
+        ),
     )
     log.info(
         "node started %s",
@@ -280,10 +357,7 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     return Node(
         config=config,
         clock=seams.clock,
-        metadata_log=metadata_log,
-        controller=controller,
-        client=client,
-        view=view,
+        metadata=metadata,
         store=store,
         storage=storage,
         topics=topics,

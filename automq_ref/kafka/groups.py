@@ -151,15 +151,16 @@ class GroupCoordinator:
         min_session_timeout_ms: int,
         max_session_timeout_ms: int,
         clock: Clock | None = None,
+        offsets_stream_key: str = OFFSETS_STREAM_KEY,
     ) -> GroupCoordinator:
-        raw = view.image.kv.get(OFFSETS_STREAM_KEY)
+        raw = view.image.kv.get(offsets_stream_key)
         records: list[gc.DurableRecord] = []
         if raw is None:
             stream_id = await storage.create_stream()
             epoch = 0
             await storage.open_stream(stream_id, epoch)
             response = await client.submit(
-                sm.PutKV(OFFSETS_STREAM_KEY, encode_kv_integer(stream_id), False)
+                sm.PutKV(offsets_stream_key, encode_kv_integer(stream_id), False)
             )
             if not response.ok:
                 raise StorageError(f"offsets stream: {response.message}")

@@ -15,6 +15,11 @@ its record and decides the change once more on it; a topic deleted, re-created o
 is answered with an error (this node does not reconcile its open partitions with another's), and
 so is a change that loses twice. Partitions created for a change that then lost are deleted again.
 
+Brokers of a cluster share the KV: at open, a partition another broker holds open is left to
+it (``open_elsewhere``), rather than opened here at a higher epoch, which would be refused
+while that broker has it open. Which broker should hold which partition is placement's
+business; until then a topic's partitions stay where they were opened.
+
 ``topic_config`` answers a topic's effective config: its own setting, else the broker's setting
 of the config's synonym (``log.retention.ms``, ...), else Kafka's default. What a config may be
 and how a change applies is :mod:`automq_ref.kafka.topic_configs`' (the catalog).
@@ -33,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
@@ -49,9 +55,28 @@ from automq_ref.kafka.topic_configs import (
 from automq_ref.kafka.topics import TopicError, check_replica_assignment, check_topic_name
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.vocabulary.naming import topic_key
+from automq_ref.vocabulary.naming import partition_key, topic_key
 
 log = logging.getLogger(__name__)
+
+
+def open_elsewhere(
+    image: sm.StreamMetadataImage, topic_id: uuid.UUID, index: int, node_id: int
+) -> int | None:
+    """The node that holds partition ``index`` of ``topic_id`` open, if that is not ``node_id``
+    (its MetaStream is OPENED and its current range is that node's)."""
+    raw = image.kv.get(partition_key(topic_id, index))
+    if raw is None:
+        return None
+    try:
+        meta_stream_id = decode_kv_integer(raw, "MetaStream id")
+    except FormatError:
+        return None
+    stream = image.streams.get(meta_stream_id)
+    current = None if stream is None else stream.current_range
+    if stream is None or current is None or stream.state is not sm.StreamState.OPENED:
+        return None
+    return current.node_id if current.node_id != node_id else None
 
 
 class TopicRegistry:
@@ -94,6 +119,12 @@ class TopicRegistry:
             registry.topics[name] = topic
             registry._records[name] = kv[topic_key(name)]
             for index in range(topic.partitions):
+                holder = open_elsewhere(view.image, topic.topic_id, index, config.node_id)
+                if holder is not None:
+                    # Another broker of the cluster has it open: opening it here would fence
+                    # that broker (or be refused while it is open). Moving it is placement's.
+                    log.info("partition %s-%d is open on node %d, not here", name, index, holder)
+                    continue
                 registry.partitions[(name, index)] = await Partition.open(
                     storage, client, view, name, topic.topic_id, index
                 )

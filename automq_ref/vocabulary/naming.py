@@ -9,7 +9,8 @@ Object keys
 
 Controller KV keys
     :func:`topic_key` (a topic's record), :func:`partition_key` (a partition's MetaStream),
-    :data:`OFFSETS_STREAM_KEY` (the group coordinator's offsets stream) and
+    :data:`OFFSETS_STREAM_KEY` (the group coordinator's offsets stream; in a cluster, each
+    broker's under :func:`node_offsets_stream_key`) and
     :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far). The values under them
     are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``).
 
@@ -80,6 +81,17 @@ OFFSETS_STREAM_KEY: Final = "groups/offsets-stream"
 
 Written by: the group coordinator when it first starts (it creates the stream). Read by: the
 group coordinator at every later start, to replay the committed offsets."""
+
+
+def node_offsets_stream_key(node_id: int) -> str:
+    """The KV key holding the id of node ``node_id``'s own offsets stream, in a cluster.
+
+    Written by: a broker of a cluster when its group coordinator first starts (until groups are
+    placed on brokers, each broker coordinates the groups it is asked about, with offsets of
+    its own; one stream shared by all would be fenced by every broker that opened it). Read
+    by: that broker's group coordinator at every later start."""
+    return f"{OFFSETS_STREAM_KEY}/node-{node_id}"
+
 
 PRODUCER_ID_KEY: Final = "producer-ids/next"
 """The KV key holding the first producer id not yet handed out in a block.

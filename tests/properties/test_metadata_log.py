@@ -1,17 +1,18 @@
-"""MetadataLogMachine: append / read / install_snapshot / crash / reopen against a model.
+"""The MetadataLog contract against both implementations, and the file log's crashes.
 
-The model is the list of acknowledged records (a record's index is its position) and the
-snapshot (index and payload). After every step the log must report the model's next index and
-snapshot index, and every acknowledged record from the snapshot on must read back at its index
-with its payload.
+The contract (``metadata_log_machine.py``): append / read / install_snapshot / wait_for / reopen
+against a model of the acknowledged records and the snapshot. ``MetadataLogMachine`` runs it on
+the file log and adds crashes and media corruption; ``EtcdMetadataLogMachine`` runs it on the
+etcd log, against a real etcd started for the module (fewer examples: every step is a round
+trip to etcd).
 
-Crashes: ``close`` writes nothing (every acknowledged byte is already synced), so closing the
-log leaves exactly the files a crash at that moment would. The crash rules make a durability
-step fail (the append's fsync, or one step of ``install_snapshot``), close the failed log, and
-then damage what a power loss could damage: the bytes written after the last acknowledged
-append, which the page cache held but no fsync covered. They are cut at a random point and
-may get a hole of zeros (pages written back out of order). The batch in flight must then come
-back entirely when its bytes survived intact, and not at all otherwise.
+Crashes of the file log: ``close`` writes nothing (every acknowledged byte is already synced),
+so closing the log leaves exactly the files a crash at that moment would. The crash rules make a
+durability step fail (the append's fsync, or one step of ``install_snapshot``), close the failed
+log, and then damage what a power loss could damage: the bytes written after the last
+acknowledged append, which the page cache held but no fsync covered. They are cut at a random
+point and may get a hole of zeros (pages written back out of order). The batch in flight must
+then come back entirely when its bytes survived intact, and not at all otherwise.
 
 Media corruption (``flip_acknowledged_bit``): a bit flipped before the last batch must make
 open refuse with MetadataLogCorrupt and change nothing; a bit flipped in the last batch makes
@@ -23,125 +24,70 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import Coroutine
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
-from hypothesis import event
+import pytest
+from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-)
+from hypothesis.stateful import precondition, rule
 
+from automq_ref.io.metadata.etcd_metadata_log import EtcdMetadataLog
 from automq_ref.io.metadata.metadata_log import (
     FileMetadataLog,
-    LogEntry,
     LogIndexConflict,
-    LogTruncated,
+    MetadataLog,
     MetadataLogCorrupt,
     MetadataLogError,
     Snapshot,
 )
+from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
+from tests.properties.metadata_log_machine import MetadataLogContractMachine, batches, payloads
 from tests.unit.test_metadata_log import failing_step
 
-_T = TypeVar("_T")
-
-payloads = st.binary(max_size=40)
-batches = st.lists(payloads, min_size=1, max_size=5)
 # The steps of install_snapshot: 3 for the snapshot file, 5 more when the segment is rewritten.
 INSTALL_STEP_COUNT = 8
 SNAPSHOT_RENAME_STEP = 2
 # Memory-backed when there is one: the crashes here are simulated, so a disk's fsync adds nothing.
 SCRATCH_DIRECTORY = "/dev/shm" if Path("/dev/shm").is_dir() else None
+# Each step of the etcd machine is a few round trips to a real server.
+ETCD_EXAMPLES = 40
+ETCD_STEPS = 30
 
 
-class MetadataLogMachine(RuleBasedStateMachine):
+class MetadataLogMachine(MetadataLogContractMachine):
+    """The contract on the file log, plus crashes and media corruption."""
+
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
         self.directory = Path(tempfile.mkdtemp(prefix="metadata-log-", dir=SCRATCH_DIRECTORY))
-        self.log: FileMetadataLog | None = None
-        self.records: list[bytes] = []
-        self.snapshot = Snapshot(0, b"")
-        self.has_snapshot = False
         # Where the segment's last batch starts and how many records it holds, while known
         # (rewriting the segment for a snapshot moves batches).
         self.last_batch: tuple[int, int] | None = None
 
-    def run(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
-        return self.loop.run_until_complete(coroutine)
-
     @property
     def opened(self) -> FileMetadataLog:
-        assert self.log is not None
+        assert isinstance(self.log, FileMetadataLog)
         return self.log
+
+    async def open_log(self) -> MetadataLog:
+        return await FileMetadataLog.open(self.directory)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def before_append(self) -> object:
+        return self.segment_path().stat().st_size
+
+    def appended(self, batch: list[bytes], token: object) -> None:
+        assert isinstance(token, int)
+        self.last_batch = (token, len(batch))
+
+    def snapshot_installed(self) -> None:
+        self.last_batch = None
 
     def segment_path(self) -> Path:
         return max(self.directory.glob("segment-*.log"))
-
-    @initialize()
-    def open_log(self) -> None:
-        self.log = self.run(FileMetadataLog.open(self.directory))
-
-    # ------------------------------------------------------------------ rules
-
-    @rule(batch=st.lists(payloads, max_size=5), stale_by=st.sampled_from([0, 0, 0, 1, 2, -1]))
-    def append(self, batch: list[bytes], stale_by: int) -> None:
-        expected_next_index = len(self.records) - stale_by
-        if stale_by == 0:
-            size = self.segment_path().stat().st_size
-            next_index = self.run(
-                self.opened.append(batch, expected_next_index=expected_next_index)
-            )
-            self.records.extend(batch)
-            assert next_index == len(self.records)
-            if batch:
-                self.last_batch = (size, len(batch))
-            return
-        try:
-            self.run(self.opened.append(batch, expected_next_index=expected_next_index))
-        except LogIndexConflict as conflict:
-            assert conflict.next_index == len(self.records)
-        else:
-            raise AssertionError(f"append at stale index {expected_next_index} succeeded")
-
-    @rule(data=st.data())
-    def read(self, data: st.DataObject) -> None:
-        from_index = data.draw(st.integers(min_value=0, max_value=len(self.records) + 2))
-        max_records = data.draw(st.none() | st.integers(min_value=0, max_value=6))
-        if from_index < self.snapshot.index:
-            try:
-                self.run(self.opened.read(from_index, max_records))
-            except LogTruncated as truncated:
-                assert truncated.snapshot_index == self.snapshot.index
-                return
-            raise AssertionError(f"read below the snapshot from {from_index} succeeded")
-        stop = len(self.records) if max_records is None else from_index + max_records
-        expected = [
-            LogEntry(index, self.records[index])
-            for index in range(from_index, min(stop, len(self.records)))
-        ]
-        assert self.run(self.opened.read(from_index, max_records)) == expected
-
-    def _draw_snapshot_index(self, data: st.DataObject) -> int:
-        """A snapshot index, often strictly inside the log (hypothesis favours the minimum)."""
-        low, high = self.snapshot.index, len(self.records)
-        back = data.draw(st.integers(min_value=0, max_value=high - low))
-        return high - back if data.draw(st.booleans()) else low + back
-
-    @rule(data=st.data(), payload=payloads)
-    def install_snapshot(self, data: st.DataObject, payload: bytes) -> None:
-        index = self._draw_snapshot_index(data)
-        event(f"install_snapshot covers {min(index - self.snapshot.index, 3)}+ new records")
-        self.run(self.opened.install_snapshot(index, payload))
-        self.snapshot = Snapshot(index, payload)
-        self.has_snapshot = True
-        self.last_batch = None
-        self._check_snapshot()
 
     @rule(kind=st.sampled_from(["append", "install_snapshot", "garbage"]), data=st.data())
     def crash(self, kind: str, data: st.DataObject) -> None:
@@ -158,7 +104,7 @@ class MetadataLogMachine(RuleBasedStateMachine):
                 with self.segment_path().open("ab") as file:
                     file.write(garbage + bytes(zeros))
         self.log = self.run(FileMetadataLog.open(self.directory))
-        self._check_snapshot()
+        self.check_snapshot()
 
     def _crash_during_append(self, batch: list[bytes], data: st.DataObject) -> None:
         """The append's fsync fails; a random part of its unsynced bytes reaches the disk."""
@@ -197,7 +143,7 @@ class MetadataLogMachine(RuleBasedStateMachine):
 
     def _crash_during_install_snapshot(self, data: st.DataObject) -> None:
         """One durability step of install_snapshot fails; the files stay as they are then."""
-        index = self._draw_snapshot_index(data)
+        index = self.draw_snapshot_index(data)
         payload = data.draw(payloads)
         fail_at = data.draw(st.integers(min_value=1, max_value=INSTALL_STEP_COUNT))
         with failing_step(fail_at) as steps:
@@ -245,38 +191,60 @@ class MetadataLogMachine(RuleBasedStateMachine):
             self.last_batch = None
         self.log = self.run(FileMetadataLog.open(self.directory))
 
-    @rule()
-    def reopen(self) -> None:
-        self.run(self.opened.close())
-        self.log = self.run(FileMetadataLog.open(self.directory))
-        self._check_snapshot()
-
-    def _check_snapshot(self) -> None:
-        """The snapshot changes only in the rules that call this: it must be the model's."""
-        expected = self.snapshot if self.has_snapshot else None
-        assert self.run(self.opened.snapshot()) == expected
-
-    # -------------------------------------------------------------- invariants
-
-    @invariant()
-    def log_matches_the_model(self) -> None:
-        """next_index and first_index are the model's; every acknowledged record reads back."""
-        assert self.opened.next_index == len(self.records)
-        assert self.opened.first_index == self.snapshot.index
-        first_index = self.snapshot.index
-        expected = [
-            LogEntry(index, payload)
-            for index, payload in enumerate(self.records[first_index:], start=first_index)
-        ]
-        assert self.run(self.opened.read(first_index)) == expected
-
-    def teardown(self) -> None:
-        try:
-            if self.log is not None:
-                self.run(self.log.close())
-        finally:
-            self.loop.close()
-            shutil.rmtree(self.directory, ignore_errors=True)
-
 
 TestMetadataLogMachine = MetadataLogMachine.TestCase
+
+
+@pytest.fixture(scope="module")
+def etcd_server() -> Iterator[EtcdServer]:
+    loop = asyncio.new_event_loop()
+    with running_etcd() as server:
+        EtcdMetadataLogMachine.endpoint = server.endpoint
+        EtcdMetadataLogMachine.shared_loop = loop
+        try:
+            yield server
+        finally:
+            loop.close()
+
+
+@settings(max_examples=ETCD_EXAMPLES, stateful_step_count=ETCD_STEPS)
+class EtcdMetadataLogMachine(MetadataLogContractMachine):
+    """The contract on the etcd log; each example on a cluster id of its own."""
+
+    endpoint = ""
+    # One loop for every example: gRPC's asyncio client outlives a loop badly.
+    shared_loop: asyncio.AbstractEventLoop | None = None
+    owns_loop = False
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        assert self.shared_loop is not None
+        return self.shared_loop
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cluster_id = unique_cluster_id("contract")
+        self.rival: EtcdMetadataLog | None = None
+
+    async def open_log(self) -> MetadataLog:
+        return await EtcdMetadataLog.connect([self.endpoint], self.cluster_id)
+
+    @rule(batch=batches)
+    def rival_appends(self, batch: list[bytes]) -> None:
+        """Another broker's log on the same cluster appends; ours follows through wait_for,
+        and its next append at the old index conflicts."""
+        if self.rival is None:
+            self.rival = self.run(EtcdMetadataLog.connect([self.endpoint], self.cluster_id))
+        stale = len(self.records)
+        self.run(self.rival.append(batch, expected_next_index=stale))
+        self.records.extend(batch)
+        assert self.run(self.opened.wait_for(stale)) == len(self.records)
+        with pytest.raises(LogIndexConflict) as conflict:
+            self.run(self.opened.append([b"late"], expected_next_index=stale))
+        assert conflict.value.next_index == len(self.records)
+
+    async def closing(self) -> None:
+        if self.rival is not None:
+            await self.rival.close()
+
+
+TestEtcdMetadataLogMachine = pytest.mark.usefixtures("etcd_server")(EtcdMetadataLogMachine.TestCase)

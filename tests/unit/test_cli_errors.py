@@ -228,3 +228,23 @@ def test_verify_without_a_manifest_says_where_one_comes_from(tmp_path: Path) -> 
         "automq-ref verify: no manifest at none.json; pass the file "
         "`automq-ref produce --manifest` wrote"
     )
+
+
+def test_an_unreachable_etcd_is_one_line(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead = probe.getsockname()[1]
+    result = run_cli(
+        "serve",
+        "--override",
+        f"metadata.etcd.endpoints=127.0.0.1:{dead}",
+        "--override",
+        "listeners=PLAINTEXT://127.0.0.1:0",
+        "--override",
+        "controller.request.timeout.ms=1000",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2
+    line = one_line(result)
+    assert line.startswith(f"automq-ref serve: cannot reach etcd at 127.0.0.1:{dead}: "), line
+    assert line.endswith("start etcd there or correct metadata.etcd.endpoints")

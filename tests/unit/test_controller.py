@@ -211,3 +211,23 @@ async def test_the_view_follows_every_applied_batch(tmp_path: Path) -> None:
         assert (await register_node(client, 1, 2)).node_epoch == 6
     finally:
         await metadata_log.close()
+
+
+async def test_a_replica_below_a_snapshot_loads_it_then_follows(tmp_path: Path) -> None:
+    """Two controllers over one log (as on a shared log): the one that decides installs a
+    snapshot past what the other applied; the other's catch_up loads the snapshot, replays the
+    records after it, and its waiters wake."""
+    async with FileMetadataLog(tmp_path) as metadata_log:
+        deciding = await Controller.open(metadata_log)
+        replica = await Controller.open(metadata_log)
+        waiter = asyncio.ensure_future(replica.wait_applied(3))
+        stream_id = await write_some(deciding)
+        await deciding.snapshot()
+        assert metadata_log.first_index == deciding.applied_index > replica.applied_index
+        assert (await deciding.handle(sm.CloseStream(1, 5, stream_id, 0))).ok
+        assert not waiter.done()
+        await replica.catch_up()
+        await asyncio.wait_for(waiter, 1)
+        assert replica.image == deciding.image
+        assert replica.applied_index == deciding.applied_index == metadata_log.next_index
+        assert replica.bytes_since_snapshot > 0

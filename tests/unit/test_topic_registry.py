@@ -12,14 +12,17 @@ import pytest
 
 from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
-from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.kafka.topic_registry import TopicRegistry, open_elsewhere
 from automq_ref.kafka.topics import TopicError
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.vocabulary.naming import PARTITION_KEY_PREFIX, topic_key
+from automq_ref.vocabulary.naming import PARTITION_KEY_PREFIX, partition_key, topic_key
 
 SET = ConfigOperation.SET
 
@@ -123,3 +126,32 @@ async def test_a_topic_grown_recreated_or_deleted_elsewhere_is_an_error(node: No
         await node.topics.delete_topic("t")
     assert deleted.value.code is KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     assert "deleted by another node" in str(deleted.value)
+
+
+async def test_a_partition_open_on_another_node_is_left_to_it(tmp_path: Path) -> None:
+    """A broker of a cluster starting on a shared log does not open (and so fence, or fail on)
+    a partition another broker holds open; the others it opens."""
+    config = load_config(
+        overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
+    )
+    node = await start_node(config)
+    topic = await node.topics.create_topic("shared", 2, {})
+    await node.shutdown()
+    # Node 9 (another broker on the same log) opens partition 1 while node 0 is down.
+    async with FileMetadataLog(tmp_path / "metadata") as metadata_log:
+        controller = await Controller.open(metadata_log)
+        epoch = (await controller.handle(sm.RegisterNode(9, 1))).node_epoch
+        assert epoch is not None
+        raw = controller.image.kv[partition_key(topic.topic_id, 1)]
+        meta_stream = decode_kv_integer(raw, "MetaStream id")
+        stream_epoch = controller.image.streams[meta_stream].epoch + 1
+        assert (await controller.handle(sm.OpenStream(9, epoch, meta_stream, stream_epoch))).ok
+        assert open_elsewhere(controller.image, topic.topic_id, 1, 0) == 9
+        assert open_elsewhere(controller.image, topic.topic_id, 1, 9) is None
+        assert open_elsewhere(controller.image, topic.topic_id, 0, 0) is None
+    node = await start_node(config)
+    try:
+        assert set(node.topics.partitions) == {("shared", 0)}
+        assert "shared" in node.topics.topics
+    finally:
+        await node.shutdown()

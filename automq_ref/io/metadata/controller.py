@@ -14,6 +14,12 @@ log's order is the order of decisions.
 On open the image is rebuilt from the latest snapshot plus the records after it; ``snapshot()``
 writes the image as records (``image_records``) and lets the log drop what it covers.
 
+Replicas. On a log that several nodes share (etcd), every node runs a controller over it, and
+only the elected one decides; the others are replicas that ``catch_up`` as the log grows (a
+:class:`~automq_ref.io.metadata.follower.MetadataFollower` calls it) and load the snapshot when
+they fell below it. ``wait_applied`` lets a node wait until its image includes a given index
+(its own request, decided elsewhere). ``catch_up`` runs between decisions, never inside one.
+
 Nothing above the metadata room calls the controller directly: requests come through a
 :class:`~automq_ref.io.metadata.client.ControllerClient`, and readers follow the image through a
 :class:`~automq_ref.io.metadata.view.MetadataView`, which ``subscribe`` tells of every image
@@ -22,6 +28,7 @@ the controller moves to (its own decisions and the records it replays from other
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Self
@@ -33,12 +40,14 @@ from automq_ref.formats.metadata_record import (
     encode_snapshot,
 )
 from automq_ref.io.driver import Driver, Stale, StaleDecisions
-from automq_ref.io.metadata.metadata_log import LogIndexConflict, MetadataLog
+from automq_ref.io.metadata.metadata_log import LogIndexConflict, LogTruncated, MetadataLog
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
 
 MAX_CONFLICT_RETRIES = 5
+# A replica that keeps falling below newer snapshots while it reads gives up after this many.
+MAX_SNAPSHOT_LOADS = 5
 
 _ControllerDriver = Driver[sm.StreamMetadataImage, sm.StreamMetadataEvent, sm.StreamMetadataEffect]
 
@@ -59,12 +68,16 @@ class Controller:
         self._applied_index = applied_index
         self._params = params
         self._listeners: list[Callable[[sm.StreamMetadataImage], None]] = []
+        self._applied = asyncio.Event()
+        # Record bytes applied since the snapshot this image started from (or the last one
+        # written): what a snapshot policy measures.
+        self.bytes_since_snapshot = 0
         self._driver: _ControllerDriver = Driver(
             self._step,
             image,
             # The Respond is not executed here: handle returns it, once the driver advanced.
             {sm.AppendRecords: self._append_records, sm.Respond: None},
-            refresh=self.catch_up,
+            refresh=self._replay_new_records,
             max_decisions=MAX_CONFLICT_RETRIES,
         )
 
@@ -100,13 +113,46 @@ class Controller:
         image = self._driver.state
         for listener in self._listeners:
             listener(image)
+        applied, self._applied = self._applied, asyncio.Event()
+        applied.set()
+
+    async def wait_applied(self, index: int) -> None:
+        """Return once this controller's image includes every record below ``index``."""
+        while self._applied_index < index:
+            await self._applied.wait()
 
     async def catch_up(self) -> None:
-        """Replay every record the log has beyond what this controller applied."""
-        image = self._driver.state
-        for entry in await self._log.read(self._applied_index):
+        """Replay every record the log has beyond what this controller applied (loading the
+        snapshot first when the records it needs were truncated); waits for the decision in
+        progress, if any."""
+        async with self._driver.between_decisions():
+            await self._replay_new_records()
+
+    async def _replay_new_records(self) -> None:
+        """``catch_up``'s work, under the driver's lock (it is also the driver's refresh)."""
+        image, index, replayed = self._driver.state, self._applied_index, 0
+        loads = 0
+        while True:
+            try:
+                entries = await self._log.read(index)
+                break
+            except LogTruncated:
+                loads += 1
+                snapshot = await self._log.snapshot()
+                if snapshot is None or loads > MAX_SNAPSHOT_LOADS:
+                    raise
+                log.info("metadata log truncated below %d: loading its snapshot", snapshot.index)
+                image = sm.replay_all(sm.EMPTY_IMAGE, decode_snapshot(snapshot.payload))
+                index, replayed = snapshot.index, 0
+                self.bytes_since_snapshot = 0
+        for entry in entries:
             image = sm.replay(image, decode_record(entry.payload))
-            self._applied_index = entry.index + 1
+            replayed += len(entry.payload)
+        if entries:
+            index = entries[-1].index + 1
+        # The image and its index move together, after every read succeeded.
+        self._applied_index = index
+        self.bytes_since_snapshot += replayed
         self._driver.reset(image)
         self._published()
 
@@ -139,9 +185,11 @@ class Controller:
         # Nothing runs between here and the driver's advance (the Respond after this effect
         # is returned, not executed), so the index and the image move together.
         self._applied_index = next_index
+        self.bytes_since_snapshot += sum(len(payload) for payload in payloads)
 
     async def snapshot(self) -> None:
         """Write the image as a snapshot; the log may then drop every record it covers."""
         async with self._driver.between_decisions() as image:
             payload = encode_snapshot(sm.image_records(image))
             await self._log.install_snapshot(self._applied_index, payload)
+            self.bytes_since_snapshot = 0

@@ -1,0 +1,296 @@
+"""A broker's metadata in a cluster: the log on etcd, the controller election, the follower, the
+controller RPC, and the :class:`ClusterControllerClient` that ties them together.
+
+:meth:`ClusterMetadata.start` builds, for one broker:
+
+* the :class:`~automq_ref.io.metadata.etcd_metadata_log.EtcdMetadataLog` of the cluster, whose
+  writes are fenced by the election (a broker that does not hold it writes nothing);
+* a :class:`~automq_ref.io.metadata.controller.Controller` over it, the broker's replica of the
+  image (opened from the snapshot, then the records after it), and the
+  :class:`~automq_ref.io.metadata.view.ImageView` it publishes to;
+* a :class:`~automq_ref.io.metadata.follower.MetadataFollower` keeping the replica up with the
+  log;
+* a :class:`~automq_ref.io.metadata.controller_rpc.ControllerServer` (the controller RPC
+  listener) and the :class:`~automq_ref.io.metadata.election.ControllerElection`, which publishes
+  that listener's address with the election key;
+* the :class:`ClusterControllerClient`: while this broker holds the election, ``submit`` is its
+  replica's ``handle``; otherwise it sends the request to the holder's listener, and returns once
+  its own image has reached the log index of the decision, so the broker sees what it asked for
+  before it goes on (a read of its own write).
+
+Failover. A request that found no controller, or one that turned out not to be the controller
+(``NotController``: nothing decided), is sent again, to whoever holds the election next, until
+``request_timeout_s`` has passed (then :class:`ControllerUnavailable`). A request whose answer
+was lost after it was sent (the controller died, the connection broke, the log failed under the
+controller) is *not* sent again: it may have been decided, and a decision such as creating a
+stream is not idempotent; it fails with :class:`~automq_ref.io.metadata.controller.ControllerError`
+saying the outcome is unknown, as the in-process controller does when its log fails.
+
+Snapshots: the controller writes one when the records applied since the last one reach
+``snapshot_bytes`` (checked every ``SNAPSHOT_CHECK_S``), so the log on etcd stays short and a new
+broker loads the snapshot instead of replaying from index 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Final
+
+from automq_ref.io.metadata.background import stop
+from automq_ref.io.metadata.controller import Controller, ControllerError
+from automq_ref.io.metadata.controller_rpc import (
+    ControllerConnection,
+    ControllerServer,
+    DecisionUnknown,
+    NotControllerError,
+    NotSent,
+    RemoteError,
+    ReplyLost,
+)
+from automq_ref.io.metadata.election import ControllerElection, ControllerInfo, lease_ttl_s
+from automq_ref.io.metadata.etcd_client import EtcdClient, EtcdError
+from automq_ref.io.metadata.etcd_metadata_log import (
+    BatchTooLarge,
+    EtcdLimits,
+    EtcdMetadataLog,
+    NotController,
+)
+from automq_ref.io.metadata.follower import MetadataFollower
+from automq_ref.io.metadata.metadata_log import MetadataLogError
+from automq_ref.io.metadata.view import ImageView
+from automq_ref.state_machines import stream_metadata as sm
+
+log = logging.getLogger(__name__)
+
+RETRY_S: Final = 0.25
+SNAPSHOT_CHECK_S: Final = 1.0
+_UNSPECIFIED_HOSTS: Final = ("", "0.0.0.0", "::")
+
+
+class ControllerUnavailable(ControllerError):
+    """No controller answered within the request timeout; nothing was decided."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSettings:
+    endpoints: tuple[str, ...]
+    cluster_id: str
+    node_id: int
+    rpc_host: str = "127.0.0.1"
+    rpc_port: int = 0
+    # Published for other brokers; None: the bound address (rpc_host must then be reachable).
+    rpc_advertised_host: str | None = None
+    lease_ttl_ms: int = 3000
+    request_timeout_ms: int = 30_000
+    etcd_request_timeout_ms: int = 5000
+    snapshot_bytes: int = 20 * 1024 * 1024
+    limits: EtcdLimits = field(default_factory=EtcdLimits)
+
+
+class ClusterControllerClient:
+    """A :class:`~automq_ref.io.metadata.client.ControllerClient` for a broker of a cluster."""
+
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        election: ControllerElection,
+        replica: Controller,
+        request_timeout_s: float,
+    ) -> None:
+        self._node_id = node_id
+        self._election = election
+        self._replica = replica
+        self._timeout_s = request_timeout_s
+        self._connections: dict[str, ControllerConnection] = {}
+
+    async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout_s
+        name = type(event).__name__
+        problem = "no controller is elected"
+        while True:
+            version = self._election.version
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise ControllerUnavailable(
+                    f"{name}: no controller answered in {self._timeout_s:.1f} s ({problem})"
+                )
+            if self._election.is_leader:
+                try:
+                    return await self._replica.handle(event)
+                except NotController as error:
+                    problem = str(error)
+            elif (leader := self._election.leader) is not None and leader.node_id != self._node_id:
+                try:
+                    return await self._remote(leader, event, deadline)
+                except NotSent as error:
+                    problem = str(error)
+                    await self._drop(leader.address)
+                except RemoteError as error:
+                    if error.kind != "not_controller":
+                        raise ControllerError(
+                            f"{name}: controller {leader.node_id}: {error}"
+                        ) from error
+                    problem = f"node {leader.node_id} is not the controller any more"
+            elif leader is not None:
+                problem = "this node's election key is still there after it lost the election"
+            await self._election.wait_for_change(version, timeout_s=min(RETRY_S, remaining))
+
+    async def _remote(
+        self, leader: ControllerInfo, event: sm.StreamMetadataEvent, deadline: float
+    ) -> sm.Response:
+        loop = asyncio.get_running_loop()
+        connection = self._connections.get(leader.address)
+        if connection is None or connection.broken:
+            connection = self._connections[leader.address] = ControllerConnection(leader.address)
+        name = type(event).__name__
+        try:
+            response, index = await connection.call(event, deadline - loop.time())
+        except ReplyLost as error:
+            await self._drop(leader.address)
+            raise ControllerError(
+                f"{name}: sent to controller {leader.node_id}, no answer (its outcome is "
+                f"unknown): {error}"
+            ) from error
+        try:
+            async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                if self._replica.applied_index < index:
+                    # The decision is durable: read it now rather than wait for the follower.
+                    await self._replica.catch_up()
+                await self._replica.wait_applied(index)
+        except TimeoutError:
+            raise ControllerError(
+                f"{name}: decided at log index {index}, but this node's image did not reach "
+                "it in time"
+            ) from None
+        return response
+
+    async def _drop(self, address: str) -> None:
+        connection = self._connections.pop(address, None)
+        if connection is not None:
+            await connection.close()
+
+    async def close(self) -> None:
+        for address in list(self._connections):
+            await self._drop(address)
+
+
+class ClusterMetadata:
+    """Everything of one broker's cluster metadata; :meth:`start` builds it, :meth:`close`
+    ends it (resigning the election at once if this broker holds it)."""
+
+    def __init__(
+        self,
+        settings: ClusterSettings,
+        etcd: EtcdClient,
+        metadata_log: EtcdMetadataLog,
+        replica: Controller,
+    ) -> None:
+        self.settings = settings
+        self.etcd = etcd
+        self.metadata_log = metadata_log
+        self.controller = replica
+        self.view = ImageView(replica.image)
+        replica.subscribe(self.view.publish)
+        self.follower = MetadataFollower(replica, metadata_log)
+        self.server = ControllerServer(self._decide)
+        self.election: ControllerElection | None = None
+        self._client: ClusterControllerClient | None = None
+        self.rpc_address = ""
+        self._snapshots: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def start(cls, settings: ClusterSettings) -> ClusterMetadata:
+        try:
+            etcd = await EtcdClient.connect(
+                settings.endpoints, settings.etcd_request_timeout_ms / 1000
+            )
+        except EtcdError as error:
+            raise MetadataLogError(f"etcd at {list(settings.endpoints)}: {error}") from error
+        try:
+            metadata_log = await EtcdMetadataLog.open(
+                etcd, settings.cluster_id, limits=settings.limits, fenced_writes=True
+            )
+            replica = await Controller.open(metadata_log)
+        except BaseException:
+            await etcd.close()
+            raise
+        metadata = cls(settings, etcd, metadata_log, replica)
+        try:
+            await metadata._start()
+        except BaseException:
+            await metadata.close()
+            raise
+        return metadata
+
+    async def _start(self) -> None:
+        settings = self.settings
+        self.follower.start()
+        host, port = await self.server.start(settings.rpc_host, settings.rpc_port)
+        advertised = settings.rpc_advertised_host or (
+            "127.0.0.1" if host in _UNSPECIFIED_HOSTS else host
+        )
+        self.rpc_address = f"{advertised}:{port}"
+        self.election = ControllerElection(
+            self.etcd,
+            settings.cluster_id,
+            ControllerInfo(settings.node_id, self.rpc_address),
+            ttl_s=lease_ttl_s(settings.lease_ttl_ms),
+            metadata_log=self.metadata_log,
+            on_elected=self.controller.catch_up,
+        )
+        self._client = ClusterControllerClient(
+            node_id=settings.node_id,
+            election=self.election,
+            replica=self.controller,
+            request_timeout_s=settings.request_timeout_ms / 1000,
+        )
+        self.election.start()
+        self._snapshots = asyncio.create_task(self._snapshot_forever(), name="metadata-snapshots")
+
+    @property
+    def client(self) -> ClusterControllerClient:
+        assert self._client is not None, "not started"
+        return self._client
+
+    async def _decide(self, event: sm.StreamMetadataEvent) -> tuple[sm.Response, int]:
+        """The controller RPC's handler: decide here if this broker is the controller."""
+        if self.election is None or not self.election.is_leader:
+            raise NotControllerError(f"node {self.settings.node_id} is not the controller")
+        try:
+            response = await self.controller.handle(event)
+        except NotController as error:
+            raise NotControllerError(str(error)) from error
+        except BatchTooLarge:
+            raise
+        except MetadataLogError as error:
+            raise DecisionUnknown(str(error)) from error
+        # Read with no await after the decision: the index its image reached.
+        return response, self.controller.applied_index
+
+    async def _snapshot_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SNAPSHOT_CHECK_S)
+            if self.election is None or not self.election.is_leader:
+                continue
+            if self.controller.bytes_since_snapshot < self.settings.snapshot_bytes:
+                continue
+            try:
+                await self.controller.snapshot()
+                log.info("metadata snapshot at index %d", self.controller.applied_index)
+            except (MetadataLogError, ValueError) as error:
+                log.warning("writing a metadata snapshot: %s", error)
+
+    async def close(self) -> None:
+        await stop(self._snapshots)
+        if self.election is not None:
+            await self.election.close()
+        if self._client is not None:
+            await self._client.close()
+        await self.server.close()
+        await self.follower.close()
+        await self.metadata_log.close()
+        await self.etcd.close()

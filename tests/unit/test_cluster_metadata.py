@@ -1,0 +1,252 @@
+"""Brokers' metadata on one etcd, in one process: the election, requests sent to the controller
+over its RPC (and seen in the sender's own image before submit returns), failover, a deposed
+controller fenced out, snapshots for new brokers, and the RPC's codec and failures."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from automq_ref.io.metadata.cluster import (
+    ClusterMetadata,
+    ClusterSettings,
+    ControllerUnavailable,
+)
+from automq_ref.io.metadata.controller import ControllerError
+from automq_ref.io.metadata.election import ControllerInfo, election_key
+from automq_ref.io.metadata.etcd_client import EtcdClient, Put
+from automq_ref.io.metadata.etcd_metadata_log import NotController
+from automq_ref.io.metadata.metadata_log import MetadataLogError
+from automq_ref.state_machines import stream_metadata as sm
+from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TTL_MS = 2000
+StartNode = Callable[..., Awaitable[ClusterMetadata]]
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[EtcdServer]:
+    with running_etcd() as server:
+        yield server
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def cluster(etcd: EtcdServer) -> AsyncIterator[StartNode]:
+    """Start brokers' metadata on one cluster id: ``await cluster(node_id, **settings)``."""
+    cluster_id = unique_cluster_id("cluster")
+    started: list[ClusterMetadata] = []
+
+    async def start(node_id: int, **overrides: Any) -> ClusterMetadata:
+        values: dict[str, Any] = {
+            "lease_ttl_ms": TTL_MS,
+            "request_timeout_ms": 10_000,
+            "etcd_request_timeout_ms": 2000,
+        }
+        values.update(overrides)
+        metadata = await ClusterMetadata.start(
+            ClusterSettings((etcd.endpoint,), cluster_id, node_id, **values)
+        )
+        started.append(metadata)
+        return metadata
+
+    yield start
+    for metadata in started:
+        await metadata.close()
+
+
+async def until(condition: Any, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def leader_of(*nodes: ClusterMetadata) -> ClusterMetadata:
+    [leader] = [node for node in nodes if node.election is not None and node.election.is_leader]
+    return leader
+
+
+async def test_one_controller_and_requests_from_the_others(cluster: StartNode) -> None:
+    nodes = [await cluster(node_id) for node_id in (1, 2, 3)]
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    leader = leader_of(*nodes)
+    assert leader.election is not None
+    await until(lambda: all(n.election and n.election.leader == leader.election.me for n in nodes))
+    for node in nodes:
+        registered = await node.client.submit(sm.RegisterNode(node.settings.node_id, 7))
+        assert registered.node_epoch == 7
+        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 7))
+        assert created.stream_id is not None
+        # Seen in this node's own image before submit returned.
+        assert created.stream_id in node.view.image.streams
+        assert node.view.image.nodes[node.settings.node_id].node_epoch == 7
+    put = await nodes[0].client.submit(sm.PutKV("k", b"\xff\x00", False))
+    assert put.ok
+    refused = await nodes[1].client.submit(sm.PutKV("k", b"other", False))
+    assert refused.error is sm.StreamErrorCode.KEY_EXIST and refused.value == b"\xff\x00"
+    await until(lambda: all(n.view.image == leader.view.image for n in nodes))
+
+
+async def test_a_resigning_controller_hands_over_at_once(cluster: StartNode) -> None:
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    assert (await second.client.submit(sm.RegisterNode(2, 1))).ok
+    started = time.monotonic()
+    await first.close()
+    assert second.election is not None
+    await until(lambda: second.election is not None and second.election.is_leader)
+    assert time.monotonic() - started < 1.5
+    assert (await second.client.submit(sm.CreateStream(2, 1))).ok
+
+
+async def test_a_dead_controller_is_replaced_within_the_ttl(cluster: StartNode) -> None:
+    """The controller stops keeping its lease alive (as a killed process does): another node
+    is elected within the TTL plus a second, and requests sent meanwhile wait for it."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    assert (await second.client.submit(sm.RegisterNode(2, 1))).ok
+    assert first.election is not None
+    # Killed: its tasks stop, its listener goes, nothing is revoked.
+    for task in first.election._tasks:
+        task.cancel()
+    await first.server.close()
+    await first.follower.close()
+    died = time.monotonic()
+    request = asyncio.ensure_future(second.client.submit(sm.CreateStream(2, 1)))
+    await until(lambda: second.election is not None and second.election.is_leader, 10)
+    takeover = time.monotonic() - died
+    assert takeover <= TTL_MS / 1000 + 1, takeover
+    assert (await asyncio.wait_for(request, 10)).ok
+
+
+async def test_a_deposed_controller_decides_nothing(cluster: StartNode, etcd: EtcdServer) -> None:
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    assert (await first.client.submit(sm.RegisterNode(1, 1))).ok
+    before = first.metadata_log.next_index
+    # Its lease is gone (expired while the process was paused, say): the key goes with it.
+    assert first.election is not None and first.election._lease is not None
+    await first.etcd.revoke_lease(first.election._lease)
+    with pytest.raises(NotController):
+        await first.controller.handle(sm.CreateStream(1, 1))
+    await first.metadata_log.refresh()
+    assert first.metadata_log.next_index == before
+    await until(lambda: second.election is not None and second.election.is_leader)
+    created = await first.client.submit(sm.CreateStream(1, 1))  # through the new one
+    assert created.stream_id in first.view.image.streams
+    await until(lambda: first.election is not None and first.election.leader is not None)
+
+
+async def test_a_new_broker_starts_from_the_snapshot(cluster: StartNode) -> None:
+    first = await cluster(1, snapshot_bytes=1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    assert (await first.client.submit(sm.RegisterNode(1, 1))).ok
+    for _ in range(5):
+        assert (await first.client.submit(sm.CreateStream(1, 1))).ok
+    await until(lambda: first.metadata_log.first_index > 0, 10)
+    late = await cluster(2)
+    assert late.metadata_log.first_index > 0
+    assert late.view.image == first.view.image
+    # And follows what comes after, through the snapshot when it fell below one.
+    assert (await first.client.submit(sm.CreateStream(1, 1))).ok
+    await until(lambda: late.view.image == first.view.image)
+
+
+async def test_no_controller_within_the_timeout_is_unavailable(
+    cluster: StartNode, etcd: EtcdServer
+) -> None:
+    """The election key names a listener nobody serves (its holder died, its lease lives)."""
+    client = await EtcdClient.connect([etcd.endpoint])
+    try:
+        lease = await client.grant_lease(30)
+        cluster_id = unique_cluster_id("unavailable")
+        dead = ControllerInfo(9, "127.0.0.1:1")
+        await client.txn((), (Put(election_key(cluster_id), dead.encode(), lease),))
+        node = await ClusterMetadata.start(
+            ClusterSettings((etcd.endpoint,), cluster_id, 5, request_timeout_ms=1000)
+        )
+        try:
+            await until(lambda: node.election is not None and node.election.leader == dead)
+            with pytest.raises(ControllerUnavailable, match="cannot reach the controller"):
+                await node.client.submit(sm.CreateStream(5, 1))
+            await client.revoke_lease(lease)
+            await until(lambda: node.election is not None and node.election.is_leader)
+            assert (await node.client.submit(sm.RegisterNode(5, 1))).ok
+        finally:
+            await node.close()
+    finally:
+        await client.close()
+
+
+async def test_a_lost_reply_is_an_error_not_a_retry(cluster: StartNode) -> None:
+    """The controller dies with the request in flight: the sender does not send it again
+    (it may have been decided) and says the outcome is unknown."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    assert (await second.client.submit(sm.RegisterNode(2, 1))).ok
+    gate = asyncio.Event()
+    handle = first.controller.handle
+
+    async def stuck(event: sm.StreamMetadataEvent) -> sm.Response:
+        await gate.wait()
+        return await handle(event)
+
+    first.controller.handle = stuck  # type: ignore[method-assign]
+    request = asyncio.ensure_future(second.client.submit(sm.CreateStream(2, 1)))
+    await asyncio.sleep(0.1)
+    await first.server.close()
+    with pytest.raises(ControllerError, match="outcome is unknown"):
+        await request
+    gate.set()
+    with contextlib.suppress(Exception):
+        await first.close()
+
+
+async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: EtcdServer) -> None:
+    """etcd stops for a moment and comes back (same data): one controller again, and every
+    broker's requests are decided and seen in its image."""
+    nodes = [await cluster(node_id, request_timeout_ms=20_000) for node_id in (1, 2)]
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    for node in nodes:
+        assert (await node.client.submit(sm.RegisterNode(node.settings.node_id, 1))).ok
+    await asyncio.to_thread(etcd.restart)
+    for node in nodes:
+        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        assert created.stream_id in node.view.image.streams
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    await until(lambda: nodes[0].view.image == nodes[1].view.image)
+
+
+async def test_decisions_resume_after_etcd_was_paused(cluster: StartNode, etcd: EtcdServer) -> None:
+    """etcd stops answering for longer than the lease TTL: a request in flight fails (its
+    outcome unknown) or waits; once etcd answers again, there is one controller and requests
+    are decided."""
+    nodes = [await cluster(node_id, request_timeout_ms=20_000) for node_id in (1, 2)]
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    for node in nodes:
+        assert (await node.client.submit(sm.RegisterNode(node.settings.node_id, 1))).ok
+    etcd.pause()
+    try:
+        during = asyncio.ensure_future(nodes[1].client.submit(sm.CreateStream(2, 1)))
+        await asyncio.sleep(TTL_MS / 1000 + 1)
+    finally:
+        etcd.resume()
+    with contextlib.suppress(ControllerError, MetadataLogError):
+        await during
+    for node in nodes:
+        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        assert created.stream_id in node.view.image.streams
+    await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
+    await until(lambda: nodes[0].view.image == nodes[1].view.image)
