@@ -47,6 +47,7 @@ from automq_ref.io.storage.object_store import (
     open_object_store,
 )
 from tests.conftest import MotoS3
+from tests.waiting import PATIENCE_S
 
 
 def md5_hex(data: bytes) -> str:
@@ -873,8 +874,10 @@ def http_store(endpoint_url: str, **options: Any) -> tuple[S3ObjectStore, SleepR
         "endpoint_url": endpoint_url,
         "access_key_id": "testing",
         "secret_access_key": "testing",
-        "connect_timeout_ms": 2000,
-        "read_timeout_ms": 2000,
+        # Hang guards: the scripted server answers at once, and a timeout would be counted as
+        # one more attempt.
+        "connect_timeout_ms": int(PATIENCE_S * 1000),
+        "read_timeout_ms": int(PATIENCE_S * 1000),
     }
     return recorded_store(**{**settings, **options})
 

@@ -32,6 +32,7 @@ from automq_ref.state_machines import log_cache as lc
 from tests.conftest import MotoS3
 from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_object_store import fresh_bucket
+from tests.waiting import PATIENCE_S
 
 PARAMS = lc.LogCacheParams(
     upload_threshold_bytes=2000,
@@ -90,7 +91,7 @@ def payload(offset: int) -> bytes:
     return f"record {offset:05d} ".encode() * 10
 
 
-async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
+async def wait_for(condition: object, timeout_s: float = PATIENCE_S) -> None:
     assert callable(condition)
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not condition():
@@ -114,7 +115,7 @@ async def test_an_upload_outlasting_the_store_retries_is_retried_after_heal(
         await asyncio.sleep(0.1)
         assert not uploading.done() or uploading.exception() is None
         proxy.heal()
-        await asyncio.wait_for(uploading, 10)
+        await asyncio.wait_for(uploading, PATIENCE_S)
         # The storage is healthy: appends go on, and everything reads back from objects.
         for offset in range(5, 40):
             assert await storage.append(stream_id, 0, payload(offset), 1) == offset
@@ -154,6 +155,6 @@ async def test_shutdown_gives_up_on_an_exhausted_upload_and_the_wal_keeps_the_da
         uploading = asyncio.create_task(storage.force_upload(lc.ALL_STREAMS))
         await wait_for(lambda: proxy.stats["errors_injected"] >= 2)  # now pausing to retry
         with pytest.raises(StorageError, match="SlowDown"):
-            await asyncio.wait_for(storage.shutdown(), 10)
+            await asyncio.wait_for(storage.shutdown(), PATIENCE_S)
         with pytest.raises(StorageError):
             await uploading
