@@ -1,4 +1,6 @@
 """Shared test settings: hypothesis profiles `dev` (default) and `ci` (derandomized, more examples).
+Neither has a deadline or the too-slow health check: a property's verdict must not depend on how
+busy the machine is (waiting in tests: ``tests/waiting.py``).
 
 Also the session-wide moto S3 server (`moto_s3`) that object-store tests run against, and a
 broker process per test module (`broker`, see ``automq_ref.checker.cluster``) for the end-to-end
@@ -17,7 +19,9 @@ from hypothesis import HealthCheck, settings
 
 from automq_ref.checker.cluster import BrokerProcess
 
-settings.register_profile("dev", max_examples=100, deadline=None)
+settings.register_profile(
+    "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 settings.register_profile(
     "ci",
     max_examples=200,

@@ -18,6 +18,7 @@ from kafka.admin import NewTopic as KpNewTopic
 from kafka.errors import InvalidReplicationAssignmentError, KafkaTimeoutError
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waiting import PATIENCE_S
 
 TOPIC_OPERATIONS = {
     AclOperation.READ,
@@ -67,7 +68,7 @@ def test_confluent_kafka_sees_every_operation_when_asked(broker: BrokerProcess) 
         {"bootstrap.servers": broker.bootstrap, "group.id": group, "session.timeout.ms": 6000}
     )
     consumer.subscribe([topic])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE_S
     while not consumer.assignment() and time.monotonic() < deadline:
         consumer.poll(0.2)
     try:
@@ -116,17 +117,20 @@ def test_auto_create_disabled_for_metadata_and_produce(tmp_path: Path) -> None:
     broker = started(tmp_path, "auto.create.topics.enable=false", "num.partitions=2")
     try:
         # confluent-kafka: the delivery fails with the unknown topic; nothing is created.
+        # librdkafka fails it so once the broker has called the topic unknown and the
+        # propagation time has passed; the message timeout, which would fail it as timed out
+        # instead on a slow machine, is kept out of the way.
         missing = unique("missing-ck")
         errors: list[KafkaError | None] = []
         producer = Producer(
             {
                 "bootstrap.servers": broker.bootstrap,
                 "topic.metadata.propagation.max.ms": 1000,
-                "message.timeout.ms": 5000,
+                "message.timeout.ms": int(PATIENCE_S * 1000),
             }
         )
         producer.produce(missing, b"v", on_delivery=lambda error, _: errors.append(error))
-        producer.flush(15)
+        producer.flush(PATIENCE_S)
         assert [e.code() if e else None for e in errors] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         listed = admin.list_topics(missing, timeout=10).topics[missing]
@@ -148,7 +152,7 @@ def test_auto_create_disabled_for_metadata_and_produce(tmp_path: Path) -> None:
         present = unique("present")
         admin.create_topics([NewTopic(present)])[present].result(10)
         producer.produce(present, b"v", on_delivery=lambda error, _: errors.append(error))
-        producer.flush(15)
+        producer.flush(PATIENCE_S)
         assert errors[1:] == [None]
     finally:
         stop(broker)

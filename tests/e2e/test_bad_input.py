@@ -22,6 +22,7 @@ from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.protocol.kio_codec import build
 from tests.e2e.conftest import BrokerProcess
 from tests.e2e.test_clients import consume_all
+from tests.waiting import PATIENCE_S
 
 FUZZ_SEED = 20261122
 
@@ -33,7 +34,8 @@ class _Chunks(list[bytes]):
 
 
 def connect(broker: BrokerProcess) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+    # A hang guard: an answer or a close is awaited, never the timeout (the fuzz sets its own).
+    return socket.create_connection(("127.0.0.1", broker.port), timeout=PATIENCE_S)
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:

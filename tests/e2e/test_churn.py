@@ -9,10 +9,12 @@ given.
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waiting import PATIENCE_S, wait_until
 
 PARTITIONS = 3
 CLIENTS = ["confluent", "kafka-python"]
@@ -40,6 +43,41 @@ def acknowledged_by(output: str) -> dict[tuple[int, int], str]:
     return acked
 
 
+class ChurnClient:
+    """A ``churn_client`` process and its output so far (read on a thread as it comes)."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPOSITORY)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def producing(self) -> bool:
+        """True once a record was acknowledged: connected, and sends in flight."""
+        if self.lines:
+            return True
+        assert self.process.poll() is None, "a producer exited before it was killed"
+        return False
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+
+    def output(self) -> str:
+        """Everything it printed, once it has ended."""
+        self.process.wait(timeout=PATIENCE_S)
+        self._reader.join(timeout=PATIENCE_S)
+        return "".join(self.lines)
+
+
+def all_producing(producers: list[ChurnClient]) -> bool:
+    return all(producer.producing() for producer in producers)
+
+
 def read_everything(bootstrap: str, topic: str) -> dict[tuple[int, int], str]:
     consumer = Consumer(
         {
@@ -52,7 +90,7 @@ def read_everything(bootstrap: str, topic: str) -> dict[tuple[int, int], str]:
     consumer.assign([TopicPartition(topic, index, 0) for index in range(PARTITIONS)])
     found: dict[tuple[int, int], str] = {}
     ended: set[int] = set()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while len(ended) < PARTITIONS:
         assert time.monotonic() < deadline, "could not read the topic back"
         message = consumer.poll(0.5)
@@ -90,18 +128,21 @@ def test_producers_killed_mid_flight_leave_nothing_behind(broker: BrokerProcess)
                     acks,
                     prefix,
                 ]
-                producers.append(
-                    subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPOSITORY)
-                )
-        # Long enough to connect and produce (the imports take most of a second), then kill
-        # each at its own moment: requests are in flight, answers queued behind a WAL sync.
-        time.sleep(1.5)
+                producers.append(ChurnClient(command))
+        # Long enough to connect and produce (the imports take most of a second, several on a
+        # busy machine: so also until each has had a record acknowledged), then kill each at
+        # its own moment: requests are in flight, answers queued behind a WAL sync.
+        try:
+            time.sleep(1.5)
+            wait_until(functools.partial(all_producing, producers), "every producer to produce")
+            for producer in producers:
+                time.sleep(chooser.uniform(0.0, 0.3))
+                producer.kill()
+        finally:
+            for producer in producers:
+                producer.kill()  # again, or first if the wait failed: none is left running
         for producer in producers:
-            time.sleep(chooser.uniform(0.0, 0.3))
-            producer.send_signal(signal.SIGKILL)
-        for producer in producers:
-            output, _ = producer.communicate(timeout=30)
-            acked.update(acknowledged_by(output))
+            acked.update(acknowledged_by(producer.output()))
     assert len(acked) > 100, "the producers were killed before they produced"
     for client in CLIENTS:
         assert any(f"-{client}-" in value for value in acked.values()), f"{client} acked nothing"

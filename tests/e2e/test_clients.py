@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import time
 import uuid
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -17,6 +18,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KpTopicPartition
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waiting import PATIENCE_S, wait_until
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -36,7 +38,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> l
     )
     consumer.assign([TopicPartition(topic, index, 0) for index in range(partitions)])
     values: list[bytes] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE_S
     while len(values) < expected and time.monotonic() < deadline:
         message = consumer.poll(0.5)
         if message is None:
@@ -77,16 +79,24 @@ def test_kafka_python_produce_auto_creates_and_consumes_in_order(broker: BrokerP
         producer.send(topic, f"v{index}".encode(), key=b"k")
     producer.flush()
     producer.close()
-    consumer = KafkaConsumer(
-        bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=5000
-    )
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest")
     partition = KpTopicPartition(topic, 0)
     consumer.assign([partition])
     consumer.seek_to_beginning(partition)
-    messages = [message for message in consumer]
+    messages: list[Any] = []
+
+    def read_200() -> bool:
+        for records in consumer.poll(timeout_ms=200).values():
+            messages.extend(records)
+        return len(messages) >= 200
+
+    wait_until(read_200, "200 records read back", interval_s=0)
+    # Nothing past them: the log ends there (rather than: nothing more came for a while).
+    end = consumer.end_offsets([partition])[partition]
     consumer.close()
     assert [m.value for m in messages] == [f"v{index}".encode() for index in range(200)]
     assert [m.offset for m in messages] == list(range(200))
+    assert end == 200
 
 
 def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
@@ -107,7 +117,7 @@ def test_aiokafka_round_trip(broker: BrokerProcess) -> None:
             consumer.assign([partition])
             await consumer.seek_to_beginning(partition)
             got: list[bytes] = []
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + PATIENCE_S
             while len(got) < 50 and time.monotonic() < deadline:
                 batches = await consumer.getmany(timeout_ms=1000)
                 for messages in batches.values():

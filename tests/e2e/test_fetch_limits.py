@@ -18,6 +18,7 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KpTopicPartition
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waiting import PATIENCE_S
 
 PARTITIONS = 3
 PER_PARTITION = 4
@@ -60,7 +61,7 @@ def test_confluent_kafka_reads_batches_larger_than_half_of_fetch_max_bytes(
     try:
         consumer.assign([TopicPartition(topic, index, 0) for index in range(PARTITIONS)])
         got: set[bytes] = set()
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + PATIENCE_S
         while len(got) < len(values) and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is None or message.error() is not None:
@@ -88,7 +89,7 @@ def test_kafka_python_fetches_stay_within_fetch_max_bytes(broker: BrokerProcess)
     try:
         consumer.assign([KpTopicPartition(topic, index) for index in range(PARTITIONS)])
         got: set[bytes] = set()
-        deadline = time.monotonic() + 40
+        deadline = time.monotonic() + PATIENCE_S
         while len(got) < len(values) and time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=500).values():
                 got.update(record.value for record in records)

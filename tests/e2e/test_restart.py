@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from tests.e2e.conftest import BrokerProcess
+from tests.waiting import PATIENCE_S, wait_until
 
 PARTITIONS = 3
 
@@ -34,7 +35,7 @@ def read_everything(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
     consumer.assign([TopicPartition(topic, index, 0) for index in range(PARTITIONS)])
     values: dict[int, list[bytes]] = {index: [] for index in range(PARTITIONS)}
     at_end: set[int] = set()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while len(at_end) < PARTITIONS and time.monotonic() < deadline:
         message = consumer.poll(0.5)
         if message is None:
@@ -86,20 +87,31 @@ def test_no_acknowledged_record_is_lost_across_a_restart(tmp_path: Path, how: st
         def produce() -> None:
             index = 0
             while not stop.is_set():
-                producer.produce(
-                    topic,
-                    value=f"value-{index}".encode(),
-                    partition=index % PARTITIONS,
-                    on_delivery=delivered,
-                )
+                try:
+                    producer.produce(
+                        topic,
+                        value=f"value-{index}".encode(),
+                        partition=index % PARTITIONS,
+                        on_delivery=delivered,
+                    )
+                except BufferError:  # the queue is full (the broker is down, or slow): wait
+                    producer.poll(0.1)
+                    continue
                 producer.poll(0)
                 index += 1
                 if index % 200 == 0:
                     time.sleep(0.01)
 
+        def total() -> int:
+            with lock:
+                return sum(len(values) for values in acknowledged.values())
+
         thread = threading.Thread(target=produce)
         thread.start()
+        # Stopped mid-stream once it has carried something (on a busy machine that can take
+        # longer than the 1.5 s).
         time.sleep(1.5)
+        wait_until(lambda: total() > 100, "more than 100 acknowledgements")
         if how == "graceful":
             assert broker.stop() == 0
         else:
@@ -109,10 +121,9 @@ def test_no_acknowledged_record_is_lost_across_a_restart(tmp_path: Path, how: st
         time.sleep(1.5)
         stop.set()
         thread.join()
-        assert producer.flush(60) == 0
+        assert producer.flush(PATIENCE_S) == 0
         read = read_everything(broker.bootstrap, topic)
-        total = sum(len(values) for values in acknowledged.values())
-        assert total > 100, f"only {total} acknowledged: the test did not exercise much"
+        assert total() > 100, f"only {total()} acknowledged: the test did not exercise much"
         for index in range(PARTITIONS):
             got = read[index]
             missing = set(acknowledged[index]) - set(got)

@@ -11,6 +11,7 @@ from kafka import KafkaProducer
 
 from tests.e2e.conftest import BrokerProcess
 from tests.e2e.test_clients import consume_all, unique
+from tests.waiting import PATIENCE_S
 
 
 def watermarks(bootstrap: str, topic: str) -> tuple[int, int]:
@@ -25,7 +26,7 @@ def produce_batches(bootstrap: str, topic: str, batches: int, per_batch: int) ->
     for batch in range(batches):
         for index in range(per_batch):
             producer.produce(topic, value=b"x" * 1000, key=f"{batch}-{index}".encode())
-        producer.flush(10)  # one batch per flush
+        assert producer.flush(PATIENCE_S) == 0  # one batch per flush
 
 
 def test_retention_bytes_trims_whole_batches_from_the_start(tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_retention_bytes_trims_whole_batches_from_the_start(tmp_path: Path) -> N
         produce_batches(broker.bootstrap, topic, batches=10, per_batch=10)  # ~10 KB per batch
         # A retention pass may run while batches are still arriving and trim only some: wait
         # for the pass that sees all of them, then check that later passes leave it there.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + PATIENCE_S
         while watermarks(broker.bootstrap, topic)[0] < 50:
             assert time.monotonic() < deadline, "retention never trimmed to ~30 KB"
             time.sleep(0.3)
@@ -83,7 +84,7 @@ def test_acks_zero_produce_is_stored(broker: BrokerProcess) -> None:
         producer.send(topic, f"z{index}".encode())
     producer.flush()
     producer.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + PATIENCE_S
     while watermarks(broker.bootstrap, topic)[1] < 50:
         assert time.monotonic() < deadline
         time.sleep(0.2)

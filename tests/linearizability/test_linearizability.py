@@ -417,7 +417,10 @@ def test_generated_histories_with_seeded_anomalies_fail(generated: Generated, mu
 
 
 def test_a_long_random_history_checks_quickly() -> None:
-    """2,000 operations over four partitions with eight concurrent clients."""
+    """2,000 operations over four partitions with eight concurrent clients. Quickly is counted
+    in search steps, not seconds (a busy machine must not fail it): a correct log is linearized
+    almost without backtracking, one step per operation, where a search gone exponential takes
+    many times more."""
     rng = random.Random(20240601)
     recorder = Recorder()
     logs: list[list[int]] = [[] for _ in range(4)]
@@ -452,4 +455,4 @@ def test_a_long_random_history_checks_quickly() -> None:
     result = check_operations(pair(recorder.ops), time_limit_s=20.0)
     assert result.verdict == "ok", result.describe()
     assert result.counts["send_ok"] + result.counts["poll_ok"] == 2000
-    assert all(r.elapsed_s < 10.0 for r in result.partitions)
+    assert all(r.steps <= 2 * r.operations for r in result.partitions), result.partitions

@@ -17,6 +17,7 @@ import uvloop
 
 from automq_ref.kafka import server as kafka_server
 from automq_ref.kafka.server import KafkaServer, Peer, Reply
+from tests.waiting import PATIENCE_S
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
@@ -103,7 +104,7 @@ def test_frame_above_the_limit_closes_the_connection(run: Runner[Any]) -> None:
             reader, writer = await asyncio.open_connection(host, port)
             writer.write(frame(0, bytes(2_000)))
             await writer.drain()
-            left = await asyncio.wait_for(reader.read(), 5)
+            left = await asyncio.wait_for(reader.read(), PATIENCE_S)
             writer.close()
             return left
         finally:
@@ -147,7 +148,7 @@ async def held_then_gone(handler: Held, frames: int, client_leaves: bool) -> byt
             writer.close()
         else:
             handler.released.set()
-            left = await asyncio.wait_for(reader.read(), 5)
+            left = await asyncio.wait_for(reader.read(), PATIENCE_S)
             writer.close()
         while server._connections:
             await asyncio.sleep(0.001)

@@ -30,6 +30,7 @@ from automq_ref.io.metadata.metadata_log import (
     Snapshot,
     encode_batch,
 )
+from tests.waiting import PATIENCE_S
 
 # Three batches; the torn-tail and bit-flip tests damage the last or the middle one.
 BATCHES = [
@@ -160,13 +161,13 @@ async def test_wait_for_wakes_on_append_and_on_close(tmp_path: Path) -> None:
     await asyncio.sleep(0)
     assert not waiter.done()
     await log.append([b"c"], expected_next_index=2)
-    assert await asyncio.wait_for(waiter, timeout=5) == 3
+    assert await asyncio.wait_for(waiter, timeout=PATIENCE_S) == 3
     assert await log.wait_for(0) == 3
     late = asyncio.create_task(log.wait_for(10))
     await asyncio.sleep(0)
     await log.close()
     with pytest.raises(MetadataLogClosed):
-        await asyncio.wait_for(late, timeout=5)
+        await asyncio.wait_for(late, timeout=PATIENCE_S)
 
 
 async def test_a_follower_replays_the_log_as_it_grows(tmp_path: Path) -> None:
@@ -183,7 +184,7 @@ async def test_a_follower_replays_the_log_as_it_grows(tmp_path: Path) -> None:
         for batch in BATCHES:
             await asyncio.sleep(0)
             await log.append(batch, expected_next_index=log.next_index)
-        assert await asyncio.wait_for(follower, timeout=5) == RECORDS
+        assert await asyncio.wait_for(follower, timeout=PATIENCE_S) == RECORDS
 
 
 async def test_open_creates_missing_directories(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ from automq_ref.io.storage.object_store import (
     open_object_store,
 )
 from tests.conftest import MotoS3
+from tests.waiting import PATIENCE_S
 
 
 def md5_hex(data: bytes) -> str:
@@ -466,6 +467,32 @@ async def test_local_put_survives_concurrent_pruning(
         await local_store.delete(f"{key}-c")
 
 
+async def test_local_put_survives_its_key_deleted_and_pruned_before_the_directory_sync(
+    local_store: LocalDirectoryObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interleaving the test above meets only now and then, on a busy machine: the put has
+    renamed its object into place, and a concurrent delete of the key removes it and prunes the
+    directory before the put syncs that directory."""
+    from automq_ref.io.storage import local_object_store
+
+    sync = local_object_store._fsync_directory
+    directory_of_key = str(local_store.root / "pruned")
+    pruned: list[str] = []
+
+    def delete_first(directory: str) -> None:
+        if directory == directory_of_key and not pruned:
+            os.unlink(os.path.join(directory, "k"))
+            os.rmdir(directory)
+            pruned.append(directory)
+        sync(directory)
+
+    monkeypatch.setattr(local_object_store, "_fsync_directory", delete_first)
+    await local_store.put("pruned/k", b"v")
+    assert pruned == [directory_of_key]
+    with pytest.raises(NotFound):
+        await local_store.get("pruned/k")
+
+
 async def test_local_put_if_absent_across_store_instances(tmp_path: Path) -> None:
     # Two stores on one directory stand for two broker processes sharing it.
     async with (
@@ -873,8 +900,10 @@ def http_store(endpoint_url: str, **options: Any) -> tuple[S3ObjectStore, SleepR
         "endpoint_url": endpoint_url,
         "access_key_id": "testing",
         "secret_access_key": "testing",
-        "connect_timeout_ms": 2000,
-        "read_timeout_ms": 2000,
+        # Hang guards: the scripted server answers at once, and a timeout would be counted as
+        # one more attempt.
+        "connect_timeout_ms": int(PATIENCE_S * 1000),
+        "read_timeout_ms": int(PATIENCE_S * 1000),
     }
     return recorded_store(**{**settings, **options})
 

@@ -12,6 +12,7 @@ after a graceful restart (which reads from the objects), and the broker never di
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from automq_ref.checker.proxies import S3FaultProxy, TcpProxy
 from automq_ref.checker.workload import read_partition
 from automq_ref.io.storage.object_store import ObjectStoreUnavailable, S3ObjectStore
 from tests.conftest import MotoS3
+from tests.waiting import wait_until
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
@@ -119,6 +121,12 @@ def test_tcp_proxy_forwards_both_ways_transparently(tcp_proxy: TcpProxy) -> None
         sock.sendall(payload)
         assert receive_exactly(sock, len(payload)) == payload
         round_trip(sock, b"x")  # a small write is passed on by itself, not held for more
+    # The proxy counts a chunk once it is written, so the echo can reach us before its count.
+    total = len(payload) + 1
+    wait_until(
+        lambda: min(tcp_proxy.stats["bytes_up"], tcp_proxy.stats["bytes_down"]) >= total,
+        "the count",
+    )
     stats = tcp_proxy.stats
     assert stats["connections"] == 1
     assert stats["bytes_up"] == stats["bytes_down"] == len(payload) + 1
@@ -162,7 +170,8 @@ def test_tcp_proxy_drop_black_holes_then_heal_serves_new_connections(
             during.sendall(b"anyone?")
             with pytest.raises(TimeoutError):
                 during.recv(1)
-        assert tcp_proxy.stats["dropped_bytes"] >= len(b"into the void") + len(b"anyone?")
+        dropped = len(b"into the void") + len(b"anyone?")
+        wait_until(lambda: tcp_proxy.stats["dropped_bytes"] >= dropped, f"{dropped} bytes dropped")
         tcp_proxy.heal()
         with connect(tcp_proxy.port) as after:
             round_trip(after, b"back again")
@@ -457,6 +466,10 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> dict[tuple[int, int
     return found
 
 
+def requests_since(proxy: S3FaultProxy, before: int) -> bool:
+    return proxy.stats["requests"] > before
+
+
 def test_broker_keeps_every_acked_record_through_s3_faults(
     tmp_path: Path, moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -504,7 +517,11 @@ def test_broker_keeps_every_acked_record_through_s3_faults(
         for faults in windows:
             time.sleep(0.5)
             proxy.set_faults(**faults)
+            before = proxy.stats["requests"]  # every request counted from here meets the faults
             time.sleep(1.5)
+            # The window lasts until an S3 request has met it: the broker may spend all of the
+            # 1.5 s waiting out an upload retry's backoff, the longer the busier the machine.
+            wait_until(functools.partial(requests_since, proxy, before), f"S3 under {faults}")
             proxy.heal()
             assert broker.alive(), f"the broker died under {faults}"
         time.sleep(0.5)

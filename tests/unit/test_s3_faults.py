@@ -32,6 +32,7 @@ from automq_ref.state_machines import log_cache as lc
 from tests.conftest import MotoS3
 from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_object_store import fresh_bucket
+from tests.waiting import PATIENCE_S, wait_until_async
 
 PARAMS = lc.LogCacheParams(
     upload_threshold_bytes=2000,
@@ -90,14 +91,6 @@ def payload(offset: int) -> bytes:
     return f"record {offset:05d} ".encode() * 10
 
 
-async def wait_for(condition: object, timeout_s: float = 10.0) -> None:
-    assert callable(condition)
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_an_upload_outlasting_the_store_retries_is_retried_after_heal(
     tmp_path: Path, moto_s3: MotoS3, proxy: S3FaultProxy, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,11 +103,11 @@ async def test_an_upload_outlasting_the_store_retries_is_retried_after_heal(
             assert await storage.append(stream_id, 0, payload(offset), 1) == offset
         uploading = asyncio.create_task(storage.force_upload(lc.ALL_STREAMS))
         # The store gives up after 2 attempts; wait until it has done so at least twice.
-        await wait_for(lambda: proxy.stats["errors_injected"] >= 4)
+        await wait_until_async(lambda: proxy.stats["errors_injected"] >= 4, "4 errors injected")
         await asyncio.sleep(0.1)
         assert not uploading.done() or uploading.exception() is None
         proxy.heal()
-        await asyncio.wait_for(uploading, 10)
+        await asyncio.wait_for(uploading, PATIENCE_S)
         # The storage is healthy: appends go on, and everything reads back from objects.
         for offset in range(5, 40):
             assert await storage.append(stream_id, 0, payload(offset), 1) == offset
@@ -152,8 +145,9 @@ async def test_shutdown_gives_up_on_an_exhausted_upload_and_the_wal_keeps_the_da
         for offset in range(5):
             await storage.append(stream_id, 0, payload(offset), 1)
         uploading = asyncio.create_task(storage.force_upload(lc.ALL_STREAMS))
-        await wait_for(lambda: proxy.stats["errors_injected"] >= 2)  # now pausing to retry
+        # Then it pauses to retry.
+        await wait_until_async(lambda: proxy.stats["errors_injected"] >= 2, "2 errors injected")
         with pytest.raises(StorageError, match="SlowDown"):
-            await asyncio.wait_for(storage.shutdown(), 10)
+            await asyncio.wait_for(storage.shutdown(), PATIENCE_S)
         with pytest.raises(StorageError):
             await uploading

@@ -35,6 +35,7 @@ from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.spark import image as im
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import object_key, partition_key, topic_key
+from tests.waiting import PATIENCE_S
 
 # ------------------------------------------------------------- the read-only log reader
 
@@ -265,7 +266,7 @@ def test_committed_ranges_cover_exactly_what_was_produced(tmp_path: Path) -> Non
             future.result()
         # While the broker runs (holding the log's lock): a prefix of each partition is
         # committed, contiguous from the log start, and never more than was produced.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + PATIENCE_S
         while True:
             running = im.read_layout(im.locate(broker.data_dir))
             if all(p.committed_end_offset > 0 for p in running.partitions.values()):

@@ -28,6 +28,7 @@ from automq_ref.io.storage.wal_block import (
     WalRecordTooLargeError,
     WalStateError,
 )
+from tests.waiting import PATIENCE_S
 
 NODE_ID = 7
 CAPACITY = 1 << 20
@@ -106,7 +107,7 @@ async def test_concurrent_appends_share_syncs_and_complete_only_after_sync() -> 
     class SlowSyncDevice(MemoryBlockDevice):
         def sync(self) -> None:
             syncs_started.set()
-            release.wait(5)
+            release.wait(PATIENCE_S)
             super().sync()
 
     device = SlowSyncDevice(CAPACITY)
@@ -116,7 +117,7 @@ async def test_concurrent_appends_share_syncs_and_complete_only_after_sync() -> 
     syncs_started.clear()
     first = asyncio.ensure_future(wal.append(body(0)))
     # The first group is now blocked in its sync; these 63 gather behind it.
-    assert await asyncio.to_thread(syncs_started.wait, 5)
+    assert await asyncio.to_thread(syncs_started.wait, PATIENCE_S)
     rest = [asyncio.ensure_future(wal.append(body(index))) for index in range(1, 64)]
     await asyncio.sleep(0.05)
     assert not first.done() and not any(task.done() for task in rest)

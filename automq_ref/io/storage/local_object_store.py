@@ -213,7 +213,10 @@ class LocalDirectoryObjectStore(ObjectStore):
                 raise _directory_conflict(key) from error
             if self._fsync:
                 for directory in changed_dirs:
-                    _fsync_directory(directory)
+                    # Gone if a concurrent delete of this key pruned it: that delete syncs what
+                    # remains, as deletes do.
+                    with contextlib.suppress(FileNotFoundError):
+                        _fsync_directory(directory)
             return
         raise ObjectStoreError(
             f"could not publish {key!r}: its directory kept disappearing", key=key
