@@ -28,13 +28,15 @@ The rules, each the smallest change that does the job:
   with the most partitions to the one with the fewest, while they differ by two or more.
 - **Balancing by load** (``balance_loads``, AutoMQ's autobalancer goals for network in and out):
   a broker whose load on a resource is above ``mean * (1 + deviation)`` and above the detect
-  threshold gives a partition to another broker. A move is made only if, on every resource the
-  partition loads, the receiver ends below where the giver started: then no broker's load rises
-  above the current peak, and the sum of the squared loads (each resource scaled by its mean)
-  strictly falls. That sum can only fall finitely often, so a round ends, and no move is ever
-  undone by a later one (no ping-pong). Among the allowed moves the one that lowers the sum most
-  is taken. At most ``max_moves`` partitions move per round (AutoMQ's
-  ``autobalancer.controller.execution.steps``).
+  threshold gives a partition to another broker. The move must relieve it: on that resource the
+  receiver ends below where the giver started. On every other resource the partition loads, the
+  receiver must also end below where the giver started, or stay within that resource's goal
+  range (at most ``mean * (1 + deviation)``, or below the threshold): a move for one goal never
+  breaks the other, and no peak rises above its goal range. And the move must strictly lower
+  the sum of the squared loads (each resource scaled by its mean). That sum can only fall
+  finitely often, so a round ends, and no move is ever undone by a later one (no ping-pong).
+  Among the allowed moves the one that lowers the sum most is taken. At most ``max_moves``
+  partitions move per round (AutoMQ's ``autobalancer.controller.execution.steps``).
 
 Racks matter to new partitions and to partitions that must move; the balancing moves look at
 counts and load only.
@@ -301,6 +303,13 @@ def _scales(totals: Mapping[int, list[int]]) -> list[float]:
     return [max(sum(load[r] for load in totals.values()) / count, 1.0) for r in RESOURCES]
 
 
+def goal_bound(totals: Mapping[int, Sequence[int]], resource: int, params: BalanceParams) -> float:
+    """The top of a resource's goal range: ``mean * (1 + deviation)``, or the detect threshold
+    when that is higher (a broker below it is never relieved)."""
+    mean = sum(load[resource] for load in totals.values()) / max(len(totals), 1)
+    return max(mean * (1 + params.deviation(resource)), float(params.threshold(resource)))
+
+
 def _best_move(
     giver: int,
     current: Mapping[PartitionKey, int],
@@ -308,6 +317,7 @@ def _best_move(
     loads: Mapping[PartitionKey, Load],
     resource: int,
     scales: Sequence[float],
+    bounds: Sequence[float],
 ) -> _Move | None:
     """The allowed move off ``giver`` that lowers the balance potential most, if any."""
     best: _Move | None = None
@@ -319,17 +329,18 @@ def _best_move(
         for receiver in sorted(totals):
             if receiver == giver:
                 continue
-            receiver_load = totals[receiver]
-            allowed = all(
-                load.of(r) == 0 or receiver_load[r] + load.of(r) < giver_load[r] for r in RESOURCES
-            )
-            if not allowed:
-                continue
-            gain = sum(
-                2 * load.of(r) * (giver_load[r] - receiver_load[r] - load.of(r)) / scales[r] ** 2
+            after = [totals[receiver][r] + load.of(r) for r in RESOURCES]
+            relieves = after[resource] < giver_load[resource]
+            harmless = all(
+                load.of(r) == 0 or after[r] < giver_load[r] or after[r] <= bounds[r]
                 for r in RESOURCES
             )
-            if best is None or gain > best.gain:
+            if not (relieves and harmless):
+                continue
+            gain = sum(
+                2 * load.of(r) * (giver_load[r] - after[r]) / scales[r] ** 2 for r in RESOURCES
+            )
+            if gain > 0 and (best is None or gain > best.gain):
                 best = _Move(gain, key, receiver)
     return best
 
@@ -364,11 +375,12 @@ def balance_loads(
     current = {key: node_id for key, node_id in assignment.items() if node_id in live}
     totals = _broker_loads(brokers, current, loads)
     scales = _scales(totals)
+    bounds = [goal_bound(totals, r, params) for r in RESOURCES]  # the means never change
     moved: set[PartitionKey] = set()
     while len(moved) < params.max_moves:
         move = None
         for giver, resource in _overloaded(totals, params):
-            move = _best_move(giver, current, totals, loads, resource, scales)
+            move = _best_move(giver, current, totals, loads, resource, scales, bounds)
             if move is not None:
                 break
         if move is None:

@@ -180,16 +180,19 @@ def _on_broker_heartbeat(
         if assignment is not None and assignment.leader == event.node_id:
             load = placement.Load(reported.bytes_in_per_sec, reported.bytes_out_per_sec)
             loads[key] = ReportedLoad(load, event.now_ms)
+    reports = {**image.reports, event.node_id: event.now_ms}
     if broker.in_controlled_shutdown:
-        return Decision([], Response(fenced=True), loads=loads)
+        return Decision([], Response(fenced=True), loads=loads, reports=reports)
     sessions = {**image.sessions, event.node_id: event.now_ms + params.broker_session_timeout_ms}
     if not broker.fenced:
-        return Decision([], Response(fenced=False), sessions=sessions, loads=loads)
+        return Decision([], Response(fenced=False), sessions=sessions, loads=loads, reports=reports)
     unfence: list[MetadataRecord] = [
         BrokerRegistrationChangeRecord(event.node_id, broker.node_epoch, False, False)
     ]
     records = _then(image, unfence, joined=event.node_id)
-    return Decision(records, Response(fenced=False), sessions=sessions, loads=loads)
+    return Decision(
+        records, Response(fenced=False), sessions=sessions, loads=loads, reports=reports
+    )
 
 
 def _on_expire_sessions(
@@ -436,9 +439,13 @@ def _on_elect_leaders(image: StreamMetadataImage, event: ElectLeaders) -> Outcom
 def _on_balance_partitions(
     image: StreamMetadataImage, event: BalancePartitions, params: StreamMetadataParams
 ) -> Outcome:
-    brokers = _brokers(image)
-    assignment = _assignment(image)
+    # Only brokers that reported within the metrics delay take part, as givers or receivers
+    # (AutoMQ's autobalancer.controller.metrics.delay.ms): the others' figures are outdated,
+    # and a controller that just took over knows none, so it moves nothing until they report.
     since = event.now_ms - params.autobalancer_metrics_delay_ms
+    brokers = [b for b in _brokers(image) if image.reports.get(b.node_id, since - 1) >= since]
+    current = {b.node_id for b in brokers}
+    assignment = {key: node_id for key, node_id in _assignment(image).items() if node_id in current}
     loads = {
         key: reported.load
         for key, reported in image.loads.items()
@@ -518,10 +525,11 @@ def ignore_partition_open(
 
 def with_soft_state(image: StreamMetadataImage, decision: Decision) -> StreamMetadataImage:
     """``image`` with the decision's soft state, where it changed any."""
-    if decision.sessions is None and decision.loads is None:
+    if decision.sessions is None and decision.loads is None and decision.reports is None:
         return image
     return replace(
         image,
         sessions=image.sessions if decision.sessions is None else decision.sessions,
         loads=image.loads if decision.loads is None else decision.loads,
+        reports=image.reports if decision.reports is None else decision.reports,
     )

@@ -2,7 +2,8 @@
 
 A handler decides one request on the image: it rejects it (an error code, no records) or accepts
 it with the records that carry the decision. ``Outcome`` is that pair; ``Decision`` adds the
-controller's soft state (broker sessions, reported loads) for the handlers that change it, which
+controller's soft state (broker sessions, reported loads and when) for the handlers that change it,
+which
 ``step`` applies after the records are replayed. ``ignore_node`` is AutoMQ's node-epoch check.
 """
 
@@ -28,6 +29,7 @@ class Decision:
     response: Response
     sessions: Mapping[int, int] | None = None
     loads: Mapping[PartitionKey, ReportedLoad] | None = None
+    reports: Mapping[int, int] | None = None
 
 
 def reject(error: StreamErrorCode, message: str) -> Outcome:

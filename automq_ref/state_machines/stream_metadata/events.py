@@ -351,8 +351,9 @@ class ElectLeaders:
 @dataclass(frozen=True, slots=True)
 class BalancePartitions:
     """One round of the autobalancer at ``now_ms``: moves partitions so that no broker carries
-    more than the configured margin above the mean load (loads reported within the metrics
-    delay); with no load reported, so that partition counts differ by at most one."""
+    more than the configured margin above the mean load; with no load reported, so that
+    partition counts differ by at most one. Only live brokers that heartbeat within the
+    metrics delay take part (a controller that just took over moves nothing at first)."""
 
     now_ms: int
 

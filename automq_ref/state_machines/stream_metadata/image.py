@@ -7,9 +7,10 @@ cannot move an offset backwards. ``image_records`` goes the other way: the recor
 an image (a snapshot).
 
 One part is not replayed: the active controller's *soft state*, the session deadline of each
-live broker and the load each partition last reported. Heartbeats renew them every couple of
-seconds, and writing each one to the log would fill it with nothing worth replaying; KRaft's
-controller keeps broker sessions in memory for the same reason. The fields are left out of
+live broker, the load each partition last reported and when each broker last reported.
+Heartbeats renew them every couple of seconds, and writing each one to the log would fill it
+with nothing worth replaying; KRaft's controller keeps broker sessions in memory for the same
+reason. The fields are left out of
 equality (``compare=False``), so an image equals the replay of its records whatever its soft
 state; a controller that takes over starts with none and gives every live broker a fresh session
 (``ExpireSessions``).
@@ -166,8 +167,9 @@ class ReportedLoad:
 class StreamMetadataImage:
     """The replay of the metadata log. Its maps are never mutated: replay builds new ones.
 
-    ``sessions`` (node -> session deadline) and ``loads`` are the controller's soft state, not
-    replayed and not compared (module docstring)."""
+    ``sessions`` (node -> session deadline), ``loads`` (partition -> its last report) and
+    ``reports`` (node -> when it last reported) are the controller's soft state, not replayed
+    and not compared (module docstring)."""
 
     streams: Mapping[int, StreamMetadata] = field(default_factory=dict)
     nodes: Mapping[int, NodeMetadata] = field(default_factory=dict)
@@ -179,6 +181,7 @@ class StreamMetadataImage:
     topics: Mapping[str, TopicPlacement] = field(default_factory=dict)  # by topic id
     sessions: Mapping[int, int] = field(default_factory=dict, compare=False)
     loads: Mapping[PartitionKey, ReportedLoad] = field(default_factory=dict, compare=False)
+    reports: Mapping[int, int] = field(default_factory=dict, compare=False)
 
 
 EMPTY_IMAGE: Final = StreamMetadataImage()
