@@ -113,32 +113,41 @@ Targets(L) == IF CheckLiveTarget THEN L ELSE Brokers
 
 NewEpoch(p) == IF BumpLeaderEpoch THEN leaderEpoch[p] + 1 ELSE leaderEpoch[p]
 
-\* Partitions S move to f[p] each, at their next leader epoch.
-MoveTo(S, f) ==
-    /\ \A p \in S : NewEpoch(p) <= MaxLeaderEpoch
-    /\ leader' = [p \in Partitions |-> IF p \in S THEN f[p] ELSE leader[p]]
-    /\ leaderEpoch' = [p \in Partitions |-> IF p \in S THEN NewEpoch(p) ELSE leaderEpoch[p]]
+\* The moves are written as constraints on leader' (which partitions may go where), not as a
+\* choice of targets: TLC enumerates the (few) functions of the model, and a trace, which
+\* observes leader' first, is checked instead of enumerated (trace_validate.py's observe_first).
+
+\* Partitions that changed broker in this step.
+Moved == {p \in Partitions : leader'[p] # leader[p]}
+
+\* leader' may send each partition p to a broker of Dest(p) (or keep it where it is if Dest(p)
+\* contains its broker); the moved ones get their next leader epoch.
+MoveWithin(Dest(_)) ==
+    /\ leader' \in [Partitions -> Brokers \cup {NoBroker}]
+    /\ \A p \in Partitions : leader'[p] \in Dest(p)
+    /\ \A p \in Moved : NewEpoch(p) <= MaxLeaderEpoch
+    /\ leaderEpoch' = [p \in Partitions |-> IF p \in Moved THEN NewEpoch(p) ELSE leaderEpoch[p]]
 
 \* With L the live brokers after a step: the created partitions that are on none of them
 \* (and are not already without a broker while none is live).
 Stranded(L) ==
     {p \in Created : leader[p] \notin L /\ ~(L = {} /\ leader[p] = NoBroker)}
 
-\* Brokers left (L is the live set after the step): the stranded partitions move to live
-\* brokers, or to none if none is live.
-Rehome(L) ==
-    LET S == Stranded(L) IN
-    IF L = {} /\ CheckLiveTarget
-    THEN MoveTo(S, [p \in S |-> NoBroker])
-    ELSE \E f \in [S -> Targets(L)] : MoveTo(S, f)
+\* Where a stranded partition may go: a live broker, or none if none is live.
+StrandedTargets(L) == IF L = {} /\ CheckLiveTarget THEN {NoBroker} ELSE Targets(L)
 
-\* Broker j joined (L is the live set after the step, j in it): the stranded partitions
-\* move to live brokers, and any partitions of the others move to j (its share).
+\* Brokers left (L is the live set after the step): the stranded partitions move to live
+\* brokers (or to none if none is live); no other partition moves.
+Rehome(L) ==
+    MoveWithin(LAMBDA p : IF p \in Stranded(L) THEN StrandedTargets(L) ELSE {leader[p]})
+
+\* Broker j joined (L is the live set after the step, j in it): the stranded partitions move
+\* to live brokers, and any partitions of the others may move to j (its share).
 Join(L, j) ==
-    LET O == Stranded(L)
-        Others == {p \in Created : leader[p] \in L \ {j}}
-    IN \E S \in SUBSET Others, f \in [O -> Targets(L)] :
-           MoveTo(S \cup O, [p \in S \cup O |-> IF p \in O THEN f[p] ELSE j])
+    MoveWithin(LAMBDA p :
+        IF p \in Stranded(L) THEN StrandedTargets(L)
+        ELSE IF p \in Created /\ leader[p] \in L \ {j} THEN {leader[p], j}
+        ELSE {leader[p]})
 
 -----------------------------------------------------------------------------
 (* Controller checks: each returns an error name (Kafka's or AutoMQ's) or "NONE". *)
@@ -234,31 +243,35 @@ UnregisterBroker(b) ==
     /\ Rehome(Live \ {b})
     /\ UNCHANGED <<streamVars, historyVars>>
 
-\* ACTION: CreateTopic(P) mirrors CreateTopics (and CreatePartitions): new partitions, each
-\* on a live broker at leader epoch 0.  Errors: INVALID_REPLICATION_FACTOR (no live broker),
+\* ACTION: CreateTopic mirrors CreateTopics (and CreatePartitions): new partitions, each on a
+\* live broker at leader epoch 0.  Errors: INVALID_REPLICATION_FACTOR (no live broker),
 \* INVALID_REPLICA_ASSIGNMENT (a broker given by hand is not live), KEY_EXIST.
-CreateTopic(P) ==
-    /\ P # {} /\ P \cap Created = {}
+CreateTopic ==
     /\ Live # {}
-    /\ \E f \in [P -> Targets(Live)] :
-        /\ leader' = [p \in Partitions |-> IF p \in P THEN f[p] ELSE leader[p]]
-        /\ leaderEpoch' = [p \in Partitions |-> IF p \in P THEN 0 ELSE leaderEpoch[p]]
+    /\ leaderEpoch' \in [Partitions -> LeaderEpochs]
+    /\ \A p \in Partitions :
+        leaderEpoch'[p] = leaderEpoch[p] \/ (p \notin Created /\ leaderEpoch'[p] = 0)
+    /\ leaderEpoch' # leaderEpoch
+    /\ leader' \in [Partitions -> Brokers \cup {NoBroker}]
+    /\ \A p \in Partitions :
+        IF leaderEpoch'[p] # leaderEpoch[p] THEN leader'[p] \in Targets(Live)
+        ELSE leader'[p] = leader[p]
     /\ UNCHANGED <<brokerVars, streamVars, historyVars>>
 
 \* ACTION: ReassignPartition(p, b) mirrors AlterPartitionReassignments of one partition.
 \* Errors: UNKNOWN_TOPIC_OR_PARTITION, INVALID_REPLICA_ASSIGNMENT (b is not live).
 ReassignPartition(p, b) ==
     /\ p \in Created /\ b \in Targets(Live) /\ b # leader[p]
-    /\ MoveTo({p}, [x \in {p} |-> b])
+    /\ MoveWithin(LAMBDA x : IF x = p THEN {b} ELSE {leader[x]})
     /\ UNCHANGED <<brokerVars, streamVars, historyVars>>
 
-\* ACTION: BalancePartitions(S) mirrors a round of the autobalancer: partitions S move
-\* between live brokers.
-BalancePartitions(S) ==
-    /\ S # {} /\ S \subseteq {p \in Created : leader[p] \in Live}
-    /\ \E f \in [S -> Targets(Live)] :
-        /\ \A p \in S : f[p] # leader[p]
-        /\ MoveTo(S, f)
+\* ACTION: BalancePartitions mirrors a round of the autobalancer: some partitions on live
+\* brokers move to other live brokers.
+BalancePartitions ==
+    /\ MoveWithin(LAMBDA p :
+           IF p \in Created /\ leader[p] \in Live THEN Targets(Live) \cup {leader[p]}
+           ELSE {leader[p]})
+    /\ Moved # {}
     /\ UNCHANGED <<brokerVars, streamVars, historyVars>>
 
 \* ACTION: CreateStream(b, s, p) mirrors createStream with the partition's tags, by the
@@ -298,9 +311,9 @@ Next ==
     \/ \E S \in SUBSET Brokers : ExpireSessions(S)
     \/ \E b \in Brokers : ControlledShutdown(b)
     \/ \E b \in Brokers : UnregisterBroker(b)
-    \/ \E P \in SUBSET Partitions : CreateTopic(P)
+    \/ CreateTopic
     \/ \E p \in Partitions, b \in Brokers : ReassignPartition(p, b)
-    \/ \E S \in SUBSET Partitions : BalancePartitions(S)
+    \/ BalancePartitions
     \/ \E b \in Brokers, s \in Streams, p \in Partitions : CreateStream(b, s, p)
     \/ \E b \in Brokers, s \in Streams, e \in 0..MaxLeaderEpoch : OpenStream(b, s, e)
     \/ \E b \in Brokers, s \in Streams : CloseStream(b, s)
