@@ -17,14 +17,15 @@
 (* WHAT IS MODELLED.  One controller applies requests one at a time, each  *)
 (* atomically.  A broker registers (a new node epoch; it starts fenced),   *)
 (* heartbeats (the first unfences it: it joins), may have its session      *)
-(* expire (fenced, node epoch bumped), may shut down (fenced, epoch kept)  *)
+(* expire (fenced, node epoch bumped: that registration is over; it must   *)
+(* register again), may shut down (fenced, epoch kept)                     *)
 (* or be unregistered.  Every partition is assigned to one broker at a     *)
 (* leader epoch; each change of the live brokers moves partitions in the   *)
 (* same step, and so do reassignments and balancing rounds; every move     *)
 (* bumps the leader epoch.  A partition's streams are created and opened   *)
 (* by brokers: the controller lets a broker open one only if it is the     *)
 (* partition's broker, at exactly its leader epoch, while no other stream  *)
-(* of the partition is open on another broker; a stream opened at a       *)
+(* of the partition is open on another broker; a stream opened at a        *)
 (* higher epoch must be closed first (StreamMetadata.tla's rule).          *)
 (*                                                                         *)
 (* WHAT IS ABSTRACTED AWAY, AND WHY.                                       *)
@@ -41,8 +42,8 @@
 (*   uses.                                                                 *)
 (* - Topic deletion, CreatePartitions (as CreateTopic: new partitions at   *)
 (*   leader epoch 0), ElectLeaders (it moves only a partition without a    *)
-(*   broker while one is live, which PartitionsOnLiveBrokers excludes), the *)
-(*   KV record of a topic, racks and listeners.                            *)
+(*   broker while one is live, which PartitionsOnLiveBrokers excludes),    *)
+(*   the KV record of a topic, racks and listeners.                        *)
 (* - A request's node epoch: every request here is sent at the node's      *)
 (*   stored epoch (an older one is refused, a stutter); a broker fenced by *)
 (*   its session cannot send at it, but failover can, acting as the node.  *)
@@ -80,7 +81,7 @@ StreamStates == {"NONE", "CLOSED", "OPENED"}   \* NONE: not created yet
 
 VARIABLES
     nodeEpoch,        \* NodeWALMetadataRecord.nodeEpoch (-1: never registered)
-    registered,       \* a RegisterBrokerRecord stands (no UnregisterBrokerRecord since)
+    regEpoch,         \* RegisterBrokerRecord.nodeEpoch of the standing registration (-1: none)
     fenced,           \* BrokerRegistrationChangeRecord.fenced
     shutdown,         \* BrokerRegistrationChangeRecord.inControlledShutdown
     leader,           \* PartitionRecord/PartitionChangeRecord.leader
@@ -93,7 +94,7 @@ VARIABLES
     strayOpen         \* history: an open was accepted from another than the partition's
                       \* broker at its leader epoch
 
-brokerVars == <<nodeEpoch, registered, fenced, shutdown>>
+brokerVars == <<nodeEpoch, regEpoch, fenced, shutdown>>
 partitionVars == <<leader, leaderEpoch>>
 streamVars == <<streamPartition, streamState, streamEpoch, owner>>
 historyVars == <<openers, strayOpen>>
@@ -102,8 +103,12 @@ vars == <<brokerVars, partitionVars, streamVars, historyVars>>
 -----------------------------------------------------------------------------
 (* Helpers *)
 
+Registered(b) == regEpoch[b] >= 0
+\* The registration is the node's current incarnation's: its node epoch was not bumped since
+\* (by a lapsed session), so the broker may still heartbeat and shut down under it.
+Current(b) == Registered(b) /\ regEpoch[b] = nodeEpoch[b]
 \* Registered, unfenced, not shutting down: the brokers partitions may live on.
-Live == {b \in Brokers : registered[b] /\ ~fenced[b] /\ ~shutdown[b]}
+Live == {b \in Brokers : Registered(b) /\ ~fenced[b] /\ ~shutdown[b]}
 Created == {p \in Partitions : leaderEpoch[p] >= 0}
 StreamsOf(p) == {s \in Streams : streamPartition[s] = p}
 OpenStreamsOf(p) == {s \in StreamsOf(p) : streamState[s] = "OPENED"}
@@ -175,7 +180,7 @@ CreateStreamError(b, p) ==
 
 Init ==
     /\ nodeEpoch = [b \in Brokers |-> -1]
-    /\ registered = [b \in Brokers |-> FALSE]
+    /\ regEpoch = [b \in Brokers |-> -1]
     /\ fenced = [b \in Brokers |-> TRUE]
     /\ shutdown = [b \in Brokers |-> FALSE]
     /\ leader = [p \in Partitions |-> NoBroker]
@@ -194,8 +199,9 @@ Init ==
 \* BrokerRegistration): a node epoch above the stored one, the broker fenced; what its
 \* previous incarnation held moves to live brokers.  Never refused.
 RegisterNode(b) ==
-    /\ \E e \in (nodeEpoch[b] + 1)..MaxNodeEpoch : nodeEpoch' = [nodeEpoch EXCEPT ![b] = e]
-    /\ registered' = [registered EXCEPT ![b] = TRUE]
+    /\ \E e \in (nodeEpoch[b] + 1)..MaxNodeEpoch :
+        /\ nodeEpoch' = [nodeEpoch EXCEPT ![b] = e]
+        /\ regEpoch' = [regEpoch EXCEPT ![b] = e]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = FALSE]
     /\ Rehome(Live \ {b})
@@ -203,13 +209,14 @@ RegisterNode(b) ==
 
 \* ACTION: BrokerHeartbeat(b) mirrors the first heartbeat of a registered broker: it is
 \* unfenced and joins (partitions without a broker come to live brokers, and it takes a
-\* share).  Errors: NODE_EPOCH_EXPIRED, NODE_EPOCH_NOT_EXIST (stutters); a heartbeat of a
-\* live broker only renews its session (a stutter here).
+\* share).  Errors: NODE_EPOCH_EXPIRED (another epoch than its registration's, or a
+\* registration whose session lapsed), NODE_EPOCH_NOT_EXIST (stutters); a heartbeat of a live
+\* broker only renews its session (a stutter here).
 BrokerHeartbeat(b) ==
-    /\ registered[b] /\ fenced[b] /\ ~shutdown[b]
+    /\ Current(b) /\ fenced[b] /\ ~shutdown[b]
     /\ fenced' = [fenced EXCEPT ![b] = FALSE]
     /\ Join(Live \cup {b}, b)
-    /\ UNCHANGED <<nodeEpoch, registered, shutdown, streamVars, historyVars>>
+    /\ UNCHANGED <<nodeEpoch, regEpoch, shutdown, streamVars, historyVars>>
 
 \* ACTION: ExpireSessions(S) mirrors the controller's session check: the live brokers S,
 \* whose sessions lapsed, are fenced and their node epochs bumped; their partitions move.
@@ -219,25 +226,25 @@ ExpireSessions(S) ==
     /\ nodeEpoch' = [b \in Brokers |-> IF b \in S THEN nodeEpoch[b] + 1 ELSE nodeEpoch[b]]
     /\ fenced' = [b \in Brokers |-> b \in S \/ fenced[b]]
     /\ Rehome(Live \ S)
-    /\ UNCHANGED <<registered, shutdown, streamVars, historyVars>>
+    /\ UNCHANGED <<regEpoch, shutdown, streamVars, historyVars>>
 
 \* ACTION: ControlledShutdown(b) mirrors a stopping broker's request: fenced, its partitions
 \* move now; it keeps its node epoch to close its streams.
 ControlledShutdown(b) ==
-    /\ registered[b] /\ ~shutdown[b]
+    /\ Current(b) /\ ~shutdown[b]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = TRUE]
     /\ Rehome(Live \ {b})
-    /\ UNCHANGED <<nodeEpoch, registered, streamVars, historyVars>>
+    /\ UNCHANGED <<nodeEpoch, regEpoch, streamVars, historyVars>>
 
 \* ACTION: UnregisterBroker(b) mirrors Kafka's UnregisterBroker: refused (STREAM_NOT_CLOSED)
 \* while the broker holds a stream open; its node epoch is bumped, its partitions move.
 UnregisterBroker(b) ==
-    /\ registered[b]
+    /\ Registered(b)
     /\ ~\E s \in Streams : streamState[s] = "OPENED" /\ owner[s] = b
     /\ nodeEpoch[b] < MaxNodeEpoch
     /\ nodeEpoch' = [nodeEpoch EXCEPT ![b] = @ + 1]
-    /\ registered' = [registered EXCEPT ![b] = FALSE]
+    /\ regEpoch' = [regEpoch EXCEPT ![b] = -1]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = FALSE]
     /\ Rehome(Live \ {b})
@@ -326,7 +333,7 @@ Spec == Init /\ [][Next]_vars
 
 TypeOK ==
     /\ nodeEpoch \in [Brokers -> NodeEpochs]
-    /\ registered \in [Brokers -> BOOLEAN]
+    /\ regEpoch \in [Brokers -> NodeEpochs]
     /\ fenced \in [Brokers -> BOOLEAN]
     /\ shutdown \in [Brokers -> BOOLEAN]
     /\ leader \in [Partitions -> Brokers \cup {NoBroker}]

@@ -1049,7 +1049,7 @@ PLACEMENT = TraceSpec(
     # spec's initial values: never registered, not created, not created.
     defaults={
         "nodeEpoch": -1,
-        "registered": False,
+        "regEpoch": -1,
         "fenced": True,
         "shutdown": False,
         "leader": {"model": "NoBroker"},

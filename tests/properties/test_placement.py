@@ -730,6 +730,11 @@ def test_a_lapsed_session_fences_and_moves_and_the_broker_must_register_again() 
     assert sm.live_brokers(image, 10_001) == [image.brokers[2]]
     refused = sm.step(image, BrokerHeartbeat(1, 0, 10_002), PARAMS)
     assert sm.response_of(refused).error is E.NODE_EPOCH_EXPIRED
+    # Nor at the bumped epoch (what failover acts at): that registration is over.
+    refused = sm.step(image, BrokerHeartbeat(1, 1, 10_002), PARAMS)
+    assert sm.response_of(refused).error is E.NODE_EPOCH_EXPIRED
+    refused = sm.step(image, ControlledShutdown(1, 1), PARAMS)
+    assert sm.response_of(refused).error is E.NODE_EPOCH_EXPIRED
     image = run(image, RegisterNode(1, 0, "a"), BrokerHeartbeat(1, 2, 10_003))
     assert counts_of(image) == {1: 2, 2: 2}
     image = run(image, BrokerHeartbeat(1, 2, 15_000), ExpireSessions(18_001))

@@ -70,6 +70,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     UnregisterBroker,
 )
 from automq_ref.state_machines.stream_metadata.image import (
+    BrokerRegistration,
     PartitionAssignment,
     ReportedLoad,
     StreamMetadata,
@@ -157,20 +158,39 @@ def _without(sessions: Mapping[int, int], node_ids: Collection[int]) -> dict[int
 # ----------------------------------------------------------------------------- brokers
 
 
+def _registration(
+    image: StreamMetadataImage, node_id: int, node_epoch: int
+) -> tuple[BrokerRegistration | None, Outcome | None]:
+    """The broker's registration, if the request comes from the incarnation it registered: a
+    registration whose node epoch was bumped since (its session lapsed) is over, and so is a
+    request at another epoch than the registration's."""
+    broker = image.brokers.get(node_id)
+    if broker is None:
+        return None, reject(
+            StreamErrorCode.NODE_EPOCH_NOT_EXIST,
+            f"node {node_id} has no broker registration: register again",
+        )
+    stored = image.nodes[node_id].node_epoch
+    if node_epoch != broker.node_epoch or stored != broker.node_epoch:
+        return None, reject(
+            StreamErrorCode.NODE_EPOCH_EXPIRED,
+            f"broker {node_id} registered at epoch {broker.node_epoch} (node epoch now {stored}), "
+            f"not {node_epoch}: register again",
+        )
+    return broker, None
+
+
 def _on_broker_heartbeat(
     image: StreamMetadataImage, event: BrokerHeartbeat, params: StreamMetadataParams
 ) -> Decision:
     if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return Decision(*ignored)
-    broker = image.brokers.get(event.node_id)
-    if broker is None:
-        return Decision(
-            *reject(
-                StreamErrorCode.NODE_EPOCH_NOT_EXIST,
-                f"node {event.node_id} has no broker registration: register again",
-            )
-        )
-    loads = dict(image.loads)
+    broker, refused = _registration(image, event.node_id, event.node_epoch)
+    if refused is not None:
+        return Decision(*refused)
+    assert broker is not None
+    # The loads of partitions that are gone are dropped here, where loads are written.
+    loads = {key: load for key, load in image.loads.items() if key[0] in image.topics}
     for reported in event.loads:
         key = (reported.topic_id, reported.partition)
         placed = image.topics.get(reported.topic_id)
@@ -222,11 +242,10 @@ def _on_expire_sessions(
 def _on_controlled_shutdown(image: StreamMetadataImage, event: ControlledShutdown) -> Decision:
     if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return Decision(*ignored)
-    broker = image.brokers.get(event.node_id)
-    if broker is None:
-        return Decision(
-            *reject(StreamErrorCode.NODE_EPOCH_NOT_EXIST, f"broker {event.node_id} unknown")
-        )
+    broker, refused = _registration(image, event.node_id, event.node_epoch)
+    if refused is not None:
+        return Decision(*refused)
+    assert broker is not None
     if broker.in_controlled_shutdown:
         return Decision(*accept([]))
     change: list[MetadataRecord] = [
@@ -269,7 +288,7 @@ def _decode(name: str, value: bytes) -> tuple[Topic | None, Outcome | None]:
 
 
 def _placements(
-    image: StreamMetadataImage, topic_id: str, indexes: list[int], assignments: tuple[int, ...]
+    image: StreamMetadataImage, indexes: list[int], assignments: tuple[int, ...]
 ) -> tuple[list[int], Outcome | None]:
     """Brokers for the new partitions ``indexes``: the given ones (each live), or placed."""
     brokers = _brokers(image)
@@ -316,7 +335,7 @@ def _on_create_topic(image: StreamMetadataImage, event: CreateTopic) -> Outcome:
     if topic.partitions < 1:
         return reject(StreamErrorCode.INVALID_PARTITIONS, f"{topic.partitions} partitions")
     indexes = list(range(topic.partitions))
-    brokers, refused = _placements(image, topic_id, indexes, event.assignments)
+    brokers, refused = _placements(image, indexes, event.assignments)
     if refused is not None:
         return refused
     records: list[MetadataRecord] = [
@@ -351,9 +370,11 @@ def _on_create_partitions(image: StreamMetadataImage, event: CreatePartitions) -
     placed = image.topics.get(topic_id)
     known = placed.partitions if placed is not None else {}
     indexes = [index for index in range(new.partitions) if index not in known]
-    brokers, refused = _placements(image, topic_id, indexes, event.assignments)
-    if refused is not None and indexes:
-        return refused
+    brokers: list[int] = []
+    if indexes:
+        brokers, refused = _placements(image, indexes, event.assignments)
+        if refused is not None:
+            return refused
     records: list[MetadataRecord] = []
     if event.value != existing:
         records.append(KVRecord(topic_key(event.name), event.value))

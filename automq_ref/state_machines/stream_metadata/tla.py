@@ -156,10 +156,11 @@ def tla_placement_state(image: StreamMetadataImage) -> dict[str, object]:
     specs/trace_validate.py.
 
     Brokers are the nodes the image knows (``n<id>``); one never registered is not listed,
-    an unregistered one is fenced and not registered. Partitions are ``"<topic>-<index>"``,
-    streams the ids of the streams tagged with a partition. Every variable is given for the
-    keys the image knows only (the spec's functions range over the trace's constants). Not
-    observed, left to TLC: the history variables ``openers`` and ``strayOpen``."""
+    an unregistered one has no registration epoch (-1) and is fenced. Partitions are
+    ``"<topic>-<index>"``, streams the ids of the streams tagged with a partition. Every
+    variable is given for the keys the image knows only; ``trace_validate`` completes them over
+    the batch's keys with the spec's initial values. Not observed, left to TLC: the history
+    variables ``openers`` and ``strayOpen``."""
     node_ids = sorted(set(image.nodes) | set(image.brokers))
     brokers = [(node_id, image.brokers.get(node_id)) for node_id in node_ids]
     partitions = sorted(
@@ -174,7 +175,7 @@ def tla_placement_state(image: StreamMetadataImage) -> dict[str, object]:
     )
     return {
         "nodeEpoch": _tla_fn((tla_node(n), image.nodes[n].node_epoch) for n in node_ids),
-        "registered": _tla_fn((tla_node(n), b is not None) for n, b in brokers),
+        "regEpoch": _tla_fn((tla_node(n), b.node_epoch if b else NO_EPOCH) for n, b in brokers),
         "fenced": _tla_fn((tla_node(n), b is None or b.fenced) for n, b in brokers),
         "shutdown": _tla_fn(
             (tla_node(n), b is not None and b.in_controlled_shutdown) for n, b in brokers
