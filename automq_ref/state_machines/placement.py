@@ -108,7 +108,7 @@ DEFAULT_BALANCE_PARAMS: Final = BalanceParams()
 # ------------------------------------------------------------------------------- helpers
 
 
-def rack_order(brokers: Iterable[Broker]) -> list[Broker]:
+def rack_order(brokers: Collection[Broker]) -> list[Broker]:
     """Racks by name, each rack's brokers by id, dealt one rack at a time (``a1, b1, a2, b2``).
 
     post: sorted(b.node_id for b in __return__) == sorted(b.node_id for b in brokers)
