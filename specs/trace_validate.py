@@ -187,6 +187,15 @@ class TraceSpec:
     constants: Callable[[Sequence[TraceLine]], Mapping[str, object]]
     invariants: tuple[str, ...] = ()  # spec invariants also checked on every trace state
     partial: frozenset[str] = frozenset()  # function variables compared on the given keys only
+    # Function variable -> the value of a key a line does not give: each line is completed
+    # with it over the keys any line of the batch gives (the constant set those keys make),
+    # so that no key is left free (a free key lets TLC branch at every step).
+    defaults: Mapping[str, object] = field(default_factory=dict)
+    # Bind the observed variables from the next line before the action is evaluated, so that an
+    # action written as constraints on primed variables (``leader' \in ...``) checks the line
+    # instead of enumerating every choice. Only for a spec whose observed variables are all
+    # total (no ``partial``): a partial comparison cannot bind a variable.
+    observe_first: bool = False
     unmodelled: frozenset[str] = frozenset()  # machine actions the spec lacks: stutters only
     actions: Mapping[str, str] = field(default_factory=dict)  # name -> TLA+ action, overrides Next
     variables: str = "vars"  # the spec's tuple of all variables (for stutters)
@@ -309,6 +318,31 @@ def _record(state: Mapping[str, object], observed: list[str], models: set[str]) 
     return "[ " + ",\n        ".join(fields) + " ]"
 
 
+def _completed(spec: TraceSpec, traces: Sequence[Sequence[TraceLine]]) -> list[list[TraceLine]]:
+    """Each line with every function variable of ``spec.defaults`` given on every key some
+    line of the batch gives it, the missing keys at their default."""
+    if not spec.defaults:
+        return [list(lines) for lines in traces]
+    every_line = [line for lines in traces for line in lines]
+    universes = {var: fn_keys(every_line, var) for var in spec.defaults}
+    completed = []
+    for lines in traces:
+        new_lines = []
+        for line in lines:
+            state = dict(line.state)
+            for var, default in spec.defaults.items():
+                body = state.get(var)
+                if not (isinstance(body, dict) and isinstance(body.get("fn"), list)):
+                    continue
+                pairs = list(body["fn"])
+                given = [pair[0] for pair in pairs if isinstance(pair, list) and pair]
+                pairs += [[key, default] for key in universes[var] if key not in given]
+                state[var] = {"fn": pairs}
+            new_lines.append(TraceLine(line.action, state))
+        completed.append(new_lines)
+    return completed
+
+
 def build_module(
     spec: TraceSpec,
     traces: Sequence[Sequence[TraceLine]],
@@ -330,6 +364,7 @@ def build_module(
     for lines in traces:
         observed = _check_trace(lines, set(actions), spec, observed)
     assert observed is not None
+    traces = _completed(spec, traces)
     models: set[str] = set()
     every_line = [line for lines in traces for line in lines]
     values = spec.constants(every_line)
@@ -354,6 +389,12 @@ def build_module(
             else:
                 checks.append(f"    /\\ {var}{prime} = {value}")
         return checks
+
+    observed_next = [f"    /\\ TraceObservedNext({TRACE_ID}, {TRACE_INDEX} + 1)"]
+    if spec.observe_first and spec.partial & set(observed):
+        raise TraceError(f"{spec.name}: observe_first needs total variables, not partial ones")
+    observe_first = observed_next if spec.observe_first else []
+    observe_last = [] if spec.observe_first else observed_next
 
     step = ["TraceStep(name) =="]
     for action in used:
@@ -420,9 +461,10 @@ def build_module(
         f"    /\\ {TRACE_INDEX} < Len(TraceLogs[{TRACE_ID}])",
         f"    /\\ {TRACE_INDEX}' = {TRACE_INDEX} + 1",
         f"    /\\ UNCHANGED {TRACE_ID}",
+        *observe_first,
         f"    /\\ \\/ TraceStep(TraceActions[{TRACE_ID}][{TRACE_INDEX} + 1])",
         f"       \\/ UNCHANGED {spec.variables}",
-        f"    /\\ TraceObservedNext({TRACE_ID}, {TRACE_INDEX} + 1)",
+        *observe_last,
         "",
         "\\* Always TRUE; prints each state's place in its trace (the matched prefixes).",
         f'{PROGRESS} == PrintT(<<"{PROGRESS_TAG}", {TRACE_ID}, {TRACE_INDEX}>>)',
@@ -974,9 +1016,60 @@ FAILOVER = TraceSpec(
     ),
 )
 
+
+def _placement_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
+    """Brokers, partitions and tagged streams of the trace; epochs just large enough for it;
+    the spec's own model values; every switch on (the real spec)."""
+    return {
+        "Brokers": {"set": fn_keys(lines, "nodeEpoch")},
+        "Partitions": {"set": fn_keys(lines, "leader")},
+        "Streams": {"set": fn_keys(lines, "streamState")},
+        "NoBroker": {"model": "NoBroker"},  # the spec's own model values
+        "NoPartition": {"model": "NoPartition"},
+        "MaxNodeEpoch": max([0, *_fn_values(lines, "nodeEpoch")]),
+        "MaxLeaderEpoch": max([0, *_fn_values(lines, "leaderEpoch", "streamEpoch")]),
+        **dict.fromkeys(
+            ("CheckLiveTarget", "CheckAssignee", "CheckSiblings", "BumpLeaderEpoch"), True
+        ),
+    }
+
+
+PLACEMENT = TraceSpec(
+    name="Placement",
+    module="MCPlacement",
+    constants=_placement_constants,
+    invariants=(
+        "TypeOK",
+        "PartitionsOnLiveBrokers",
+        "OneOwnerPerPartition",
+        "SingleOpenerPerEpoch",
+        "OpenOnlyByAssignee",
+    ),
+    # A broker, partition or stream of another trace of the batch (or not there yet) has the
+    # spec's initial values: never registered, not created, not created.
+    defaults={
+        "nodeEpoch": -1,
+        "regEpoch": -1,
+        "fenced": True,
+        "shutdown": False,
+        "leader": {"model": "NoBroker"},
+        "leaderEpoch": -1,
+        "streamPartition": {"model": "NoPartition"},
+        "streamState": "NONE",
+        "streamEpoch": -1,
+        "owner": {"model": "NoBroker"},
+    },
+    # Every variable but the history is observed on every key: TLC checks each line against the
+    # spec's constraints instead of enumerating the moves a step could make.
+    observe_first=True,
+    # ElectLeaders moves only a partition left without a broker while one is live, which
+    # PartitionsOnLiveBrokers excludes: in a run it is always refused, a stutter.
+    unmodelled=frozenset({"ElectLeaders"}),
+)
+
 # THE table of machines whose traces can be validated; add one TraceSpec per spec.
 TRACE_SPECS: dict[str, TraceSpec] = {
-    spec.name: spec for spec in (STREAM_METADATA, ROUTE_EPOCH, CONFIRM_WAL, FAILOVER)
+    spec.name: spec for spec in (STREAM_METADATA, ROUTE_EPOCH, CONFIRM_WAL, FAILOVER, PLACEMENT)
 }
 
 

@@ -1,4 +1,9 @@
-"""Metadata record types: what the controller writes to the metadata log (AutoMQ 4.1's names).
+"""Metadata record types: what the controller writes to the metadata log.
+
+Streams, objects, nodes and the KV store carry AutoMQ 4.1's record names; brokers, topics and
+partition placement carry KRaft's (``RegisterBrokerRecord``, ``BrokerRegistrationChangeRecord``,
+``UnregisterBrokerRecord``, ``TopicRecord``, ``RemoveTopicRecord``, ``PartitionRecord``,
+``PartitionChangeRecord``), with the fields a cluster of one-replica partitions needs.
 
 The StreamMetadata machine produces these records and replays them into its image;
 ``formats/metadata_record.py`` encodes them on the log; the shell and ``spark/`` read them back.
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Final, TypeAlias
 
 
 class StreamState(enum.IntEnum):
@@ -27,13 +32,24 @@ class S3ObjectState(enum.IntEnum):
 # ===================================================================== records (AutoMQ 4.1)
 
 
+NO_TOPIC: Final = ""  # the tags of a stream that belongs to no partition
+NO_PARTITION: Final = -1
+
+
 @dataclass(frozen=True, slots=True)
 class S3StreamRecord:
+    """A stream's epoch, current range, start and state; ``topic_id`` and ``partition`` are its
+    tags (AutoMQ's v1 tags): the partition whose data the stream holds, or none. Every
+    S3StreamRecord of a stream repeats its tags; logs written before tags existed decode with
+    none."""
+
     stream_id: int
     epoch: int
     range_index: int
     start_offset: int
     state: StreamState
+    topic_id: str = NO_TOPIC
+    partition: int = NO_PARTITION
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +160,86 @@ class RemoveKVRecord:
     key: str
 
 
+# ============================================================ brokers and placement (KRaft)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A listener a broker serves on (KRaft's ``BrokerEndpoint``): its name, host and port."""
+
+    name: str
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterBrokerRecord:
+    """A broker's registration: the node epoch it was granted, its rack and listeners. A
+    registered broker is fenced until its first heartbeat unfences it."""
+
+    node_id: int
+    node_epoch: int
+    rack: str
+    listeners: tuple[Endpoint, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistrationChangeRecord:
+    """The registration of ``node_id`` at ``node_epoch`` is now fenced or not, and in
+    controlled shutdown or not (a change to another registration of the node is ignored)."""
+
+    node_id: int
+    node_epoch: int
+    fenced: bool
+    in_controlled_shutdown: bool
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterBrokerRecord:
+    node_id: int
+    node_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic the controller places: its id (a UUID as text) and name."""
+
+    topic_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveTopicRecord:
+    """The topic and every partition of it are gone."""
+
+    topic_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    """A new partition: ``leader`` is the broker it is assigned to (its one replica, the
+    preferred leader; ``NO_LEADER`` when no broker is live), ``leader_epoch`` the epoch at which
+    that broker opens the partition's streams."""
+
+    topic_id: str
+    partition: int
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionChangeRecord:
+    """A partition moved: its new leader and leader epoch (always higher than the last)."""
+
+    topic_id: str
+    partition: int
+    leader: int
+    leader_epoch: int
+
+
+NO_LEADER: Final = -1  # Kafka's: the partition has no leader (no broker was live)
+
+
 MetadataRecord: TypeAlias = (
     S3StreamRecord
     | RemoveS3StreamRecord
@@ -161,4 +257,11 @@ MetadataRecord: TypeAlias = (
     | S3StreamEndOffsetsRecord
     | KVRecord
     | RemoveKVRecord
+    | RegisterBrokerRecord
+    | BrokerRegistrationChangeRecord
+    | UnregisterBrokerRecord
+    | TopicRecord
+    | RemoveTopicRecord
+    | PartitionRecord
+    | PartitionChangeRecord
 )

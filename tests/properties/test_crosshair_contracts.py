@@ -41,7 +41,15 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "automq_ref" / "state_machines"
-MODULES = ("route_epoch", "confirm_wal", "failover", "stream_metadata", "log_cache", "group")
+MODULES = (
+    "route_epoch",
+    "confirm_wal",
+    "failover",
+    "stream_metadata",
+    "placement",
+    "log_cache",
+    "group",
+)
 # Iterations without progress before CrossHair moves on: a count, so the same on any machine
 # (about 5 s for every module on 2 idle cores).
 ITERATIONS = 20

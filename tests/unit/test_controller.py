@@ -130,11 +130,20 @@ async def test_a_log_that_keeps_moving_ahead_fails_the_request(tmp_path: Path) -
 def records() -> st.SearchStrategy[sm.MetadataRecord]:
     ints = st.integers(min_value=-(2**63), max_value=2**63 - 1)
     ranges = st.lists(st.builds(sm.StreamOffsetRange, ints, ints, ints), max_size=3).map(tuple)
+    listeners = st.lists(
+        st.builds(sm.Endpoint, st.text(max_size=4), st.text(max_size=4), ints), max_size=2
+    ).map(tuple)
     overrides = {
         "state": st.sampled_from(list(sm.StreamState)),
         "ranges": ranges,
+        "listeners": listeners,
         "failover_mode": st.booleans(),
+        "fenced": st.booleans(),
+        "in_controlled_shutdown": st.booleans(),
         "key": st.text(max_size=8),
+        "topic_id": st.text(max_size=8),
+        "name": st.text(max_size=8),
+        "rack": st.text(max_size=8),
         "value": st.binary(max_size=8),
     }
     strategies: list[st.SearchStrategy[sm.MetadataRecord]] = []
@@ -176,11 +185,30 @@ def test_snapshots_round_trip(batch: list[sm.MetadataRecord]) -> None:
         b'{"type": "S3StreamRecord", "stream_id": 1, "epoch": 0, "range_index": 0, '
         b'"start_offset": 0, "state": 7}',
         b'{"type": "RemoveS3StreamRecord", "stream_id": true}',
+        b'{"type": "S3StreamRecord", "stream_id": 1, "epoch": 0, "range_index": 0, '
+        b'"start_offset": 0, "state": 1, "topic_id": 7}',
+        b'{"type": "S3StreamRecord", "stream_id": 1, "epoch": 0, "range_index": 0, "state": 1}',
+        b'{"type": "RegisterBrokerRecord", "node_id": 1, "node_epoch": 0, "rack": "a", '
+        b'"listeners": [["PLAINTEXT", "h", "9"]]}',
+        b'{"type": "BrokerRegistrationChangeRecord", "node_id": 1, "node_epoch": 0, '
+        b'"fenced": 0, "in_controlled_shutdown": false}',
     ],
 )
 def test_malformed_records_are_refused(payload: bytes) -> None:
+    """A wrong type, an unknown type or field, a missing field without a default."""
     with pytest.raises(InvalidFieldError):
         decode_record(payload)
+
+
+def test_a_stream_record_from_before_tags_decodes_untagged() -> None:
+    """A log written before streams had tags still decodes: the tags take their defaults."""
+    payload = (
+        b'{"type": "S3StreamRecord", "stream_id": 1, "epoch": 0, "range_index": 0, '
+        b'"start_offset": 0, "state": 1}'
+    )
+    record = decode_record(payload)
+    assert record == sm.S3StreamRecord(1, 0, 0, 0, sm.StreamState.OPENED)
+    assert (record.topic_id, record.partition) == (sm.NO_TOPIC, sm.NO_PARTITION)
 
 
 async def test_the_view_follows_every_applied_batch(tmp_path: Path) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import uuid
 
 import pytest
 
+from automq_ref.formats.topic_record import Topic
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import (
     EMPTY_IMAGE,
@@ -27,6 +29,19 @@ def run(image: StreamMetadataImage, *events: StreamMetadataEvent) -> StreamMetad
 
 
 REGISTERED = run(EMPTY_IMAGE, sm.RegisterNode(0, 1), sm.RegisterNode(1, 1))
+TOPIC = Topic("t", uuid.UUID(int=7), 2, {}).encode()
+GROWN = Topic("t", uuid.UUID(int=7), 3, {}).encode()
+TOPIC_ID = str(uuid.UUID(int=7))
+PLACED = run(
+    REGISTERED,
+    sm.BrokerHeartbeat(0, 1, 1000),
+    sm.BrokerHeartbeat(1, 1, 1000),
+    sm.CreateTopic("t", TOPIC),
+    sm.CreateStream(0, 1, TOPIC_ID, 0),
+    sm.OpenStream(0, 1, 0, 0),
+)
+MOVED = run(PLACED, sm.ReassignPartition("t", 0, 1))
+LAPSED = run(MOVED, sm.ExpireSessions(20_000))
 CREATED = run(REGISTERED, sm.CreateStream(0, 1), sm.PrepareObject(0, 1, 3, 1000, 0))
 OPENED = run(CREATED, sm.OpenStream(0, 1, 0, 1))
 WITH_DATA = run(
@@ -51,14 +66,24 @@ STATES = {
     "fenced": FENCED,
     "expired": EXPIRED,
     "removed": REMOVED,
+    "placed": PLACED,
+    "moved": MOVED,
+    "lapsed": LAPSED,
 }
 
 EVENTS: dict[str, list[StreamMetadataEvent]] = {
-    "RegisterNode": [sm.RegisterNode(0, 0), sm.RegisterNode(0, 2), sm.RegisterNode(9, 1)],
+    "RegisterNode": [
+        sm.RegisterNode(0, 0),
+        sm.RegisterNode(0, 2, "a", (sm.Endpoint("PLAINTEXT", "h", 1),)),
+        sm.RegisterNode(9, 1),
+    ],
     "FenceNode": [sm.FenceNode(0, 1), sm.FenceNode(9, 1)],
-    "CreateStream": [sm.CreateStream(0, 1), sm.CreateStream(9, 1)],
+    "CreateStream": [
+        sm.CreateStream(n, 1, t, p)
+        for n, t, p in itertools.product((0, 1, 9), ("", TOPIC_ID, "other"), (-1, 0, 5))
+    ],
     "OpenStream": [
-        sm.OpenStream(n, 1, s, e) for n, s, e in itertools.product((0, 1), (0, 5), (0, 1, 2))
+        sm.OpenStream(n, 1, s, e) for n, s, e in itertools.product((0, 1), (0, 1, 5), (0, 1, 2))
     ],
     "CloseStream": [
         sm.CloseStream(n, 1, s, e) for n, s, e in itertools.product((0, 1), (0, 5), (1, 2))
@@ -86,6 +111,34 @@ EVENTS: dict[str, list[StreamMetadataEvent]] = {
     "AllocateProducerIds": [
         sm.AllocateProducerIds(n, e, c) for n, e, c in itertools.product((0, 9), (0, 1), (0, 7))
     ],
+    "BrokerHeartbeat": [
+        sm.BrokerHeartbeat(n, e, t, (sm.PartitionLoad(TOPIC_ID, 0, 10, 10),))
+        for n, e, t in itertools.product((0, 1, 9), (0, 1, 2), (0, 30_000))
+    ],
+    "ExpireSessions": [sm.ExpireSessions(t) for t in (0, 5_000, 50_000)],
+    "ControlledShutdown": [
+        sm.ControlledShutdown(n, e) for n, e in itertools.product((0, 9), (0, 1))
+    ],
+    "UnregisterBroker": [sm.UnregisterBroker(n) for n in (0, 1, 9)],
+    "CreateTopic": [
+        sm.CreateTopic(name, value, assignments)
+        for name, value, assignments in itertools.product(
+            ("t", "u"), (TOPIC, b"{}", GROWN), ((), (0, 1), (9, 9), (0,))
+        )
+    ],
+    "CreatePartitions": [
+        sm.CreatePartitions(name, value, expected, assignments)
+        for name, value, expected, assignments in itertools.product(
+            ("t", "u"), (TOPIC, GROWN, b"{}"), (TOPIC, GROWN), ((), (1,), (9,))
+        )
+    ],
+    "DeleteTopic": [sm.DeleteTopic(n, e) for n, e in itertools.product(("t", "u"), (None, TOPIC))],
+    "ReassignPartition": [
+        sm.ReassignPartition(t, p, b)
+        for t, p, b in itertools.product(("t", "u"), (0, 7), (0, 1, 9))
+    ],
+    "ElectLeaders": [sm.ElectLeaders(t, p) for t, p in itertools.product(("t", "u"), (0, 7))],
+    "BalancePartitions": [sm.BalancePartitions(t) for t in (0, 100_000)],
 }
 
 

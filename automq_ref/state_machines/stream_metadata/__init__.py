@@ -37,6 +37,16 @@ a destroyed object once the shell has deleted it and the retention has passed. C
 object that is already COMMITTED is ``REDUNDANT_OPERATION``, answered as success: a retried commit
 is idempotent.
 
+Brokers and placement (spec: specs/Placement.tla). ``RegisterNode`` also registers the node as
+a broker (rack, listeners), fenced until its first ``BrokerHeartbeat``; heartbeats keep a
+session that ``ExpireSessions`` ends by fencing the broker and bumping its node epoch. Every
+partition is assigned to one live broker at a leader epoch (KRaft's ``PartitionRecord``); when
+brokers join or leave, the controller moves partitions in the same decision, and
+``ReassignPartition``, ``ElectLeaders`` and the autobalancer's ``BalancePartitions`` move them
+too. A partition's streams (tagged with it) open only on its broker at its leader epoch, and
+only once no other broker holds one of them open. ``cluster`` has the handlers and the theory;
+``automq_ref/state_machines/placement.py`` computes where partitions go.
+
 Cluster-wide decisions outside the spec. The KV store (``PutKV``, ``DeleteKV``) offers
 put-if-absent (``KEY_EXIST``), compare-and-set and compare-and-delete (``VALUE_NOT_MATCHED``), so
 that two brokers deciding from their local images never both create a topic or overwrite each
@@ -51,9 +61,11 @@ Layout
 ------
 ``image`` holds the image and its replay (and the snapshot of an image as records); ``events``
 the requests, their answer (``Response``), the effects of a step (``AppendRecords`` then
-``Respond``) and the machine's parameters; ``step`` the handlers that decide; ``queries`` the
-lookups the shell and the handlers make on an image; ``invariants`` the spec's invariants as
-checks; ``tla`` the mapping of an image onto the spec's variables for trace validation. The
+``Respond``) and the machine's parameters; ``step`` the handlers that decide on streams, objects,
+nodes and the KV, ``cluster`` those on brokers, topics and partitions, ``decisions`` what a
+handler returns and the node-epoch check both share; ``queries`` the lookups the shell and the
+handlers make on an image; ``invariants`` the specs' invariants as checks; ``tla`` the mapping of
+an image onto the specs' variables for trace validation. The
 record types are the vocabulary's (``automq_ref/vocabulary/metadata_records.py``); this package
 re-exports them.
 """
@@ -66,20 +78,31 @@ from automq_ref.state_machines.stream_metadata.events import (
     NO_OBJECT,
     AllocateProducerIds,
     AppendRecords,
+    BalancePartitions,
+    BrokerHeartbeat,
     CloseStream,
     CommitRange,
     CommitStreamObject,
     CommitStreamObjectEntry,
     CommitStreamSetObject,
+    ControlledShutdown,
+    CreatePartitions,
     CreateStream,
+    CreateTopic,
     DeleteKV,
     DeleteStream,
+    DeleteTopic,
+    ElectLeaders,
     ExpireObject,
+    ExpireSessions,
     FenceNode,
     OpeningStream,
     OpenStream,
+    PartitionLoad,
+    PlacementEvent,
     PrepareObject,
     PutKV,
+    ReassignPartition,
     RegisterNode,
     RemoveObject,
     Respond,
@@ -90,36 +113,52 @@ from automq_ref.state_machines.stream_metadata.events import (
     StreamMetadataParams,
     StreamMetadataTransition,
     TrimStream,
+    UnregisterBroker,
     records_of,
     response_of,
 )
 from automq_ref.state_machines.stream_metadata.image import (
     EMPTY_IMAGE,
     NO_EPOCH,
+    BrokerRegistration,
     NodeMetadata,
+    PartitionAssignment,
+    ReportedLoad,
     S3Object,
     StreamMetadata,
     StreamMetadataImage,
     StreamRange,
     StreamSetObject,
+    TopicPlacement,
     image_records,
     replay,
     replay_all,
 )
 from automq_ref.state_machines.stream_metadata.invariants import (
     INVARIANTS,
+    PLACEMENT_INVARIANTS,
     check_invariants,
     inv_no_fenced_commit_visible,
     inv_nothing_referenced_is_destroyed,
     inv_objects_cover_stream,
+    inv_one_owner_per_partition,
+    inv_partitions_on_live_brokers,
     inv_ranges_contiguous,
+    inv_single_opener_per_epoch,
     inv_single_writer,
 )
 from automq_ref.state_machines.stream_metadata.queries import (
     ObjectSlice,
+    assigned_broker,
+    broker_partitions,
     expired_objects,
     get_objects,
+    live_brokers,
     opening_streams,
+    partition_assignment,
+    partition_leader,
+    partition_streams,
+    placed_topic,
     removable_objects,
     stream_object_slices,
 )
@@ -129,22 +168,33 @@ from automq_ref.state_machines.stream_metadata.step import (
 from automq_ref.state_machines.stream_metadata.tla import (
     tla_action,
     tla_node,
+    tla_placement_action,
+    tla_placement_state,
     tla_state,
 )
 from automq_ref.state_machines.transition import InvariantViolation, Transition
 from automq_ref.vocabulary.metadata_records import (
+    NO_LEADER,
+    NO_PARTITION,
+    NO_TOPIC,
     AssignedS3ObjectIdRecord,
     AssignedStreamIdRecord,
+    BrokerRegistrationChangeRecord,
+    Endpoint,
     KVRecord,
     MetadataRecord,
     NodeWALMetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
     RangeRecord,
+    RegisterBrokerRecord,
     RemoveKVRecord,
     RemoveRangeRecord,
     RemoveS3ObjectRecord,
     RemoveS3StreamObjectRecord,
     RemoveS3StreamRecord,
     RemoveStreamSetObjectRecord,
+    RemoveTopicRecord,
     S3ObjectRecord,
     S3ObjectState,
     S3StreamEndOffsetsRecord,
@@ -153,6 +203,8 @@ from automq_ref.vocabulary.metadata_records import (
     S3StreamSetObjectRecord,
     StreamOffsetRange,
     StreamState,
+    TopicRecord,
+    UnregisterBrokerRecord,
 )
 
 __all__ = [
@@ -161,20 +213,35 @@ __all__ = [
     "EMPTY_IMAGE",
     "INVARIANTS",
     "NO_EPOCH",
+    "NO_LEADER",
     "NO_OBJECT",
+    "NO_PARTITION",
+    "NO_TOPIC",
+    "PLACEMENT_INVARIANTS",
     "AllocateProducerIds",
     "AppendRecords",
     "AssignedS3ObjectIdRecord",
     "AssignedStreamIdRecord",
+    "BalancePartitions",
+    "BrokerHeartbeat",
+    "BrokerRegistration",
+    "BrokerRegistrationChangeRecord",
     "CloseStream",
     "CommitRange",
     "CommitStreamObject",
     "CommitStreamObjectEntry",
     "CommitStreamSetObject",
+    "ControlledShutdown",
+    "CreatePartitions",
     "CreateStream",
+    "CreateTopic",
     "DeleteKV",
     "DeleteStream",
+    "DeleteTopic",
+    "ElectLeaders",
+    "Endpoint",
     "ExpireObject",
+    "ExpireSessions",
     "FenceNode",
     "InvariantViolation",
     "KVRecord",
@@ -184,9 +251,16 @@ __all__ = [
     "ObjectSlice",
     "OpenStream",
     "OpeningStream",
+    "PartitionAssignment",
+    "PartitionChangeRecord",
+    "PartitionLoad",
+    "PartitionRecord",
+    "PlacementEvent",
     "PrepareObject",
     "PutKV",
     "RangeRecord",
+    "ReassignPartition",
+    "RegisterBrokerRecord",
     "RegisterNode",
     "RemoveKVRecord",
     "RemoveObject",
@@ -195,6 +269,8 @@ __all__ = [
     "RemoveS3StreamObjectRecord",
     "RemoveS3StreamRecord",
     "RemoveStreamSetObjectRecord",
+    "RemoveTopicRecord",
+    "ReportedLoad",
     "Respond",
     "Response",
     "S3Object",
@@ -215,8 +291,14 @@ __all__ = [
     "StreamRange",
     "StreamSetObject",
     "StreamState",
+    "TopicPlacement",
+    "TopicRecord",
     "Transition",
     "TrimStream",
+    "UnregisterBroker",
+    "UnregisterBrokerRecord",
+    "assigned_broker",
+    "broker_partitions",
     "check_invariants",
     "expired_objects",
     "get_objects",
@@ -224,9 +306,17 @@ __all__ = [
     "inv_no_fenced_commit_visible",
     "inv_nothing_referenced_is_destroyed",
     "inv_objects_cover_stream",
+    "inv_one_owner_per_partition",
+    "inv_partitions_on_live_brokers",
     "inv_ranges_contiguous",
+    "inv_single_opener_per_epoch",
     "inv_single_writer",
+    "live_brokers",
     "opening_streams",
+    "partition_assignment",
+    "partition_leader",
+    "partition_streams",
+    "placed_topic",
     "records_of",
     "removable_objects",
     "replay",
@@ -236,5 +326,7 @@ __all__ = [
     "stream_object_slices",
     "tla_action",
     "tla_node",
+    "tla_placement_action",
+    "tla_placement_state",
     "tla_state",
 ]

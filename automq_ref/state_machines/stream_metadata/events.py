@@ -1,7 +1,9 @@
-"""What the controller is asked and what it answers: the request events (one per TLA+ action,
-plus the KV requests and the producer-id blocks), the ``Response`` every request gets and its
-error codes (AutoMQ's names, and ``VALUE_NOT_MATCHED`` for a conditional KV request that lost),
-the effects of a step (``AppendRecords`` then ``Respond``), and the machine's parameters.
+"""What the controller is asked and what it answers: the request events (one per TLA+ action of
+specs/StreamMetadata.tla or specs/Placement.tla, plus the KV requests, the producer-id blocks and
+a few admin requests), the ``Response`` every request gets and its error codes (AutoMQ's names;
+Kafka's for brokers, topics and partitions; ``VALUE_NOT_MATCHED`` for a conditional KV request
+that lost), the effects of a step (``AppendRecords`` then ``Respond``), and the machine's
+parameters.
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import enum
 from dataclasses import dataclass
 from typing import Final, TypeAlias
 
+from automq_ref.state_machines.placement import DEFAULT_BALANCE_PARAMS, BalanceParams
 from automq_ref.state_machines.stream_metadata.image import (
     StreamMetadataImage,
 )
 from automq_ref.state_machines.transition import InvariantViolation, Transition
 from automq_ref.vocabulary.metadata_records import (
+    NO_PARTITION,
+    NO_TOPIC,
+    Endpoint,
     MetadataRecord,
 )
 
@@ -43,19 +49,84 @@ class StreamErrorCode(enum.Enum):
     # A conditional KV request (``expected``) found another value under the key, or none.
     VALUE_NOT_MATCHED = "VALUE_NOT_MATCHED"
     INVALID_REQUEST = "INVALID_REQUEST"
+    # Brokers, topics and partitions: Kafka's names.
+    NOT_LEADER_OR_FOLLOWER = "NOT_LEADER_OR_FOLLOWER"  # the partition is another broker's
+    FENCED_LEADER_EPOCH = "FENCED_LEADER_EPOCH"  # an open below the partition's leader epoch
+    UNKNOWN_LEADER_EPOCH = "UNKNOWN_LEADER_EPOCH"  # an open above it
+    UNKNOWN_TOPIC_OR_PARTITION = "UNKNOWN_TOPIC_OR_PARTITION"
+    INVALID_PARTITIONS = "INVALID_PARTITIONS"
+    INVALID_REPLICA_ASSIGNMENT = "INVALID_REPLICA_ASSIGNMENT"  # a broker that is not live
+    INVALID_REPLICATION_FACTOR = "INVALID_REPLICATION_FACTOR"  # no live broker to place on
+    ELECTION_NOT_NEEDED = "ELECTION_NOT_NEEDED"
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = "ELIGIBLE_LEADERS_NOT_AVAILABLE"
 
 
 @dataclass(frozen=True, slots=True)
 class RegisterNode:
-    """getOpeningStreams: a node (re)starts and asks for its epoch and its open streams.
+    """getOpeningStreams and broker registration: a node (re)starts and asks for its epoch and
+    its open streams, and registers as a broker (its rack and listeners).
 
     ``node_epoch`` is the node's proposal (its clock). The controller grants
     ``max(node_epoch, stored + 1)``, strictly above any epoch it stored for the node, so a
     restart on a clock that went backwards still fences the previous incarnation; it answers
-    the granted epoch (``Response.node_epoch``), which the node then uses for everything."""
+    the granted epoch (``Response.node_epoch``), which the node then uses for everything.
+    The broker starts fenced: partitions it held move to live brokers, and its first
+    ``BrokerHeartbeat`` makes it live."""
 
     node_id: int
     node_epoch: int  # proposed
+    rack: str = ""
+    listeners: tuple[Endpoint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLoad:
+    """A partition's traffic over the last reporting interval, as its broker measured it."""
+
+    topic_id: str
+    partition: int
+    bytes_in_per_sec: int
+    bytes_out_per_sec: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeat:
+    """A broker is alive at ``now_ms``: its session is renewed until ``now_ms`` plus the
+    session timeout, and ``loads`` (the partitions it leads) are kept for balancing. A fenced
+    broker that is not shutting down is unfenced: it joins, and takes its share of partitions.
+    The answer says whether the broker is fenced (``Response.fenced``)."""
+
+    node_id: int
+    node_epoch: int
+    now_ms: int
+    loads: tuple[PartitionLoad, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireSessions:
+    """The controller's clock ticks: every live broker whose session ended before ``now_ms``
+    is fenced and its node epoch bumped (its later requests get ``NODE_EPOCH_EXPIRED``), and its
+    partitions move to live brokers. A live broker with no session (a controller that just took
+    over) gets one from ``now_ms``."""
+
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlledShutdown:
+    """A broker is stopping: it is fenced and its partitions move to live brokers now; it keeps
+    its epoch to close its streams (after uploading what its WAL holds)."""
+
+    node_id: int
+    node_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterBroker:
+    """Remove a broker from the cluster (Kafka's UnregisterBroker, by an admin): refused while
+    it holds streams open; its node epoch is bumped and its partitions move."""
+
+    node_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +139,13 @@ class FenceNode:
 
 @dataclass(frozen=True, slots=True)
 class CreateStream:
+    """A new stream; tagged with a partition (``topic_id``, ``partition``), it may be created
+    only by the broker the partition is assigned to."""
+
     node_id: int
     node_epoch: int
+    topic_id: str = NO_TOPIC
+    partition: int = NO_PARTITION
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +295,69 @@ class AllocateProducerIds:
     count: int
 
 
+@dataclass(frozen=True, slots=True)
+class CreateTopic:
+    """CreateTopics: ``value`` is the topic's KV record (``formats.topic_record``), put under
+    ``naming.topic_key(name)`` if absent (else ``KEY_EXIST`` with the existing value), and its
+    partitions are placed on live brokers in the same decision: by hand when ``assignments``
+    names a broker per partition (each must be live), else evenly and rack-aware."""
+
+    name: str
+    value: bytes
+    assignments: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitions:
+    """CreatePartitions: the topic's KV record becomes ``value`` if it holds ``expected``
+    (compare-and-set), and every partition of the new record that has no broker yet is placed
+    (by hand with ``assignments``, one per new partition). The same record again places a topic
+    written before placement existed."""
+
+    name: str
+    value: bytes
+    expected: bytes
+    assignments: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteTopic:
+    """DeleteTopics: the topic's KV record (compare-and-delete with ``expected``) and its
+    placement go; its streams are deleted by the brokers afterwards."""
+
+    name: str
+    expected: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignPartition:
+    """AlterPartitionReassignments, one partition: move it to live broker ``broker`` (a new
+    leader epoch). Already there: nothing to do."""
+
+    topic: str
+    partition: int
+    broker: int
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeaders:
+    """ElectLeaders, one partition: one replica means one eligible leader, its broker; only a
+    partition left with no broker (none was live) gets one."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class BalancePartitions:
+    """One round of the autobalancer at ``now_ms``: moves partitions so that no broker carries
+    more than the configured margin above the mean load; with no load reported, so that
+    partition counts differ by at most one. Only live brokers that heartbeat within the
+    metrics delay take part (a controller that just took over moves nothing at first)."""
+
+    now_ms: int
+
+
 StreamMetadataEvent: TypeAlias = (
     RegisterNode
     | FenceNode
@@ -235,6 +374,34 @@ StreamMetadataEvent: TypeAlias = (
     | PutKV
     | DeleteKV
     | AllocateProducerIds
+    | BrokerHeartbeat
+    | ExpireSessions
+    | ControlledShutdown
+    | UnregisterBroker
+    | CreateTopic
+    | CreatePartitions
+    | DeleteTopic
+    | ReassignPartition
+    | ElectLeaders
+    | BalancePartitions
+)
+
+# The events of specs/Placement.tla's actions (and the placement requests it leaves out).
+PlacementEvent: TypeAlias = (
+    RegisterNode
+    | BrokerHeartbeat
+    | ExpireSessions
+    | ControlledShutdown
+    | UnregisterBroker
+    | CreateTopic
+    | CreatePartitions
+    | DeleteTopic
+    | ReassignPartition
+    | ElectLeaders
+    | BalancePartitions
+    | CreateStream
+    | OpenStream
+    | CloseStream
 )
 
 
@@ -258,6 +425,9 @@ class Response:
     value: bytes | None = None
     node_epoch: int | None = None  # RegisterNode: the granted epoch
     first_producer_id: int | None = None  # AllocateProducerIds: the block's first id
+    fenced: bool | None = None  # BrokerHeartbeat: whether the broker is fenced now
+    leader: int | None = None  # ReassignPartition, ElectLeaders: the partition's broker now
+    leader_epoch: int | None = None  # ... and its leader epoch
 
     @property
     def ok(self) -> bool:
@@ -302,7 +472,15 @@ def response_of(transition: StreamMetadataTransition) -> Response:
 
 @dataclass(frozen=True, slots=True)
 class StreamMetadataParams:
+    """The controller's settings: object retention; Kafka's ``broker.session.timeout.ms``
+    (9 s: a broker that has not heartbeaten for that long is fenced); the autobalancer's
+    (AutoMQ's ``autobalancer.controller.*``): ``metrics.delay.ms`` (loads older than this are
+    not used) and the goals (``placement.BalanceParams``)."""
+
     object_retention_ms: int = 60_000
+    broker_session_timeout_ms: int = 9_000
+    autobalancer_metrics_delay_ms: int = 60_000
+    autobalancer: BalanceParams = DEFAULT_BALANCE_PARAMS
 
 
 DEFAULT_PARAMS: Final = StreamMetadataParams()

@@ -1,9 +1,19 @@
-"""The image of the metadata log and its replay: streams, ranges, nodes, objects, KV.
+"""The image of the metadata log and its replay: streams, ranges, nodes, objects, KV, brokers
+and the placement of partitions.
 
 The image is nothing but the replay of the records, so every broker that replays the same log
 holds the same image. Replay of offsets uses max semantics: replaying records in another order
 cannot move an offset backwards. ``image_records`` goes the other way: the records that rebuild
 an image (a snapshot).
+
+One part is not replayed: the active controller's *soft state*, the session deadline of each
+live broker, the load each partition last reported and when each broker last reported.
+Heartbeats renew them every couple of seconds, and writing each one to the log would fill it
+with nothing worth replaying; KRaft's controller keeps broker sessions in memory for the same
+reason. The fields are left out of
+equality (``compare=False``), so an image equals the replay of its records whatever its soft
+state; a controller that takes over starts with none and gives every live broker a fresh session
+(``ExpireSessions``).
 """
 
 from __future__ import annotations
@@ -12,19 +22,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final
 
+from automq_ref.state_machines.placement import Load, PartitionKey
 from automq_ref.vocabulary.metadata_records import (
+    NO_PARTITION,
+    NO_TOPIC,
     AssignedS3ObjectIdRecord,
     AssignedStreamIdRecord,
+    BrokerRegistrationChangeRecord,
+    Endpoint,
     KVRecord,
     MetadataRecord,
     NodeWALMetadataRecord,
+    PartitionChangeRecord,
+    PartitionRecord,
     RangeRecord,
+    RegisterBrokerRecord,
     RemoveKVRecord,
     RemoveRangeRecord,
     RemoveS3ObjectRecord,
     RemoveS3StreamObjectRecord,
     RemoveS3StreamRecord,
     RemoveStreamSetObjectRecord,
+    RemoveTopicRecord,
     S3ObjectRecord,
     S3ObjectState,
     S3StreamEndOffsetsRecord,
@@ -33,6 +52,8 @@ from automq_ref.vocabulary.metadata_records import (
     S3StreamSetObjectRecord,
     StreamOffsetRange,
     StreamState,
+    TopicRecord,
+    UnregisterBrokerRecord,
 )
 
 NO_EPOCH: Final = -1
@@ -56,6 +77,13 @@ class StreamMetadata:
     state: StreamState = StreamState.CLOSED
     ranges: Mapping[int, StreamRange] = field(default_factory=dict)
     stream_objects: Mapping[int, StreamOffsetRange] = field(default_factory=dict)
+    topic_id: str = NO_TOPIC  # the tags: the partition whose data the stream holds, if any
+    partition: int = NO_PARTITION
+
+    @property
+    def partition_key(self) -> PartitionKey | None:
+        """The (topic id, index) of the partition the stream belongs to, if tagged."""
+        return (self.topic_id, self.partition) if self.topic_id != NO_TOPIC else None
 
     @property
     def current_range(self) -> StreamRange | None:
@@ -95,8 +123,53 @@ class S3Object:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """A registered broker: the node epoch its registration was granted, where it runs, and
+    whether it may hold partitions (unfenced and not shutting down: *live*)."""
+
+    node_id: int
+    node_epoch: int
+    rack: str
+    listeners: tuple[Endpoint, ...]
+    fenced: bool = True
+    in_controlled_shutdown: bool = False
+
+    @property
+    def live(self) -> bool:
+        return not self.fenced and not self.in_controlled_shutdown
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionAssignment:
+    """Where a partition lives: its broker (``NO_LEADER`` when no broker was live) and the
+    leader epoch at which that broker opens its streams."""
+
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlacement:
+    topic_id: str
+    name: str
+    partitions: Mapping[int, PartitionAssignment] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportedLoad:
+    """A partition's traffic as a heartbeat reported it, and when (soft state)."""
+
+    load: Load
+    reported_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class StreamMetadataImage:
-    """The replay of the metadata log. Its maps are never mutated: replay builds new ones."""
+    """The replay of the metadata log. Its maps are never mutated: replay builds new ones.
+
+    ``sessions`` (node -> session deadline), ``loads`` (partition -> its last report) and
+    ``reports`` (node -> when it last reported) are the controller's soft state, not replayed
+    and not compared (module docstring)."""
 
     streams: Mapping[int, StreamMetadata] = field(default_factory=dict)
     nodes: Mapping[int, NodeMetadata] = field(default_factory=dict)
@@ -104,6 +177,11 @@ class StreamMetadataImage:
     kv: Mapping[str, bytes] = field(default_factory=dict)
     next_stream_id: int = 0
     next_object_id: int = 0
+    brokers: Mapping[int, BrokerRegistration] = field(default_factory=dict)
+    topics: Mapping[str, TopicPlacement] = field(default_factory=dict)  # by topic id
+    sessions: Mapping[int, int] = field(default_factory=dict, compare=False)
+    loads: Mapping[PartitionKey, ReportedLoad] = field(default_factory=dict, compare=False)
+    reports: Mapping[int, int] = field(default_factory=dict, compare=False)
 
 
 EMPTY_IMAGE: Final = StreamMetadataImage()
@@ -124,6 +202,8 @@ def replay(image: StreamMetadataImage, record: MetadataRecord) -> StreamMetadata
                 start_offset=start,
                 end_offset=max(stream.end_offset, start),
                 state=record.state,
+                topic_id=record.topic_id,
+                partition=record.partition,
             )
             return replace(image, streams={**image.streams, record.stream_id: stream})
         case RemoveS3StreamRecord():
@@ -235,6 +315,70 @@ def replay(image: StreamMetadataImage, record: MetadataRecord) -> StreamMetadata
             kv = dict(image.kv)
             kv.pop(record.key, None)
             return replace(image, kv=kv)
+        case (
+            RegisterBrokerRecord()
+            | BrokerRegistrationChangeRecord()
+            | UnregisterBrokerRecord()
+            | TopicRecord()
+            | RemoveTopicRecord()
+            | PartitionRecord()
+            | PartitionChangeRecord()
+        ):
+            return _replay_placement(image, record)
+
+
+def _replay_placement(
+    image: StreamMetadataImage,
+    record: RegisterBrokerRecord
+    | BrokerRegistrationChangeRecord
+    | UnregisterBrokerRecord
+    | TopicRecord
+    | RemoveTopicRecord
+    | PartitionRecord
+    | PartitionChangeRecord,
+) -> StreamMetadataImage:
+    """Replay of the broker and placement records (KRaft's)."""
+    match record:
+        case RegisterBrokerRecord():
+            registration = BrokerRegistration(
+                record.node_id, record.node_epoch, record.rack, record.listeners
+            )
+            return replace(image, brokers={**image.brokers, record.node_id: registration})
+        case BrokerRegistrationChangeRecord():
+            current = image.brokers.get(record.node_id)
+            if current is None or current.node_epoch != record.node_epoch:
+                return image  # a change to a registration that was replaced
+            changed = replace(
+                current,
+                fenced=record.fenced,
+                in_controlled_shutdown=record.in_controlled_shutdown,
+            )
+            return replace(image, brokers={**image.brokers, record.node_id: changed})
+        case UnregisterBrokerRecord():
+            current = image.brokers.get(record.node_id)
+            if current is None or current.node_epoch != record.node_epoch:
+                return image
+            brokers = dict(image.brokers)
+            del brokers[record.node_id]
+            return replace(image, brokers=brokers)
+        case TopicRecord():
+            topic = TopicPlacement(record.topic_id, record.name)
+            return replace(image, topics={**image.topics, record.topic_id: topic})
+        case RemoveTopicRecord():
+            topics = dict(image.topics)
+            topics.pop(record.topic_id, None)
+            return replace(image, topics=topics)
+        case PartitionRecord() | PartitionChangeRecord():
+            placed = image.topics.get(record.topic_id)
+            if placed is None:
+                return image
+            if isinstance(record, PartitionChangeRecord) and record.partition not in (
+                placed.partitions
+            ):
+                return image
+            assignment = PartitionAssignment(record.leader, record.leader_epoch)
+            placed = replace(placed, partitions={**placed.partitions, record.partition: assignment})
+            return replace(image, topics={**image.topics, record.topic_id: placed})
 
 
 def replay_all(
@@ -272,6 +416,8 @@ def image_records(image: StreamMetadataImage) -> list[MetadataRecord]:
                 stream.range_index,
                 stream.start_offset,
                 stream.state,
+                stream.topic_id,
+                stream.partition,
             )
         )
         for index, stream_range in stream.ranges.items():
@@ -302,4 +448,20 @@ def image_records(image: StreamMetadataImage) -> list[MetadataRecord]:
             )
     for key, value in image.kv.items():
         records.append(KVRecord(key, value))
+    for broker in image.brokers.values():
+        records.append(
+            RegisterBrokerRecord(broker.node_id, broker.node_epoch, broker.rack, broker.listeners)
+        )
+        if broker.live or broker.in_controlled_shutdown:
+            records.append(
+                BrokerRegistrationChangeRecord(
+                    broker.node_id, broker.node_epoch, broker.fenced, broker.in_controlled_shutdown
+                )
+            )
+    for placed in image.topics.values():
+        records.append(TopicRecord(placed.topic_id, placed.name))
+        for index, assignment in placed.partitions.items():
+            records.append(
+                PartitionRecord(placed.topic_id, index, assignment.leader, assignment.leader_epoch)
+            )
     return records

@@ -1,5 +1,5 @@
-"""The spec's safety invariants (specs/StreamMetadata.tla) as checks on an image; the property
-test runs ``check_invariants`` after every step.
+"""The specs' safety invariants (specs/StreamMetadata.tla, then specs/Placement.tla) as checks on
+an image; the property tests run ``check_invariants`` after every step.
 """
 
 from __future__ import annotations
@@ -11,11 +11,15 @@ from automq_ref.state_machines.stream_metadata.image import (
     StreamMetadataImage,
 )
 from automq_ref.state_machines.stream_metadata.queries import (
+    live_brokers,
+    partition_streams,
     stream_object_slices,
 )
 from automq_ref.state_machines.transition import InvariantViolation
 from automq_ref.vocabulary.metadata_records import (
+    NO_LEADER,
     S3ObjectState,
+    StreamState,
 )
 
 
@@ -123,6 +127,74 @@ INVARIANTS: Final = (
 )
 
 
+# ------------------------------------------------------------------- specs/Placement.tla
+
+
+def inv_partitions_on_live_brokers(image: StreamMetadataImage) -> None:
+    """PartitionsOnLiveBrokers: every partition is assigned to a live broker (registered,
+    unfenced, not shutting down), or to none when no broker is live."""
+    live = {broker.node_id for broker in live_brokers(image)}
+    for placed in image.topics.values():
+        for index, assignment in placed.partitions.items():
+            if assignment.leader == NO_LEADER and not live:
+                continue
+            if assignment.leader not in live:
+                raise InvariantViolation(
+                    f"{placed.name}-{index} is on broker {assignment.leader}; live: {sorted(live)}"
+                )
+
+
+def inv_one_owner_per_partition(image: StreamMetadataImage) -> None:
+    """OneOwnerPerPartition: a partition's open streams are all on one broker, and a stream
+    open at the partition's leader epoch is on the partition's broker; no stream of it is at
+    a higher epoch."""
+    for placed in image.topics.values():
+        for index, assignment in placed.partitions.items():
+            owners = set()
+            for stream in partition_streams(image, placed.topic_id, index):
+                if stream.epoch > assignment.leader_epoch:
+                    raise InvariantViolation(
+                        f"{placed.name}-{index}: stream {stream.stream_id} at epoch "
+                        f"{stream.epoch} > leader epoch {assignment.leader_epoch}"
+                    )
+                current = stream.current_range
+                if stream.state is not StreamState.OPENED or current is None:
+                    continue
+                owners.add(current.node_id)
+                if stream.epoch == assignment.leader_epoch and current.node_id != (
+                    assignment.leader
+                ):
+                    raise InvariantViolation(
+                        f"{placed.name}-{index}: stream {stream.stream_id} open on "
+                        f"{current.node_id} at the leader epoch of broker {assignment.leader}"
+                    )
+            if len(owners) > 1:
+                raise InvariantViolation(f"{placed.name}-{index} is open on {sorted(owners)}")
+
+
+def inv_single_opener_per_epoch(image: StreamMetadataImage) -> None:
+    """SingleOpenerPerEpoch: all the ranges that a partition's streams hold at one epoch
+    belong to one broker: two brokers never opened the same partition at the same epoch."""
+    for placed in image.topics.values():
+        for index in placed.partitions:
+            openers: dict[int, int] = {}
+            for stream in partition_streams(image, placed.topic_id, index):
+                for stream_range in stream.ranges.values():
+                    opener = openers.setdefault(stream_range.epoch, stream_range.node_id)
+                    if opener != stream_range.node_id:
+                        raise InvariantViolation(
+                            f"{placed.name}-{index} opened at epoch {stream_range.epoch} by "
+                            f"{opener} and {stream_range.node_id}"
+                        )
+
+
+PLACEMENT_INVARIANTS: Final = (
+    inv_partitions_on_live_brokers,
+    inv_one_owner_per_partition,
+    inv_single_opener_per_epoch,
+)
+
+
 def check_invariants(image: StreamMetadataImage) -> None:
-    for invariant in INVARIANTS:
+    for invariant in (*INVARIANTS, *PLACEMENT_INVARIANTS):
         invariant(image)

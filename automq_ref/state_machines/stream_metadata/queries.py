@@ -1,6 +1,7 @@
 """Lookups on an image: the objects that hold a range of a stream (what a reader fetches), the
-streams a node still holds open, the objects the lifecycle expires or removes. Pure reads; the
-handlers use some of them too.
+streams a node still holds open, the objects the lifecycle expires or removes; the live brokers,
+where each partition lives and which streams are a partition's. Pure reads; the handlers use
+some of them too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from automq_ref.state_machines.stream_metadata.events import (
     StreamMetadataParams,
 )
 from automq_ref.state_machines.stream_metadata.image import (
+    BrokerRegistration,
+    PartitionAssignment,
+    StreamMetadata,
     StreamMetadataImage,
+    TopicPlacement,
 )
 from automq_ref.vocabulary.metadata_records import (
     S3ObjectState,
@@ -123,3 +128,75 @@ def removable_objects(
         if o.state is S3ObjectState.MARK_DESTROYED
         and now_ms >= o.timestamp_ms + params.object_retention_ms
     )
+
+
+# ------------------------------------------------------------------------ brokers, placement
+
+
+def live_brokers(image: StreamMetadataImage, now_ms: int | None = None) -> list[BrokerRegistration]:
+    """Registered brokers that may hold partitions: unfenced and not shutting down, by id.
+
+    With ``now_ms``, on the controller, also leave out a broker whose session (soft state) ended
+    before then but that ``ExpireSessions`` has not fenced yet; an image without sessions (a
+    broker's replica of the log) leaves none out."""
+    found = []
+    for broker in sorted(image.brokers.values(), key=lambda b: b.node_id):
+        deadline = image.sessions.get(broker.node_id)
+        lapsed = now_ms is not None and deadline is not None and deadline < now_ms
+        if broker.live and not lapsed:
+            found.append(broker)
+    return found
+
+
+def placed_topic(image: StreamMetadataImage, name: str) -> TopicPlacement | None:
+    """The placement of topic ``name``, if the controller placed it."""
+    for placed in image.topics.values():
+        if placed.name == name:
+            return placed
+    return None
+
+
+def partition_assignment(
+    image: StreamMetadataImage, topic: str, partition: int
+) -> PartitionAssignment | None:
+    """Where partition ``partition`` of topic ``topic`` (a name) lives, and at which leader
+    epoch its broker opens its streams; None if it is not placed."""
+    placed = placed_topic(image, topic)
+    return placed.partitions.get(partition) if placed is not None else None
+
+
+def assigned_broker(image: StreamMetadataImage, topic: str, partition: int) -> int | None:
+    """The broker a partition is assigned to (``NO_LEADER`` when no broker was live); None if
+    the partition is not placed."""
+    assignment = partition_assignment(image, topic, partition)
+    return assignment.leader if assignment is not None else None
+
+
+def broker_partitions(image: StreamMetadataImage, node_id: int) -> list[tuple[str, int, int]]:
+    """(topic name, partition, leader epoch) of every partition assigned to ``node_id``: what
+    that broker must hold open, each at its leader epoch."""
+    return sorted(
+        (placed.name, index, assignment.leader_epoch)
+        for placed in image.topics.values()
+        for index, assignment in placed.partitions.items()
+        if assignment.leader == node_id
+    )
+
+
+def partition_streams(
+    image: StreamMetadataImage, topic_id: str, partition: int
+) -> list[StreamMetadata]:
+    """The streams tagged with a partition, by id."""
+    return sorted(
+        (s for s in image.streams.values() if s.partition_key == (topic_id, partition)),
+        key=lambda s: s.stream_id,
+    )
+
+
+def partition_leader(image: StreamMetadataImage, topic_id: str, partition: int) -> int | None:
+    """The broker that holds the partition's streams open (the one leading it now), if any."""
+    for stream in partition_streams(image, topic_id, partition):
+        current = stream.current_range
+        if stream.state is StreamState.OPENED and current is not None:
+            return current.node_id
+    return None

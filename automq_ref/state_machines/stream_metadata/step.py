@@ -8,29 +8,46 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import TypeAlias
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
+from automq_ref.state_machines.stream_metadata import cluster
+from automq_ref.state_machines.stream_metadata.cluster import with_soft_state
+from automq_ref.state_machines.stream_metadata.decisions import (
+    Decision,
+    Outcome,
+    accept,
+    ignore_node,
+    reject,
+)
 from automq_ref.state_machines.stream_metadata.events import (
     ANY_STREAM_EPOCH,
     DEFAULT_PARAMS,
     NO_OBJECT,
     AllocateProducerIds,
     AppendRecords,
+    BalancePartitions,
+    BrokerHeartbeat,
     CloseStream,
     CommitRange,
     CommitStreamObject,
     CommitStreamObjectEntry,
     CommitStreamSetObject,
+    ControlledShutdown,
+    CreatePartitions,
     CreateStream,
+    CreateTopic,
     DeleteKV,
     DeleteStream,
+    DeleteTopic,
+    ElectLeaders,
     ExpireObject,
+    ExpireSessions,
     FenceNode,
     OpenStream,
     PrepareObject,
     PutKV,
+    ReassignPartition,
     RegisterNode,
     RemoveObject,
     Respond,
@@ -40,6 +57,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     StreamMetadataParams,
     StreamMetadataTransition,
     TrimStream,
+    UnregisterBroker,
 )
 from automq_ref.state_machines.stream_metadata.image import (
     NO_EPOCH,
@@ -59,6 +77,7 @@ from automq_ref.vocabulary.metadata_records import (
     MetadataRecord,
     NodeWALMetadataRecord,
     RangeRecord,
+    RegisterBrokerRecord,
     RemoveKVRecord,
     RemoveRangeRecord,
     RemoveS3ObjectRecord,
@@ -86,127 +105,157 @@ def step(
     The effects are ``AppendRecords(records)`` (when the decision writes any) and then
     ``Respond(response)``: the records must be durable before the next image is published and
     before the answer is released. A refusal is a ``Respond`` whose response carries the error
-    code, with no records and the image unchanged."""
+    code, with no records and the image unchanged. A heartbeat or a session tick may change
+    only the controller's soft state (``image.sessions``, ``image.loads``): a new image with no
+    records."""
+    decision = _decide(image, event, params)
+    appended = tuple(decision.records)
+    after = replay_all(image, appended) if appended else image
+    after = with_soft_state(after, decision)
+    respond = Respond(decision.response)
+    if not appended:
+        return Transition(after, (respond,))
+    return Transition(after, (AppendRecords(appended), respond))
+
+
+def _decide(
+    image: StreamMetadataImage, event: StreamMetadataEvent, params: StreamMetadataParams
+) -> Decision:
     match event:
         case RegisterNode():
-            records, response = _on_register_node(image, event)
+            return _on_register_node(image, event)
         case FenceNode():
-            records, response = _on_fence_node(image, event)
+            return Decision(*_on_fence_node(image, event))
         case CreateStream():
-            records, response = _on_create_stream(image, event)
+            return Decision(*_on_create_stream(image, event))
         case OpenStream():
-            records, response = _on_open_stream(image, event)
+            return Decision(*_on_open_stream(image, event))
         case CloseStream():
-            records, response = _on_close_stream(image, event)
+            return Decision(*_on_close_stream(image, event))
         case TrimStream():
-            records, response = _on_trim_stream(image, event)
+            return Decision(*_on_trim_stream(image, event))
         case DeleteStream():
-            records, response = _on_delete_stream(image, event)
+            return Decision(*_on_delete_stream(image, event))
         case PrepareObject():
-            records, response = _on_prepare_object(image, event)
+            return Decision(*_on_prepare_object(image, event))
         case CommitStreamSetObject():
-            records, response = _on_commit_stream_set_object(image, event)
+            return Decision(*_on_commit_stream_set_object(image, event))
         case CommitStreamObject():
-            records, response = _on_commit_stream_object(image, event)
+            return Decision(*_on_commit_stream_object(image, event))
         case ExpireObject():
-            records, response = _on_expire_object(image, event)
+            return Decision(*_on_expire_object(image, event))
         case RemoveObject():
-            records, response = _on_remove_object(image, event, params)
+            return Decision(*_on_remove_object(image, event, params))
         case PutKV():
-            records, response = _on_put_kv(image, event)
+            return Decision(*_on_put_kv(image, event))
         case DeleteKV():
-            records, response = _on_delete_kv(image, event)
+            return Decision(*_on_delete_kv(image, event))
         case AllocateProducerIds():
-            records, response = _on_allocate_producer_ids(image, event)
-    if not records:
-        return Transition(image, (Respond(response),))
-    appended = tuple(records)
-    return Transition(replay_all(image, appended), (AppendRecords(appended), Respond(response)))
+            return Decision(*_on_allocate_producer_ids(image, event))
+        case BrokerHeartbeat():
+            return cluster._on_broker_heartbeat(image, event, params)
+        case ExpireSessions():
+            return cluster._on_expire_sessions(image, event, params)
+        case ControlledShutdown():
+            return cluster._on_controlled_shutdown(image, event)
+        case UnregisterBroker():
+            return cluster._on_unregister_broker(image, event)
+        case CreateTopic():
+            return Decision(*cluster._on_create_topic(image, event))
+        case CreatePartitions():
+            return Decision(*cluster._on_create_partitions(image, event))
+        case DeleteTopic():
+            return Decision(*cluster._on_delete_topic(image, event))
+        case ReassignPartition():
+            return Decision(*cluster._on_reassign_partition(image, event))
+        case ElectLeaders():
+            return Decision(*cluster._on_elect_leaders(image, event))
+        case BalancePartitions():
+            return Decision(*cluster._on_balance_partitions(image, event, params))
 
 
-_Outcome: TypeAlias = tuple[list[MetadataRecord], Response]
+# ------------------------------------------------------------------------------- nodes
 
 
-def _reject(error: StreamErrorCode, message: str) -> _Outcome:
-    return [], Response(error=error, message=message)
-
-
-def _accept(records: list[MetadataRecord], **fields: object) -> _Outcome:
-    return records, Response(**fields)  # type: ignore[arg-type]
-
-
-# ------------------------------------------------------------------------------- node checks
-
-
-def _ignore_node(
-    image: StreamMetadataImage, node_id: int, node_epoch: int, *, check_failover: bool = True
-) -> _Outcome | None:
-    """The node-epoch check applied to most requests, as AutoMQ's controller does it.
-
-    An unregistered node is refused, a node epoch older than the stored one is expired, and a
-    node that failover took over is fenced unless the request may skip that last test.
-    """
-    node = image.nodes.get(node_id)
-    if node is None:
-        return _reject(StreamErrorCode.NODE_EPOCH_NOT_EXIST, f"node {node_id} is not registered")
-    if node.node_epoch > node_epoch:
-        return _reject(
-            StreamErrorCode.NODE_EPOCH_EXPIRED,
-            f"node {node_id} epoch {node_epoch} is older than {node.node_epoch}",
-        )
-    if check_failover and node.failover_mode:
-        return _reject(StreamErrorCode.NODE_FENCED, f"node {node_id} was taken over by failover")
-    return None
-
-
-def _on_register_node(image: StreamMetadataImage, event: RegisterNode) -> _Outcome:
+def _on_register_node(image: StreamMetadataImage, event: RegisterNode) -> Decision:
     # Never refused: the granted epoch is above every epoch stored for the node, whatever the
     # node proposed (a clock that went backwards, a retried registration).
     node = image.nodes.get(event.node_id)
     stored = node.node_epoch if node is not None else NO_EPOCH
     granted = max(event.node_epoch, stored + 1)
-    records: list[MetadataRecord] = [NodeWALMetadataRecord(event.node_id, granted, False)]
-    return _accept(
-        records, node_epoch=granted, opening_streams=opening_streams(image, event.node_id)
-    )
+    registration: list[MetadataRecord] = [
+        NodeWALMetadataRecord(event.node_id, granted, False),
+        # The new incarnation starts fenced; what the previous one held moves to live brokers.
+        RegisterBrokerRecord(event.node_id, granted, event.rack, event.listeners),
+    ]
+    records = cluster.departure_records(image, registration)
+    response = Response(node_epoch=granted, opening_streams=opening_streams(image, event.node_id))
+    sessions = {n: deadline for n, deadline in image.sessions.items() if n != event.node_id}
+    return Decision(records, response, sessions=sessions)
 
 
-def _on_fence_node(image: StreamMetadataImage, event: FenceNode) -> _Outcome:
+def _on_fence_node(image: StreamMetadataImage, event: FenceNode) -> Outcome:
     node = image.nodes.get(event.node_id)
     if node is None:
-        return _reject(StreamErrorCode.NODE_EPOCH_NOT_EXIST, f"node {event.node_id} unknown")
+        return reject(StreamErrorCode.NODE_EPOCH_NOT_EXIST, f"node {event.node_id} unknown")
     if node.node_epoch > event.node_epoch:
         # The node restarted meanwhile: it recovers by itself, there is nothing to take over.
-        return _reject(
+        return reject(
             StreamErrorCode.NODE_EPOCH_EXPIRED,
             f"node {event.node_id} epoch {event.node_epoch} is older than {node.node_epoch}",
         )
     records: list[MetadataRecord] = [NodeWALMetadataRecord(event.node_id, event.node_epoch, True)]
-    return _accept(records, opening_streams=opening_streams(image, event.node_id))
+    return accept(records, opening_streams=opening_streams(image, event.node_id))
 
 
 # ---------------------------------------------------------------------------------- streams
 
 
-def _on_create_stream(image: StreamMetadataImage, event: CreateStream) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_create_stream(image: StreamMetadataImage, event: CreateStream) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
+        return ignored
+    if (ignored := cluster.ignore_partition_create(image, event)) is not None:
         return ignored
     stream_id = image.next_stream_id
     records: list[MetadataRecord] = [
         AssignedStreamIdRecord(stream_id),
-        S3StreamRecord(stream_id, NO_EPOCH, -1, 0, StreamState.CLOSED),
+        S3StreamRecord(
+            stream_id, NO_EPOCH, -1, 0, StreamState.CLOSED, event.topic_id, event.partition
+        ),
     ]
-    return _accept(records, stream_id=stream_id)
+    return accept(records, stream_id=stream_id)
 
 
-def _on_open_stream(image: StreamMetadataImage, event: OpenStream) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _stream_record(
+    stream: StreamMetadata,
+    *,
+    epoch: int | None = None,
+    range_index: int | None = None,
+    start_offset: int | None = None,
+    state: StreamState | None = None,
+) -> S3StreamRecord:
+    """The stream's S3StreamRecord with some fields changed; its tags always repeated."""
+    return S3StreamRecord(
+        stream.stream_id,
+        stream.epoch if epoch is None else epoch,
+        stream.range_index if range_index is None else range_index,
+        stream.start_offset if start_offset is None else start_offset,
+        stream.state if state is None else state,
+        stream.topic_id,
+        stream.partition,
+    )
+
+
+def _on_open_stream(image: StreamMetadataImage, event: OpenStream) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     stream = image.streams.get(event.stream_id)
     if stream is None:
-        return _reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {event.stream_id} not found")
+        return reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {event.stream_id} not found")
+    if (ignored := cluster.ignore_partition_open(image, stream, event)) is not None:
+        return ignored
     if stream.epoch > event.stream_epoch:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_FENCED,
             f"stream {event.stream_id} epoch {event.stream_epoch} < current {stream.epoch}",
         )
@@ -214,34 +263,26 @@ def _on_open_stream(image: StreamMetadataImage, event: OpenStream) -> _Outcome:
         # A retried open: fine for the owner of the current range, at the same range.
         current = stream.current_range
         if current is None:
-            return _reject(StreamErrorCode.STREAM_INNER_ERROR, "stream has no current range")
+            return reject(StreamErrorCode.STREAM_INNER_ERROR, "stream has no current range")
         if current.node_id != event.node_id:
-            return _reject(
+            return reject(
                 StreamErrorCode.STREAM_FENCED,
                 f"stream {event.stream_id} epoch {stream.epoch} is owned by node {current.node_id}",
             )
         records: list[MetadataRecord] = []
         if stream.state is StreamState.CLOSED:
-            records.append(
-                S3StreamRecord(
-                    stream.stream_id,
-                    stream.epoch,
-                    stream.range_index,
-                    stream.start_offset,
-                    StreamState.OPENED,
-                )
-            )
-        return _accept(records, start_offset=stream.start_offset, next_offset=stream.end_offset)
+            records.append(_stream_record(stream, state=StreamState.OPENED))
+        return accept(records, start_offset=stream.start_offset, next_offset=stream.end_offset)
     if stream.state is StreamState.OPENED:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_NOT_CLOSED,
             f"stream {event.stream_id} is still open at epoch {stream.epoch}",
         )
     end = stream.end_offset
     new_index = stream.range_index + 1
     records = [
-        S3StreamRecord(
-            stream.stream_id, event.stream_epoch, new_index, stream.start_offset, StreamState.OPENED
+        _stream_record(
+            stream, epoch=event.stream_epoch, range_index=new_index, state=StreamState.OPENED
         )
     ]
     current = stream.current_range
@@ -260,7 +301,7 @@ def _on_open_stream(image: StreamMetadataImage, event: OpenStream) -> _Outcome:
         RangeRecord(stream.stream_id, event.stream_epoch, new_index, end, end, event.node_id)
     )
     records.extend(_removable_ranges(stream, sealed_end=end))
-    return _accept(records, start_offset=stream.start_offset, next_offset=end)
+    return accept(records, start_offset=stream.start_offset, next_offset=end)
 
 
 def _removable_ranges(stream: StreamMetadata, *, sealed_end: int) -> list[MetadataRecord]:
@@ -281,36 +322,36 @@ def _removable_ranges(stream: StreamMetadata, *, sealed_end: int) -> list[Metada
 
 def _ignore_owner(
     stream: StreamMetadata | None, stream_id: int, node_id: int, stream_epoch: int
-) -> _Outcome | None:
+) -> Outcome | None:
     """The ownership check of close, trim and delete, as AutoMQ's controller does it.
 
     The stream must exist, the request must carry exactly the stream's epoch (an older one is
     fenced, a newer one is an inner error) and the caller must own the current range.
     """
     if stream is None:
-        return _reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {stream_id} not found")
+        return reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {stream_id} not found")
     if stream.epoch > stream_epoch:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_FENCED,
             f"stream {stream_id} epoch {stream_epoch} < current {stream.epoch}",
         )
     if stream.epoch < stream_epoch:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_INNER_ERROR,
             f"stream {stream_id} epoch {stream_epoch} > current {stream.epoch}",
         )
     current = stream.current_range
     if current is None or current.node_id != node_id:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_FENCED,
             f"stream {stream_id} is not owned by node {node_id}",
         )
     return None
 
 
-def _on_close_stream(image: StreamMetadataImage, event: CloseStream) -> _Outcome:
+def _on_close_stream(image: StreamMetadataImage, event: CloseStream) -> Outcome:
     # Close skips the failover check: a survivor closes a failed node's streams as that node.
-    ignored = _ignore_node(image, event.node_id, event.node_epoch, check_failover=False)
+    ignored = ignore_node(image, event.node_id, event.node_epoch, check_failover=False)
     if ignored is not None:
         return ignored
     stream = image.streams.get(event.stream_id)
@@ -318,39 +359,29 @@ def _on_close_stream(image: StreamMetadataImage, event: CloseStream) -> _Outcome
         return ignored
     assert stream is not None
     if stream.state is StreamState.CLOSED:
-        return _accept([])
-    records: list[MetadataRecord] = [
-        S3StreamRecord(
-            stream.stream_id,
-            stream.epoch,
-            stream.range_index,
-            stream.start_offset,
-            StreamState.CLOSED,
-        )
-    ]
-    return _accept(records)
+        return accept([])
+    records: list[MetadataRecord] = [_stream_record(stream, state=StreamState.CLOSED)]
+    return accept(records)
 
 
-def _on_trim_stream(image: StreamMetadataImage, event: TrimStream) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_trim_stream(image: StreamMetadataImage, event: TrimStream) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     stream = image.streams.get(event.stream_id)
     if ignored := _ignore_owner(stream, event.stream_id, event.node_id, event.stream_epoch):
         return ignored
     assert stream is not None
     if stream.state is StreamState.CLOSED:
-        return _reject(StreamErrorCode.STREAM_NOT_OPENED, f"stream {event.stream_id} is closed")
+        return reject(StreamErrorCode.STREAM_NOT_OPENED, f"stream {event.stream_id} is closed")
     new_start = event.new_start_offset
     if new_start < stream.start_offset:
-        return _reject(
+        return reject(
             StreamErrorCode.OFFSET_NOT_MATCHED,
             f"trim to {new_start} is below the stream start {stream.start_offset}",
         )
     if new_start == stream.start_offset:
-        return _accept([])
-    records: list[MetadataRecord] = [
-        S3StreamRecord(stream.stream_id, stream.epoch, stream.range_index, new_start, stream.state)
-    ]
+        return accept([])
+    records: list[MetadataRecord] = [_stream_record(stream, start_offset=new_start)]
     for index, stream_range in sorted(stream.ranges.items()):
         end = stream.range_end(index)
         if index == stream.range_index:
@@ -379,26 +410,26 @@ def _on_trim_stream(image: StreamMetadataImage, event: TrimStream) -> _Outcome:
                     stream_range.node_id,
                 )
             )
-    return _accept(records)
+    return accept(records)
 
 
-def _on_delete_stream(image: StreamMetadataImage, event: DeleteStream) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_delete_stream(image: StreamMetadataImage, event: DeleteStream) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     stream = image.streams.get(event.stream_id)
     if stream is None:
-        return _accept([])
+        return accept([])
     if stream.state is not StreamState.CLOSED:
-        return _reject(StreamErrorCode.STREAM_NOT_CLOSED, f"stream {event.stream_id} is open")
+        return reject(StreamErrorCode.STREAM_NOT_CLOSED, f"stream {event.stream_id} is open")
     if stream.epoch > event.stream_epoch:
-        return _reject(
+        return reject(
             StreamErrorCode.STREAM_FENCED,
             f"stream {event.stream_id} epoch {event.stream_epoch} < current {stream.epoch}",
         )
     records: list[MetadataRecord] = [RemoveS3StreamRecord(stream.stream_id)]
     for object_id in sorted(stream.stream_objects):
         records.append(_mark_destroyed(image.objects[object_id], event.now_ms))
-    return _accept(records)
+    return accept(records)
 
 
 # ---------------------------------------------------------------------------------- objects
@@ -414,11 +445,11 @@ def _mark_destroyed(s3_object: S3Object, now_ms: int) -> S3ObjectRecord:
     )
 
 
-def _on_prepare_object(image: StreamMetadataImage, event: PrepareObject) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_prepare_object(image: StreamMetadataImage, event: PrepareObject) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     if event.count < 1 or event.ttl_ms < 0:
-        return _reject(
+        return reject(
             StreamErrorCode.INVALID_REQUEST,
             f"prepare needs count >= 1 and ttl >= 0, got {event.count} and {event.ttl_ms}",
         )
@@ -427,7 +458,7 @@ def _on_prepare_object(image: StreamMetadataImage, event: PrepareObject) -> _Out
     deadline = event.now_ms + event.ttl_ms
     for object_id in range(first, first + event.count):
         records.append(S3ObjectRecord(object_id, 0, S3ObjectState.PREPARED, deadline))
-    return _accept(records, first_object_id=first)
+    return accept(records, first_object_id=first)
 
 
 def _commit_object(
@@ -452,12 +483,12 @@ def _check_continuity(
     image: StreamMetadataImage,
     node_id: int,
     entries: list[tuple[int, int, int, int]],
-) -> _Outcome | None:
+) -> Outcome | None:
     """Every (stream, epoch, start, end) must extend its stream exactly at its end offset."""
     expected_end: dict[int, int] = {}
     for stream_id, stream_epoch, start, end in sorted(entries, key=lambda e: (e[0], e[2])):
         if start >= end:
-            return _reject(
+            return reject(
                 StreamErrorCode.INVALID_REQUEST,
                 f"stream {stream_id}: empty or inverted range [{start}, {end})",
             )
@@ -467,14 +498,14 @@ def _check_continuity(
         if end <= stream.start_offset:
             continue  # wholly trimmed: accepted, moves nothing
         if stream.state is not StreamState.OPENED:
-            return _reject(StreamErrorCode.STREAM_NOT_OPENED, f"stream {stream_id} is closed")
+            return reject(StreamErrorCode.STREAM_NOT_OPENED, f"stream {stream_id} is closed")
         current = stream.current_range
         if current is None:
-            return _reject(StreamErrorCode.STREAM_INNER_ERROR, f"stream {stream_id} has no range")
+            return reject(StreamErrorCode.STREAM_INNER_ERROR, f"stream {stream_id} has no range")
         if current.node_id != node_id or (
             stream_epoch != ANY_STREAM_EPOCH and stream_epoch != stream.epoch
         ):
-            return _reject(
+            return reject(
                 StreamErrorCode.STREAM_FENCED,
                 f"stream {stream_id} is owned by node {current.node_id} at epoch "
                 f"{stream.epoch}, not node {node_id} at epoch {stream_epoch}",
@@ -486,7 +517,7 @@ def _check_continuity(
             # The stream is trimmed up to its end: anything from at or below the start fits.
             matched = start <= stream.start_offset
         if not matched:
-            return _reject(
+            return reject(
                 StreamErrorCode.OFFSET_NOT_MATCHED,
                 f"stream {stream_id}: commit starts at {start}, stream ends at {stream_end}",
             )
@@ -496,7 +527,7 @@ def _check_continuity(
 
 def _redundant_stream_set_object(
     image: StreamMetadataImage, event: CommitStreamSetObject
-) -> _Outcome | None:
+) -> Outcome | None:
     """A retried commit of a stream set object that is already in: success, nothing to do."""
     s3_object = image.objects.get(event.object_id)
     if s3_object is None or s3_object.state is not S3ObjectState.COMMITTED:
@@ -504,8 +535,8 @@ def _redundant_stream_set_object(
     node = image.nodes.get(event.node_id)
     existing = node.stream_set_objects.get(event.object_id) if node is not None else None
     if existing is not None and existing.ranges == _offset_ranges(event.stream_ranges):
-        return _accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
-    return _reject(
+        return accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
+    return reject(
         StreamErrorCode.INVALID_REQUEST,
         f"object {event.object_id} is already committed with other contents",
     )
@@ -520,7 +551,7 @@ def _offset_ranges(ranges: Iterable[CommitRange]) -> tuple[StreamOffsetRange, ..
 
 def _split_redundant_stream_objects(
     image: StreamMetadataImage, entries: Iterable[CommitStreamObjectEntry]
-) -> tuple[list[CommitStreamObjectEntry], _Outcome | None]:
+) -> tuple[list[CommitStreamObjectEntry], Outcome | None]:
     """Stream objects not committed yet; those committed by an earlier try are left out."""
     fresh: list[CommitStreamObjectEntry] = []
     for entry in entries:
@@ -531,7 +562,7 @@ def _split_redundant_stream_objects(
         stream = image.streams.get(entry.stream_id)
         recorded = stream.stream_objects.get(entry.object_id) if stream is not None else None
         if recorded != StreamOffsetRange(entry.stream_id, entry.start_offset, entry.end_offset):
-            return [], _reject(
+            return [], reject(
                 StreamErrorCode.INVALID_REQUEST,
                 f"stream object {entry.object_id} is already committed with other contents",
             )
@@ -573,26 +604,26 @@ def _live_coverage(
 
 def _on_commit_stream_set_object(
     image: StreamMetadataImage, event: CommitStreamSetObject
-) -> _Outcome:
-    ignored = _ignore_node(
+) -> Outcome:
+    ignored = ignore_node(
         image, event.node_id, event.node_epoch, check_failover=not event.failover_mode
     )
     if ignored is not None:
         return ignored
     if event.object_id == NO_OBJECT and not event.stream_objects:
-        return _reject(StreamErrorCode.INVALID_REQUEST, "commit of nothing")
+        return reject(StreamErrorCode.INVALID_REQUEST, "commit of nothing")
     if event.object_id != NO_OBJECT and (redundant := _redundant_stream_set_object(image, event)):
         return redundant
     stream_objects, refused = _split_redundant_stream_objects(image, event.stream_objects)
     if refused is not None:
         return refused
     if event.object_id == NO_OBJECT and not stream_objects:
-        return _accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
+        return accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
     records: list[MetadataRecord] = []
     if event.object_id != NO_OBJECT:
         outcome, record = _commit_object(image, event.object_id, event.object_size, event.now_ms)
         if record is None:
-            return _reject(outcome, f"object {event.object_id} cannot be committed")
+            return reject(outcome, f"object {event.object_id} cannot be committed")
         records.append(record)
     node = image.nodes[event.node_id]
     order_id = event.order_id
@@ -605,7 +636,7 @@ def _on_commit_stream_set_object(
             or image.objects[source.object_id].state is not S3ObjectState.COMMITTED
             for source in sources
         ):
-            return _reject(
+            return reject(
                 StreamErrorCode.COMPACTED_OBJECTS_NOT_FOUND,
                 f"compacted objects {event.compacted_object_ids} are not all committed on "
                 f"node {event.node_id}",
@@ -620,7 +651,7 @@ def _on_commit_stream_set_object(
             end - start for runs in output_coverage.values() for start, end in runs
         )
         if overlapping or _live_coverage(image, inputs) != output_coverage:
-            return _reject(
+            return reject(
                 StreamErrorCode.OFFSET_NOT_MATCHED,
                 f"compaction into object {event.object_id} does not hold exactly the live "
                 f"offsets of objects {event.compacted_object_ids}",
@@ -642,7 +673,7 @@ def _on_commit_stream_set_object(
     for entry in stream_objects:
         outcome, record = _commit_object(image, entry.object_id, entry.object_size, event.now_ms)
         if record is None:
-            return _reject(outcome, f"stream object {entry.object_id} cannot be committed")
+            return reject(outcome, f"stream object {entry.object_id} cannot be committed")
         if entry.stream_id in image.streams:
             records.append(record)
             records.append(
@@ -662,15 +693,15 @@ def _on_commit_stream_set_object(
                 data_time_ms,
             )
         )
-    return _accept(records)
+    return accept(records)
 
 
-def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObject) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObject) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     stream = image.streams.get(event.stream_id)
     if stream is None:
-        return _reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {event.stream_id} not found")
+        return reject(StreamErrorCode.STREAM_NOT_EXIST, f"stream {event.stream_id} not found")
     if event.stream_epoch != ANY_STREAM_EPOCH:
         owner = _ignore_owner(stream, event.stream_id, event.node_id, event.stream_epoch)
         if owner is not None:
@@ -683,11 +714,11 @@ def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObje
         if refused is not None:
             return refused
         if not fresh:
-            return _accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
+            return accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
     sources = [stream.stream_objects.get(object_id) for object_id in event.source_object_ids]
     ordered = sorted((s for s in sources if s is not None), key=lambda s: s.start_offset)
     if not sources or len(ordered) != len(sources):
-        return _reject(
+        return reject(
             StreamErrorCode.COMPACTED_OBJECTS_NOT_FOUND,
             f"sources {event.source_object_ids} are not all stream objects of "
             f"stream {event.stream_id}",
@@ -702,7 +733,7 @@ def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObje
             event.end_offset,
         )
     if not tiles:
-        return _reject(
+        return reject(
             StreamErrorCode.OFFSET_NOT_MATCHED,
             f"sources of stream {event.stream_id} do not tile "
             f"[{event.start_offset}, {event.end_offset})"
@@ -714,7 +745,7 @@ def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObje
     if event.object_id != NO_OBJECT:
         outcome, record = _commit_object(image, event.object_id, event.object_size, event.now_ms)
         if record is None:
-            return _reject(outcome, f"object {event.object_id} cannot be committed")
+            return reject(outcome, f"object {event.object_id} cannot be committed")
         records.append(record)
     for object_id in event.source_object_ids:
         records.append(_mark_destroyed(image.objects[object_id], event.now_ms))
@@ -725,62 +756,60 @@ def _on_commit_stream_object(image: StreamMetadataImage, event: CommitStreamObje
                 event.stream_id, event.start_offset, event.end_offset, event.object_id
             )
         )
-    return _accept(records)
+    return accept(records)
 
 
-def _on_expire_object(image: StreamMetadataImage, event: ExpireObject) -> _Outcome:
+def _on_expire_object(image: StreamMetadataImage, event: ExpireObject) -> Outcome:
     s3_object = image.objects.get(event.object_id)
     if s3_object is None or s3_object.state is not S3ObjectState.PREPARED:
-        return _reject(StreamErrorCode.OBJECT_NOT_EXIST, f"object {event.object_id} not prepared")
+        return reject(StreamErrorCode.OBJECT_NOT_EXIST, f"object {event.object_id} not prepared")
     if event.now_ms <= s3_object.timestamp_ms:
-        return _reject(
+        return reject(
             StreamErrorCode.INVALID_REQUEST,
             f"object {event.object_id} expires at {s3_object.timestamp_ms}, now {event.now_ms}",
         )
-    return _accept([_mark_destroyed(s3_object, event.now_ms)])
+    return accept([_mark_destroyed(s3_object, event.now_ms)])
 
 
 def _on_remove_object(
     image: StreamMetadataImage, event: RemoveObject, params: StreamMetadataParams
-) -> _Outcome:
+) -> Outcome:
     s3_object = image.objects.get(event.object_id)
     if s3_object is None:
-        return _accept([])
+        return accept([])
     if s3_object.state is not S3ObjectState.MARK_DESTROYED:
-        return _reject(
-            StreamErrorCode.INVALID_REQUEST, f"object {event.object_id} is not destroyed"
-        )
+        return reject(StreamErrorCode.INVALID_REQUEST, f"object {event.object_id} is not destroyed")
     if event.now_ms < s3_object.timestamp_ms + params.object_retention_ms:
-        return _reject(
+        return reject(
             StreamErrorCode.INVALID_REQUEST,
             f"object {event.object_id} is retained until "
             f"{s3_object.timestamp_ms + params.object_retention_ms}",
         )
-    return _accept([RemoveS3ObjectRecord(event.object_id)])
+    return accept([RemoveS3ObjectRecord(event.object_id)])
 
 
 # --------------------------------------------------------------------- KV and producer ids
 
 
-def _on_put_kv(image: StreamMetadataImage, event: PutKV) -> _Outcome:
+def _on_put_kv(image: StreamMetadataImage, event: PutKV) -> Outcome:
     existing = image.kv.get(event.key)
     if event.expected is not None and existing != event.expected:
         return _reject_value(event.key, existing)
     if existing is not None and not event.overwrite:
-        return _accept([], error=StreamErrorCode.KEY_EXIST, value=existing)
-    return _accept([KVRecord(event.key, event.value)], value=event.value)
+        return accept([], error=StreamErrorCode.KEY_EXIST, value=existing)
+    return accept([KVRecord(event.key, event.value)], value=event.value)
 
 
-def _on_delete_kv(image: StreamMetadataImage, event: DeleteKV) -> _Outcome:
+def _on_delete_kv(image: StreamMetadataImage, event: DeleteKV) -> Outcome:
     existing = image.kv.get(event.key)
     if event.expected is not None and existing != event.expected:
         return _reject_value(event.key, existing)
     if existing is None:
-        return _accept([])
-    return _accept([RemoveKVRecord(event.key)], value=existing)
+        return accept([])
+    return accept([RemoveKVRecord(event.key)], value=existing)
 
 
-def _reject_value(key: str, existing: bytes | None) -> _Outcome:
+def _reject_value(key: str, existing: bytes | None) -> Outcome:
     """A conditional request lost: answer the value the key holds now, so the caller can
     decide again on it without another read."""
     found = "no value" if existing is None else f"another value ({len(existing)} bytes)"
@@ -788,19 +817,19 @@ def _reject_value(key: str, existing: bytes | None) -> _Outcome:
     return [], Response(error=StreamErrorCode.VALUE_NOT_MATCHED, message=message, value=existing)
 
 
-def _on_allocate_producer_ids(image: StreamMetadataImage, event: AllocateProducerIds) -> _Outcome:
-    if (ignored := _ignore_node(image, event.node_id, event.node_epoch)) is not None:
+def _on_allocate_producer_ids(image: StreamMetadataImage, event: AllocateProducerIds) -> Outcome:
+    if (ignored := ignore_node(image, event.node_id, event.node_epoch)) is not None:
         return ignored
     if event.count < 1:
-        return _reject(StreamErrorCode.INVALID_REQUEST, f"a block of {event.count} producer ids")
+        return reject(StreamErrorCode.INVALID_REQUEST, f"a block of {event.count} producer ids")
     raw = image.kv.get(PRODUCER_ID_KEY)
     try:
         first = decode_kv_integer(raw, "next producer id") if raw is not None else 0
     except FormatError as error:
-        return _reject(StreamErrorCode.STREAM_INNER_ERROR, str(error))
+        return reject(StreamErrorCode.STREAM_INNER_ERROR, str(error))
     if first < 0:
-        return _reject(StreamErrorCode.STREAM_INNER_ERROR, f"next producer id {first} < 0")
+        return reject(StreamErrorCode.STREAM_INNER_ERROR, f"next producer id {first} < 0")
     records: list[MetadataRecord] = [
         KVRecord(PRODUCER_ID_KEY, encode_kv_integer(first + event.count))
     ]
-    return _accept(records, first_producer_id=first)
+    return accept(records, first_producer_id=first)

@@ -1,6 +1,6 @@
-"""Trace validation: an image as the variables of specs/StreamMetadata.tla and an event as the
-TLA+ action it stands for, in the trace format of specs/trace_validate.py
-(docs/trace_validation.md).
+"""Trace validation: an image as the variables of specs/StreamMetadata.tla (or of
+specs/Placement.tla) and an event as the TLA+ action it stands for, in the trace format of
+specs/trace_validate.py (docs/trace_validation.md).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from automq_ref.state_machines.stream_metadata.events import (
     NO_OBJECT,
     CommitStreamSetObject,
+    CreatePartitions,
     StreamMetadataEvent,
 )
 from automq_ref.state_machines.stream_metadata.image import (
@@ -17,6 +18,7 @@ from automq_ref.state_machines.stream_metadata.image import (
     StreamMetadata,
     StreamMetadataImage,
 )
+from automq_ref.vocabulary.metadata_records import NO_LEADER
 
 
 def tla_node(node_id: int) -> dict[str, object]:
@@ -133,4 +135,66 @@ def tla_action(event: StreamMetadataEvent) -> str:
         and event.stream_objects
     ):
         return "CommitStreamObject"
+    return type(event).__name__
+
+
+# ----------------------------------------------------------------------- specs/Placement.tla
+
+
+def _partition_name(image: StreamMetadataImage, topic_id: str, index: int) -> object:
+    """A partition as the trace names it: ``"<topic>-<index>"`` (``NoPartition`` if gone)."""
+    placed = image.topics.get(topic_id)
+    return f"{placed.name}-{index}" if placed is not None else {"model": "NoPartition"}
+
+
+def _tla_broker(node_id: int) -> dict[str, object]:
+    return tla_node(node_id) if node_id != NO_LEADER else {"model": "NoBroker"}
+
+
+def tla_placement_state(image: StreamMetadataImage) -> dict[str, object]:
+    """The image as the variables of specs/Placement.tla, in the trace format of
+    specs/trace_validate.py.
+
+    Brokers are the nodes the image knows (``n<id>``); one never registered is not listed,
+    an unregistered one has no registration epoch (-1) and is fenced. Partitions are
+    ``"<topic>-<index>"``, streams the ids of the streams tagged with a partition. Every
+    variable is given for the keys the image knows only; ``trace_validate`` completes them over
+    the batch's keys with the spec's initial values. Not observed, left to TLC: the history
+    variables ``openers`` and ``strayOpen``."""
+    node_ids = sorted(set(image.nodes) | set(image.brokers))
+    brokers = [(node_id, image.brokers.get(node_id)) for node_id in node_ids]
+    partitions = sorted(
+        (f"{placed.name}-{index}", assignment)
+        for placed in image.topics.values()
+        for index, assignment in placed.partitions.items()
+    )
+    tagged = sorted(
+        (stream_id, stream, key)
+        for stream_id, stream in image.streams.items()
+        if (key := stream.partition_key) is not None
+    )
+    return {
+        "nodeEpoch": _tla_fn((tla_node(n), image.nodes[n].node_epoch) for n in node_ids),
+        "regEpoch": _tla_fn((tla_node(n), b.node_epoch if b else NO_EPOCH) for n, b in brokers),
+        "fenced": _tla_fn((tla_node(n), b is None or b.fenced) for n, b in brokers),
+        "shutdown": _tla_fn(
+            (tla_node(n), b is not None and b.in_controlled_shutdown) for n, b in brokers
+        ),
+        "leader": _tla_fn((name, _tla_broker(a.leader)) for name, a in partitions),
+        "leaderEpoch": _tla_fn((name, a.leader_epoch) for name, a in partitions),
+        "streamPartition": _tla_fn((s, _partition_name(image, *key)) for s, _, key in tagged),
+        "streamState": _tla_fn((s, stream.state.name) for s, stream, _ in tagged),
+        "streamEpoch": _tla_fn((s, stream.epoch) for s, stream, _ in tagged),
+        "owner": _tla_fn(
+            (s, _tla_broker(r.node_id if (r := stream.current_range) else NO_LEADER))
+            for s, stream, _ in tagged
+        ),
+    }
+
+
+def tla_placement_action(event: StreamMetadataEvent) -> str:
+    """The action of specs/Placement.tla an event stands for: its class name, except
+    ``CreatePartitions``, which the spec models as ``CreateTopic`` (new partitions)."""
+    if isinstance(event, CreatePartitions):
+        return "CreateTopic"
     return type(event).__name__
