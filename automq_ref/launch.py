@@ -47,6 +47,7 @@ BUCKET = "automq-ref"
 REGION = "us-east-1"
 # moto accepts any credentials; the brokers' S3 client needs some.
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "automq-ref", "AWS_SECRET_ACCESS_KEY": "automq-ref"}
+WAL_CAPACITY = 256 * 1024 * 1024
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -167,6 +168,8 @@ class LocalCluster:
         """The settings of broker ``node_id``: the cluster's, then the user's (which win)."""
         port = self.settings.ports[node_id - 1]
         return [
+            # Three preallocated WALs on one disk: a quarter of the 1 GiB default each.
+            f"s3.wal.capacity={WAL_CAPACITY}",
             f"node.id={node_id}",
             f"broker.rack=az{node_id}",
             f"cluster.id={CLUSTER_ID}",
