@@ -179,3 +179,21 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
         log = (data_dir / f"broker-{node_id}.log").read_text()
         assert "shutting down: uploading the WAL's data" in log, log[-2000:]
         assert log.rstrip().endswith("automq-ref: stopped"), log[-2000:]
+
+
+def test_a_broker_that_dies_stops_the_cluster(
+    launcher: tuple[subprocess.Popen[str], int, Path],
+) -> None:
+    process, _, _ = launcher
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("bootstrap.servers="):
+            break
+    pids = children_of(process.pid)
+    broker_2 = [pid for pid in pids if b"node.id=2" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(broker_2) == 1, pids
+    os.kill(broker_2[0], signal.SIGKILL)
+    rest, _ = process.communicate(timeout=STOP_TIMEOUT_S)
+    assert process.returncode == 1, rest
+    assert "broker-2 exited on its own with code -9" in rest, rest
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=10, what="children gone")
