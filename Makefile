@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 # and the test and Spark extras (about 1.4 GB) for everything else. The full install is a superset,
 # so it marks the runtime one done too.
 RUNTIME := $(VENV)/.runtime
+CLUSTER := $(VENV)/.cluster
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest tlc kcat java etcd run bench clean
+.PHONY: test lint typecheck pytest tlc kcat java etcd run cluster bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +19,14 @@ $(RUNTIME): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(RUNTIME)
 
+# The runtime and the S3 server of `make cluster` (moto), without the test and Spark extras.
+$(CLUSTER): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[cluster]'
+	touch $(CLUSTER) $(RUNTIME)
+
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test,spark]'
-	touch $(STAMP) $(RUNTIME)
+	touch $(STAMP) $(RUNTIME) $(CLUSTER)
 
 test: $(STAMP) lint typecheck pytest tlc
 
@@ -44,7 +50,7 @@ kcat:
 # missing. Its package may start a system service on the default ports; the tests never use it.
 etcd:
 	@command -v etcd >/dev/null 2>&1 || { \
-	  echo "etcd not found: installing Debian's etcd-server for the cluster tests"; \
+	  echo "etcd not found: installing Debian's etcd-server for the cluster tests and make cluster"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; }
 
 # TLC and Spark (the tests' local Spark session) run on Java: Debian's default JRE if missing.
@@ -63,6 +69,13 @@ tlc: $(STAMP) java
 # It installs only the runtime dependencies, not the test and Spark extras.
 run: $(RUNTIME)
 	$(BIN)/automq-ref serve $(ARGS)
+
+# Three brokers on this machine: etcd, an S3 server (moto), node ids 1-3 in racks az1-az3, Kafka
+# on 127.0.0.1:9092-9094, data under ./data/cluster (emptied at start: moto keeps its objects in
+# memory). It prints bootstrap.servers=... once all three serve; Ctrl-C stops everything
+# gracefully. ARGS go to every broker, e.g. make cluster ARGS="--override num.partitions=3".
+cluster: $(CLUSTER) etcd
+	$(BIN)/automq-ref cluster $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.wal_bench

@@ -1,5 +1,6 @@
-"""The ``automq-ref`` command: ``serve`` runs the broker in the foreground; ``produce`` and
-``verify`` write a topic with a manifest and check it with Spark.
+"""The ``automq-ref`` command: ``serve`` runs the broker in the foreground; ``cluster`` runs three
+brokers with etcd and an S3 server on this machine; ``produce`` and ``verify`` write a topic with a
+manifest and check it with Spark.
 
 A command that cannot do its work says so in one line, ``automq-ref <command>: <what went
 wrong>; <what to do>``, and exits 2 (a usage error, or nothing to run against); a check that ran
@@ -48,6 +49,29 @@ def main(argv: list[str] | None = None) -> int:
         "deleted, group rebalance, burst of client connections, upload summary and recovery; "
         "warning only what needs attention; debug every connection and request refused",
     )
+    cluster = commands.add_parser(
+        "cluster",
+        help="run etcd, an S3 server (moto) and three brokers on this machine (make cluster)",
+    )
+    cluster.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set one property on every broker (repeatable), as with serve",
+    )
+    cluster.add_argument(
+        "--base-port",
+        type=int,
+        default=9092,
+        help="Kafka ports of brokers 1, 2, 3: this one and the next two (default 9092)",
+    )
+    cluster.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data/cluster"),
+        help="where etcd, the brokers and every log live; emptied at start (default data/cluster)",
+    )
     check = commands.add_parser(
         "check", help="run real clients against a broker process under faults and check them"
     )
@@ -83,6 +107,17 @@ def main(argv: list[str] | None = None) -> int:
         return _verify(arguments)
     if arguments.command == "check":
         return _check(arguments)
+    if arguments.command == "cluster":
+        from automq_ref.launch import ClusterSettings
+        from automq_ref.launch import run as run_cluster
+
+        return run_cluster(
+            ClusterSettings(
+                data_dir=arguments.data_dir,
+                base_port=arguments.base_port,
+                overrides=tuple(arguments.override),
+            )
+        )
     if arguments.command == "serve":
         logging.basicConfig(
             level=arguments.log_level.upper(),

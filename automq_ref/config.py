@@ -60,6 +60,9 @@ class BrokerConfig(BaseModel):
     model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
 
     node_id: int = Field(0, alias="node.id", ge=0)
+    # The broker's failure domain (an availability zone): placement spreads partitions over
+    # racks. Empty: no rack.
+    broker_rack: str = Field("", alias="broker.rack")
     cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
     listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
     # What Metadata/FindCoordinator/DescribeCluster hand to clients; empty means the bound

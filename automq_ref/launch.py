@@ -1,0 +1,399 @@
+"""``automq-ref cluster`` (``make cluster``): a three-broker cluster on one machine, in one command.
+
+It starts, as child processes, one etcd member (the metadata quorum), an S3 server (moto) with
+one bucket (the shared object store) and three ``automq-ref serve`` brokers: node ids 1, 2, 3 in
+racks ``az1``, ``az2``, ``az3``, Kafka on three consecutive ports from ``--base-port`` (9092), each
+with its data and log under ``--data-dir`` (``./data/cluster``). Once all three accept Kafka
+connections it prints ``bootstrap.servers=...`` and waits. SIGINT or SIGTERM stops everything
+gracefully: the brokers that are not the active controller first, then the controller (so the
+others' last requests still find one), then etcd and moto. A child that dies on its own stops
+the rest, and the command exits 1 naming it.
+
+moto keeps its objects in memory, so a cluster cannot outlive its run: every start begins with
+an empty ``--data-dir``. The launcher installs nothing; ``make cluster`` installs etcd and moto
+when they are missing. Every child runs in a session of its own, so a Ctrl-C in the terminal
+reaches only the launcher, which stops the children in order, and (on Linux) a child is killed
+when the launcher dies, so a launcher killed from outside leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from automq_ref.config import ConfigError, load_config
+from automq_ref.io.metadata.election import election_key
+
+BROKERS = 3
+DEFAULT_BASE_PORT = 9092
+DEFAULT_DATA_DIR = Path("data/cluster")
+CLUSTER_ID = "automq-ref-cluster"
+BUCKET = "automq-ref"
+REGION = "us-east-1"
+# moto accepts any credentials; the brokers' S3 client needs some.
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "automq-ref", "AWS_SECRET_ACCESS_KEY": "automq-ref"}
+WAL_CAPACITY = 256 * 1024 * 1024
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 60.0
+POLL_S = 0.05
+PR_SET_PDEATHSIG = 1
+PREFIX = "automq-ref cluster:"
+
+
+class LaunchError(Exception):
+    """The cluster cannot start: one line saying what and what to do."""
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: be killed when the launcher dies (Linux only)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _port_taken(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _accepts(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+        return True
+    return False
+
+
+def _http(method: str, url: str, body: bytes | None = None, timeout_s: float = 2.0) -> bytes:
+    request = urllib.request.Request(url, data=body, method=method)
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        data: bytes = reply.read()
+        return data
+
+
+@dataclass(slots=True)
+class Child:
+    """One process of the cluster, its output in ``log_path``."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 15) -> str:
+        with contextlib.suppress(OSError):
+            text = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+            return "\n".join(f"  | {line}" for line in text)
+        return "  | (no log)"
+
+    def terminate(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGCONT)  # a paused child cannot stop
+                self.process.terminate()
+
+    def wait_stopped(self, timeout_s: float) -> int | None:
+        """Its exit code, or None when it had to be killed after ``timeout_s``."""
+        try:
+            return self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            return None
+
+
+@dataclass
+class ClusterSettings:
+    data_dir: Path = DEFAULT_DATA_DIR
+    base_port: int = DEFAULT_BASE_PORT
+    overrides: tuple[str, ...] = ()
+    start_timeout_s: float = START_TIMEOUT_S
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.base_port + index for index in range(BROKERS)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+
+
+@dataclass
+class LocalCluster:
+    """The children of one ``automq-ref cluster`` run; :meth:`start`, then :meth:`serve`."""
+
+    settings: ClusterSettings
+    stopping: threading.Event
+    say: Callable[[str], None]
+    etcd: Child | None = None
+    moto: Child | None = None
+    brokers: dict[int, Child] = field(default_factory=dict)
+    etcd_endpoint: str = ""
+    s3_endpoint: str = ""
+
+    @property
+    def children(self) -> Iterator[Child]:
+        yield from self.brokers.values()
+        if self.etcd is not None:
+            yield self.etcd
+        if self.moto is not None:
+            yield self.moto
+
+    def broker_overrides(self, node_id: int) -> list[str]:
+        """The settings of broker ``node_id``: the cluster's, then the user's (which win)."""
+        port = self.settings.ports[node_id - 1]
+        return [
+            # Three preallocated WALs on one disk: a quarter of the 1 GiB default each.
+            f"s3.wal.capacity={WAL_CAPACITY}",
+            f"node.id={node_id}",
+            f"broker.rack=az{node_id}",
+            f"cluster.id={CLUSTER_ID}",
+            f"listeners=PLAINTEXT://127.0.0.1:{port}",
+            f"log.dirs={self.settings.data_dir / f'broker-{node_id}'}",
+            f"metadata.etcd.endpoints={self.etcd_endpoint}",
+            f"s3.data.buckets=0@s3://{BUCKET}?region={REGION}&endpoint={self.s3_endpoint}"
+            "&pathStyle=true",
+            *self.settings.overrides,
+        ]
+
+    def _spawn(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Child:
+        log_path = self.settings.data_dir / f"{name}.log"
+        with log_path.open("ab") as log_file:
+            process = subprocess.Popen(
+                list(command),
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the launcher only
+                preexec_fn=_die_with_parent,
+                env=env,
+            )
+        return Child(name, process, log_path)
+
+    def _wait_until(self, what: str, ready: Callable[[], bool], children: Sequence[Child]) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while not ready():
+            for child in children:
+                if not child.alive():
+                    raise LaunchError(
+                        f"{child.name} exited with code {child.process.returncode} while "
+                        f"starting; its log ({child.log_path}):\n{child.log_tail()}"
+                    )
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"{what} not ready after {self.settings.start_timeout_s:.0f} s; see "
+                    + ", ".join(str(child.log_path) for child in children)
+                )
+            if self.stopping.wait(POLL_S):
+                raise InterruptedError
+
+    def start(self) -> None:
+        """Start etcd, moto (and its bucket) and the brokers; return once all three serve.
+        Raises :class:`LaunchError`, or InterruptedError when a signal came first."""
+        shutil.rmtree(self.settings.data_dir, ignore_errors=True)
+        self.settings.data_dir.mkdir(parents=True)
+        self._start_etcd()
+        self._start_moto()
+        for node_id in range(1, BROKERS + 1):
+            command = [sys.executable, "-m", "automq_ref.cli", "serve"]
+            for override in self.broker_overrides(node_id):
+                command += ["--override", override]
+            env = {**os.environ, **S3_CREDENTIALS}
+            self.brokers[node_id] = self._spawn(f"broker-{node_id}", command, env)
+
+        def all_serve() -> bool:
+            return all(
+                "serving Kafka on" in child.log_path.read_text(errors="replace") and _accepts(port)
+                for child, port in zip(self.brokers.values(), self.settings.ports, strict=True)
+            )
+
+        self._wait_until("the brokers", all_serve, list(self.children))
+        for node_id, child in self.brokers.items():
+            port = self.settings.ports[node_id - 1]
+            self.say(
+                f"broker {node_id} (rack az{node_id}) on 127.0.0.1:{port}, log {child.log_path}"
+            )
+
+    def _start_etcd(self) -> None:
+        binary = shutil.which("etcd")
+        if binary is None:
+            raise LaunchError(
+                "etcd is not on PATH; `make cluster` installs Debian's etcd-server "
+                "(or run `apt-get install -y etcd-server`)"
+            )
+        client_url = f"http://127.0.0.1:{free_port()}"
+        peer_url = f"http://127.0.0.1:{free_port()}"
+        self.etcd_endpoint = client_url.removeprefix("http://")
+        self.etcd = self._spawn(
+            "etcd",
+            [
+                binary,
+                "--name=automq-ref",
+                f"--data-dir={self.settings.data_dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=automq-ref={peer_url}",
+            ],
+        )
+
+        def healthy() -> bool:
+            with contextlib.suppress(OSError, ValueError):
+                reply = json.loads(_http("GET", f"{client_url}/health", timeout_s=1))
+                return bool(reply.get("health") == "true")
+            return False
+
+        self._wait_until("etcd", healthy, [self.etcd])
+        self.say(f"etcd on {self.etcd_endpoint}, log {self.etcd.log_path}")
+
+    def _start_moto(self) -> None:
+        port = free_port()
+        self.s3_endpoint = f"http://127.0.0.1:{port}"
+        self.moto = self._spawn(
+            "s3-moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+        )
+
+        def bucket_created() -> bool:
+            with contextlib.suppress(OSError):
+                _http("PUT", f"{self.s3_endpoint}/{BUCKET}", b"")
+                return True
+            return False
+
+        self._wait_until("the S3 server (moto)", bucket_created, [self.moto])
+        self.say(f"S3 (moto) on {self.s3_endpoint}, bucket {BUCKET}, log {self.moto.log_path}")
+
+    def controller(self) -> int | None:
+        """The node id in etcd's election key (through etcd's JSON gateway), or None."""
+        key = base64.b64encode(election_key(CLUSTER_ID)).decode()
+        url = f"http://{self.etcd_endpoint}/v3/kv/range"
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+            reply = json.loads(_http("POST", url, json.dumps({"key": key}).encode()))
+            value = json.loads(base64.b64decode(reply["kvs"][0]["value"]))
+            return int(value["node_id"])
+        return None
+
+    def serve(self) -> int:
+        """Wait for a signal (exit 0) or a child's death (exit 1), then stop everything."""
+        while not self.stopping.wait(0.2):
+            dead = [child for child in self.children if not child.alive()]
+            if dead:
+                for child in dead:
+                    self.say(
+                        f"{child.name} exited on its own with code {child.process.returncode}; "
+                        f"its log ({child.log_path}):\n{child.log_tail()}"
+                    )
+                self.say("stopping the rest")
+                self.stop()
+                return 1
+        return 0 if self.stop() else 1
+
+    def stop(self) -> bool:
+        """Stop every child still running, brokers first and the controller last among them;
+        True when every broker stopped gracefully (exit 0 within the timeout)."""
+        graceful = True
+        running = {node_id: child for node_id, child in self.brokers.items() if child.alive()}
+        controller = self.controller() if self.etcd is not None and self.etcd.alive() else None
+        waves = [[n for n in running if n != controller], [n for n in running if n == controller]]
+        if running:
+            order = ", ".join(str(n) for n in waves[0])
+            last = f", then the active controller {controller}" if waves[1] else ""
+            self.say(f"stopping brokers {order}{last}, then etcd and S3")
+        for wave in waves:
+            for node_id in wave:
+                running[node_id].terminate()
+            for node_id in wave:
+                code = running[node_id].wait_stopped(STOP_TIMEOUT_S)
+                if code != 0:
+                    graceful = False
+                    how = "was killed" if code is None else f"exited with code {code}"
+                    self.say(f"broker {node_id} {how} while stopping; see its log")
+        for child in self.brokers.values():
+            if child.process.returncode is None:  # exited before the stop: collect it
+                child.process.wait()
+        for service in (self.etcd, self.moto):
+            if service is not None:
+                service.terminate()
+                service.wait_stopped(STOP_TIMEOUT_S)
+        return graceful
+
+
+def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
+    """The command: start, print the bootstrap line, serve until a signal; the exit code."""
+
+    def say(line: str) -> None:
+        print(f"{PREFIX} {line}", file=out, flush=True)
+
+    try:
+        load_config(overrides=LocalCluster(settings, threading.Event(), say).broker_overrides(1))
+    except ConfigError as error:
+        for problem in error.problems:
+            print(f"{PREFIX} {problem}", file=sys.stderr)
+        return 2
+    taken = [port for port in settings.ports if _port_taken(port)]
+    if taken:
+        print(
+            f"{PREFIX} 127.0.0.1:{taken[0]} is in use (a broker of `make run` or an earlier "
+            "cluster?); stop it or choose other ports with --base-port",
+            file=sys.stderr,
+        )
+        return 2
+    stopping = threading.Event()
+    previous = {
+        signum: signal.signal(signum, lambda *_: stopping.set())
+        for signum in (signal.SIGINT, signal.SIGTERM)
+    }
+    cluster = LocalCluster(settings, stopping, say)
+    try:
+        say(
+            f"a fresh cluster in {settings.data_dir} (moto keeps its objects in memory, so "
+            "nothing outlives a run)"
+        )
+        started_s = time.monotonic()
+        try:
+            cluster.start()
+        except LaunchError as error:
+            print(f"{PREFIX} {error}", file=sys.stderr)
+            cluster.stop()
+            return 1
+        except InterruptedError:
+            say("stopped while starting")
+            cluster.stop()
+            return 0
+        controller = cluster.controller()
+        if controller is not None:
+            say(f"broker {controller} is the active controller")
+        say(f"all {BROKERS} brokers serve after {time.monotonic() - started_s:.1f} s")
+        print(f"bootstrap.servers={settings.bootstrap}", file=out, flush=True)
+        say("Ctrl-C (or SIGTERM) stops the cluster")
+        code = cluster.serve()
+        say("stopped" if code == 0 else "stopped after a failure")
+        return code
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

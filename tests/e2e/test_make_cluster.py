@@ -1,0 +1,199 @@
+"""``make cluster``'s command, ``automq-ref cluster``, as a user runs it: it starts etcd, an S3
+server (moto) and three brokers, prints the bootstrap line once all three serve, carries
+``--override`` to every broker, and at SIGTERM stops every process it started, the brokers
+gracefully, and exits 0.
+
+The launcher runs on three consecutive free ports (``--base-port``), never 9092-9094, in a
+temporary directory; real clients (confluent-kafka) create a topic, produce and consume through
+the bootstrap list.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from automq_ref.launch import BROKERS
+from tests.waiting import wait_until
+
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 60
+RECORDS = 20
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive loopback ports that are free now (a base port near
+    one the OS handed out, so it lies in its ephemeral range, away from 9092-9094)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base: int = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        probes = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(probes):
+                sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in probes:
+                sock.close()
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc/PID/stat's fourth field)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def knows_topic(address: str, topic: str) -> bool:
+    """Whether the broker at ``address`` lists ``topic`` with a leader in its Metadata."""
+    admin = AdminClient({"bootstrap.servers": address, "allow.auto.create.topics": False})
+    found = admin.list_topics(topic, timeout=10).topics.get(topic)
+    return found is not None and found.error is None and bool(found.partitions)
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
+    base_port = consecutive_free_ports(BROKERS)
+    data_dir = tmp_path / "cluster"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "automq_ref.cli",
+            "cluster",
+            "--base-port",
+            str(base_port),
+            "--data-dir",
+            str(data_dir),
+            "--override",
+            "s3.wal.capacity=67108864",
+            "--override",
+            "group.initial.rebalance.delay.ms=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        yield process, base_port, data_dir
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+
+
+def test_make_cluster_serves_three_brokers_and_stops_gracefully(
+    launcher: tuple[subprocess.Popen[str], int, Path],
+) -> None:
+    process, base_port, data_dir = launcher
+    assert process.stdout is not None
+    bootstrap = ",".join(f"127.0.0.1:{base_port + index}" for index in range(BROKERS))
+    started = time.monotonic()
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if line.startswith("bootstrap.servers="):
+            break
+        assert time.monotonic() - started < START_TIMEOUT_S, "".join(output)
+    assert output and output[-1] == f"bootstrap.servers={bootstrap}\n", "".join(output)
+    print(f"bootstrap line after {time.monotonic() - started:.1f} s")
+    pids = children_of(process.pid)
+    # etcd, moto and three brokers
+    assert len(pids) == BROKERS + 2, pids
+
+    # Every broker got its node id, its rack and the overrides passed to the command.
+    for node_id in range(1, BROKERS + 1):
+        log = (data_dir / f"broker-{node_id}.log").read_text()
+        assert f"node started node_id={node_id} " in log
+        assert f"serving Kafka on 127.0.0.1:{base_port + node_id - 1}" in log
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("made", 1)], request_timeout=30).values():
+        future.result(40)
+    # Until brokers learn topics that another broker created (docs/cluster.md, "What is not
+    # there yet"), a client whose metadata request lands on such a broker never finds the
+    # topic: the clients bootstrap from the brokers that know it (all three once they do).
+    clients_bootstrap = ",".join(
+        address for address in bootstrap.split(",") if knows_topic(address, "made")
+    )
+    assert clients_bootstrap, "no broker lists the topic it created"
+    producer = Producer({"bootstrap.servers": clients_bootstrap, "enable.idempotence": True})
+    for index in range(RECORDS):
+        producer.produce("made", value=f"record-{index}".encode())
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {"bootstrap.servers": clients_bootstrap, "group.id": "made", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition("made", 0, 0)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(values) < RECORDS and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            values.append(message.value() or b"")
+    consumer.close()
+    assert values == [f"record-{index}".encode() for index in range(RECORDS)]
+
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=STOP_TIMEOUT_S)
+    assert process.returncode == 0, "".join(output) + rest
+    assert re.search(r"stopping brokers .*then etcd and S3", rest), rest
+    assert rest.rstrip().endswith("automq-ref cluster: stopped"), rest
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=10, what="children gone")
+    for node_id in range(1, BROKERS + 1):
+        log = (data_dir / f"broker-{node_id}.log").read_text()
+        assert "shutting down: uploading the WAL's data" in log, log[-2000:]
+        assert log.rstrip().endswith("automq-ref: stopped"), log[-2000:]
+
+
+def test_a_broker_that_dies_stops_the_cluster(
+    launcher: tuple[subprocess.Popen[str], int, Path],
+) -> None:
+    process, _, _ = launcher
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.startswith("bootstrap.servers="):
+            break
+    pids = children_of(process.pid)
+    broker_2 = [pid for pid in pids if b"node.id=2" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(broker_2) == 1, pids
+    os.kill(broker_2[0], signal.SIGKILL)
+    rest, _ = process.communicate(timeout=STOP_TIMEOUT_S)
+    assert process.returncode == 1, rest
+    assert "broker-2 exited on its own with code -9" in rest, rest
+    wait_until(lambda: not any(alive(pid) for pid in pids), timeout_s=10, what="children gone")
