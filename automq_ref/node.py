@@ -62,6 +62,8 @@ from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import KafkaServer
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.placement import BalanceParams
 from automq_ref.vocabulary.naming import NAMESPACE, OFFSETS_STREAM_KEY, node_offsets_stream_key
 
 if TYPE_CHECKING:
@@ -111,6 +113,30 @@ def cluster_settings(config: BrokerConfig) -> ClusterSettings:
         request_timeout_ms=config.controller_request_timeout_ms,
         snapshot_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         limits=EtcdLimits(max_request_bytes=config.metadata_etcd_max_request_bytes),
+        params=stream_metadata_params(config),
+    )
+
+
+def stream_metadata_params(config: BrokerConfig) -> sm.StreamMetadataParams:
+    """The controller's settings from the broker's (sessions and the autobalancer)."""
+    return sm.StreamMetadataParams(
+        broker_session_timeout_ms=config.broker_session_timeout_ms,
+        autobalancer_metrics_delay_ms=config.autobalancer_controller_metrics_delay_ms,
+        autobalancer=BalanceParams(
+            network_in_avg_deviation=(
+                config.autobalancer_controller_network_in_distribution_detect_avg_deviation
+            ),
+            network_out_avg_deviation=(
+                config.autobalancer_controller_network_out_distribution_detect_avg_deviation
+            ),
+            network_in_threshold_bytes_per_sec=(
+                config.autobalancer_controller_network_in_usage_distribution_detect_threshold
+            ),
+            network_out_threshold_bytes_per_sec=(
+                config.autobalancer_controller_network_out_usage_distribution_detect_threshold
+            ),
+            max_moves=config.autobalancer_controller_execution_steps,
+        ),
     )
 
 
@@ -129,7 +155,7 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         return NodeMetadata(cluster.controller, cluster.client, cluster.view, cluster.close)
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
-        controller = await Controller.open(metadata_log)
+        controller = await Controller.open(metadata_log, stream_metadata_params(config))
     except BaseException:
         await metadata_log.close()
         raise
