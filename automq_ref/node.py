@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
+from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
@@ -96,6 +97,8 @@ class NodeMetadata:
     client: ControllerClient
     view: MetadataView
     close: Callable[[], Awaitable[None]]
+    # Whether this node's controller is the active one (always, embedded; elected, in a cluster).
+    is_active: Callable[[], bool] = lambda: True
 
 
 def cluster_settings(config: BrokerConfig) -> ClusterSettings:
@@ -152,7 +155,13 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         except MetadataLogError as error:
             reason = str(error.__cause__ or error)
             raise MetadataUnavailable(config.etcd_endpoints, reason) from error
-        return NodeMetadata(cluster.controller, cluster.client, cluster.view, cluster.close)
+
+        def is_active() -> bool:
+            return cluster.election is not None and cluster.election.is_leader
+
+        return NodeMetadata(
+            cluster.controller, cluster.client, cluster.view, cluster.close, is_active
+        )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
         controller = await Controller.open(metadata_log, stream_metadata_params(config))
@@ -232,8 +241,12 @@ class Node:
         topics: TopicRegistry,
         groups: GroupCoordinator,
         producer_ids: ProducerIdAllocator,
+        session: BrokerSession,
+        ticks: ControllerTicks,
     ) -> None:
         self.config = config
+        self.session = session
+        self.ticks = ticks
         self.clock = clock
         self.metadata = metadata
         self.controller = metadata.controller
@@ -283,6 +296,9 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        # The controller hears of the stop before the partitions close: it moves them now, and
+        # this broker still closes their streams at its epoch.
+        await self.session.shutdown()
         # The loops stop before the partitions close: a clean cut short here is discarded by
         # the next open (automq_ref/kafka/compaction.py).
         for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
@@ -302,6 +318,7 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
+            await self.ticks.close()
             await self.metadata.close()
             await self._store.close()
 
@@ -322,7 +339,14 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
-    registration = await register_node(client, config.node_id, seams.clock.now_ms())
+    host, port = config.advertised_address or (config.host, config.port)
+    registration = await register_node(
+        client,
+        config.node_id,
+        seams.clock.now_ms(),
+        rack=config.broker_rack,
+        listeners=(sm.Endpoint("PLAINTEXT", host, port),),
+    )
     wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
     store = open_object_store(config.object_store_uri)
     await store.__aenter__()
@@ -355,6 +379,27 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
             seconds=seams.clock.monotonic_s() - recovery_started_s,
         ),
     )
+    # The image caught up with the registration (the client returns once it shows it): the
+    # first heartbeat makes this broker live, so partitions can be placed on it.
+    session = BrokerSession(
+        client,
+        config.node_id,
+        registration.node_epoch,
+        seams.clock,
+        config.broker_heartbeat_interval_ms,
+    )
+    ticks = ControllerTicks(
+        metadata.controller,
+        metadata.is_active,
+        seams.clock,
+        heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
+        balance_interval_ms=(
+            config.autobalancer_controller_anomaly_detect_interval_ms
+            if config.autobalancer_controller_enable
+            else None
+        ),
+    )
+    await session.heartbeat()
     topics = await TopicRegistry.open(storage, client, view, config)
     groups = await GroupCoordinator.open(
         storage,
@@ -380,6 +425,9 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
             objects=config.object_store_uri,
         ),
     )
+    # The loops start once nothing of the start can fail any more (Node.shutdown stops them).
+    session.start()
+    ticks.start()
     return Node(
         config=config,
         clock=seams.clock,
@@ -389,6 +437,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
         topics=topics,
         groups=groups,
         producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
+        session=session,
+        ticks=ticks,
     )
 
 
