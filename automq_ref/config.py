@@ -135,6 +135,38 @@ class BrokerConfig(BaseModel):
         30_000, alias="controller.request.timeout.ms", ge=100
     )
 
+    # A cluster's brokers (Kafka's names and defaults): where this broker is (racks spread
+    # partitions), how often it heartbeats, and how long the controller waits for a heartbeat
+    # before it fences the broker and moves its partitions.
+    broker_rack: str = Field("", alias="broker.rack")
+    broker_heartbeat_interval_ms: int = Field(2000, alias="broker.heartbeat.interval.ms", ge=10)
+    broker_session_timeout_ms: int = Field(9000, alias="broker.session.timeout.ms", ge=100)
+    # The active controller's autobalancer (AutoMQ's names and defaults): a round every
+    # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
+    # deviation, on the loads heartbeats reported within metrics.delay.ms.
+    autobalancer_controller_enable: bool = Field(False, alias="autobalancer.controller.enable")
+    autobalancer_controller_anomaly_detect_interval_ms: int = Field(
+        60_000, alias="autobalancer.controller.anomaly.detect.interval.ms", ge=100
+    )
+    autobalancer_controller_metrics_delay_ms: int = Field(
+        60_000, alias="autobalancer.controller.metrics.delay.ms", ge=0
+    )
+    autobalancer_controller_network_in_distribution_detect_avg_deviation: float = Field(
+        0.2, alias="autobalancer.controller.network.in.distribution.detect.avg.deviation", ge=0
+    )
+    autobalancer_controller_network_out_distribution_detect_avg_deviation: float = Field(
+        0.2, alias="autobalancer.controller.network.out.distribution.detect.avg.deviation", ge=0
+    )
+    autobalancer_controller_network_in_usage_distribution_detect_threshold: int = Field(
+        MIB, alias="autobalancer.controller.network.in.usage.distribution.detect.threshold", ge=0
+    )
+    autobalancer_controller_network_out_usage_distribution_detect_threshold: int = Field(
+        MIB, alias="autobalancer.controller.network.out.usage.distribution.detect.threshold", ge=0
+    )
+    autobalancer_controller_execution_steps: int = Field(
+        60, alias="autobalancer.controller.execution.steps", ge=1
+    )
+
     @field_validator("listeners", "advertised_listeners")
     @classmethod
     def _one_plaintext_listener(cls, value: str) -> str:

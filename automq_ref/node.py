@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
+from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
@@ -62,6 +63,8 @@ from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import KafkaServer
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.placement import BalanceParams
 from automq_ref.vocabulary.naming import NAMESPACE, OFFSETS_STREAM_KEY, node_offsets_stream_key
 
 if TYPE_CHECKING:
@@ -94,6 +97,8 @@ class NodeMetadata:
     client: ControllerClient
     view: MetadataView
     close: Callable[[], Awaitable[None]]
+    # Whether this node's controller is the active one (always, embedded; elected, in a cluster).
+    is_active: Callable[[], bool] = lambda: True
 
 
 def cluster_settings(config: BrokerConfig) -> ClusterSettings:
@@ -111,6 +116,30 @@ def cluster_settings(config: BrokerConfig) -> ClusterSettings:
         request_timeout_ms=config.controller_request_timeout_ms,
         snapshot_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         limits=EtcdLimits(max_request_bytes=config.metadata_etcd_max_request_bytes),
+        params=stream_metadata_params(config),
+    )
+
+
+def stream_metadata_params(config: BrokerConfig) -> sm.StreamMetadataParams:
+    """The controller's settings from the broker's (sessions and the autobalancer)."""
+    return sm.StreamMetadataParams(
+        broker_session_timeout_ms=config.broker_session_timeout_ms,
+        autobalancer_metrics_delay_ms=config.autobalancer_controller_metrics_delay_ms,
+        autobalancer=BalanceParams(
+            network_in_avg_deviation=(
+                config.autobalancer_controller_network_in_distribution_detect_avg_deviation
+            ),
+            network_out_avg_deviation=(
+                config.autobalancer_controller_network_out_distribution_detect_avg_deviation
+            ),
+            network_in_threshold_bytes_per_sec=(
+                config.autobalancer_controller_network_in_usage_distribution_detect_threshold
+            ),
+            network_out_threshold_bytes_per_sec=(
+                config.autobalancer_controller_network_out_usage_distribution_detect_threshold
+            ),
+            max_moves=config.autobalancer_controller_execution_steps,
+        ),
     )
 
 
@@ -126,10 +155,16 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         except MetadataLogError as error:
             reason = str(error.__cause__ or error)
             raise MetadataUnavailable(config.etcd_endpoints, reason) from error
-        return NodeMetadata(cluster.controller, cluster.client, cluster.view, cluster.close)
+
+        def is_active() -> bool:
+            return cluster.election is not None and cluster.election.is_leader
+
+        return NodeMetadata(
+            cluster.controller, cluster.client, cluster.view, cluster.close, is_active
+        )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
-        controller = await Controller.open(metadata_log)
+        controller = await Controller.open(metadata_log, stream_metadata_params(config))
     except BaseException:
         await metadata_log.close()
         raise
@@ -206,8 +241,12 @@ class Node:
         topics: TopicRegistry,
         groups: GroupCoordinator,
         producer_ids: ProducerIdAllocator,
+        session: BrokerSession,
+        ticks: ControllerTicks,
     ) -> None:
         self.config = config
+        self.session = session
+        self.ticks = ticks
         self.clock = clock
         self.metadata = metadata
         self.controller = metadata.controller
@@ -257,6 +296,9 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        # The controller hears of the stop before the partitions close: it moves them now, and
+        # this broker still closes their streams at its epoch.
+        await self.session.shutdown()
         # The loops stop before the partitions close: a clean cut short here is discarded by
         # the next open (automq_ref/kafka/compaction.py).
         for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
@@ -276,6 +318,7 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
+            await self.ticks.close()
             await self.metadata.close()
             await self._store.close()
 
@@ -296,7 +339,14 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
-    registration = await register_node(client, config.node_id, seams.clock.now_ms())
+    host, port = config.advertised_address or (config.host, config.port)
+    registration = await register_node(
+        client,
+        config.node_id,
+        seams.clock.now_ms(),
+        rack=config.broker_rack,
+        listeners=(sm.Endpoint("PLAINTEXT", host, port),),
+    )
     wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
     store = open_object_store(config.object_store_uri)
     await store.__aenter__()
@@ -329,6 +379,27 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
             seconds=seams.clock.monotonic_s() - recovery_started_s,
         ),
     )
+    # The image caught up with the registration (the client returns once it shows it): the
+    # first heartbeat makes this broker live, so partitions can be placed on it.
+    session = BrokerSession(
+        client,
+        config.node_id,
+        registration.node_epoch,
+        seams.clock,
+        config.broker_heartbeat_interval_ms,
+    )
+    ticks = ControllerTicks(
+        metadata.controller,
+        metadata.is_active,
+        seams.clock,
+        heartbeat_interval_ms=config.broker_heartbeat_interval_ms,
+        balance_interval_ms=(
+            config.autobalancer_controller_anomaly_detect_interval_ms
+            if config.autobalancer_controller_enable
+            else None
+        ),
+    )
+    await session.heartbeat()
     topics = await TopicRegistry.open(storage, client, view, config)
     groups = await GroupCoordinator.open(
         storage,
@@ -354,6 +425,9 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
             objects=config.object_store_uri,
         ),
     )
+    # The loops start once nothing of the start can fail any more (Node.shutdown stops them).
+    session.start()
+    ticks.start()
     return Node(
         config=config,
         clock=seams.clock,
@@ -363,6 +437,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
         topics=topics,
         groups=groups,
         producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
+        session=session,
+        ticks=ticks,
     )
 
 

@@ -63,11 +63,16 @@ class Registration:
 
 
 async def register_node(
-    client: ControllerClient, node_id: int, proposed_epoch: int
+    client: ControllerClient,
+    node_id: int,
+    proposed_epoch: int,
+    rack: str = "",
+    listeners: tuple[sm.Endpoint, ...] = (),
 ) -> Registration:
     """Register node ``node_id``, proposing ``proposed_epoch`` (its clock); the controller
-    grants an epoch above any it stored for the node."""
-    response = await client.submit(sm.RegisterNode(node_id, proposed_epoch))
+    grants an epoch above any it stored for the node. The broker is recorded with its ``rack``
+    and ``listeners``, fenced until its first heartbeat."""
+    response = await client.submit(sm.RegisterNode(node_id, proposed_epoch, rack, listeners))
     if not response.ok or response.node_epoch is None:
         raise RegistrationError(f"node {node_id}: {response.error.value}: {response.message}")
     return Registration(node_id, response.node_epoch, response.opening_streams)

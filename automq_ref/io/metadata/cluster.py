@@ -87,6 +87,8 @@ class ClusterSettings:
     etcd_request_timeout_ms: int = 5000
     snapshot_bytes: int = 20 * 1024 * 1024
     limits: EtcdLimits = field(default_factory=EtcdLimits)
+    # The controller's settings (sessions, the autobalancer), the same on every broker.
+    params: sm.StreamMetadataParams = sm.DEFAULT_PARAMS
 
 
 class ClusterControllerClient:
@@ -214,7 +216,7 @@ class ClusterMetadata:
             metadata_log = await EtcdMetadataLog.open(
                 etcd, settings.cluster_id, limits=settings.limits, fenced_writes=True
             )
-            replica = await Controller.open(metadata_log)
+            replica = await Controller.open(metadata_log, settings.params)
         except BaseException:
             await etcd.close()
             raise

@@ -165,8 +165,11 @@ class Controller:
                 f"({MAX_CONFLICT_RETRIES} tries)"
             ) from None
         # No await since the driver advanced: listeners see the image before the caller the
-        # answer, and before any other decision.
-        self._published()
+        # answer, and before any other decision. A decision that appended nothing (a heartbeat
+        # changes only the soft state: sessions, loads) is no change to publish, else every
+        # heartbeat would wake every reader of the view.
+        if any(isinstance(effect, sm.AppendRecords) for effect in transition.effects):
+            self._published()
         return sm.response_of(transition)
 
     def _step(

@@ -1,0 +1,180 @@
+"""A broker's session with the controller, and the active controller's clock.
+
+:class:`BrokerSession` is the broker's side: after ``RegisterNode`` (which records the broker
+fenced) its first ``BrokerHeartbeat`` makes it live; then one every
+``broker.heartbeat.interval.ms`` renews its session and reports the loads of the partitions it
+leads; at a graceful stop ``ControlledShutdown`` fences it and moves its partitions away while
+it keeps its epoch to close its streams. A heartbeat answered ``NODE_EPOCH_EXPIRED`` means the
+controller fenced this incarnation (its session lapsed): the broker must stop serving and
+register again; the session records it (``expired``) and stops heartbeating.
+
+:class:`ControllerTicks` is the active controller's side: ``ExpireSessions(now)`` about once a
+second fences brokers whose session lapsed, and, with ``autobalancer.controller.enable``,
+``BalancePartitions(now)`` runs a round every
+``autobalancer.controller.anomaly.detect.interval.ms``.
+Only the active controller ticks (``is_active``): in the embedded one-node mode that is always
+this process's controller; in a cluster, the broker holding the election.
+
+A controller that was itself stalled (its process paused, its loop blocked) must not fence the
+brokers whose heartbeats it could not receive meanwhile: when a tick comes much later than due,
+the next expiry waits one heartbeat interval more, so every live broker has had a chance to
+heartbeat since the controller resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from automq_ref.io.clock import Clock
+from automq_ref.io.metadata.background import stop
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.state_machines import stream_metadata as sm
+
+log = logging.getLogger(__name__)
+
+EXPIRE_INTERVAL_S = 1.0  # how often the active controller looks for lapsed sessions
+
+LoadReporter = Callable[[], tuple[sm.PartitionLoad, ...]]
+
+
+class SessionError(Exception):
+    """The controller refused this broker's heartbeat."""
+
+
+class BrokerSession:
+    """This broker's heartbeats (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: ControllerClient,
+        node_id: int,
+        node_epoch: int,
+        clock: Clock,
+        interval_ms: int,
+        loads: LoadReporter = lambda: (),
+    ) -> None:
+        self._client = client
+        self.node_id = node_id
+        self.node_epoch = node_epoch
+        self._clock = clock
+        self._interval_s = interval_ms / 1000
+        self._loads = loads
+        self._task: asyncio.Task[None] | None = None
+        self.expired = asyncio.Event()
+
+    async def heartbeat(self) -> sm.Response:
+        """One heartbeat; raises :class:`SessionError` when refused (and marks ``expired`` on
+        ``NODE_EPOCH_EXPIRED``)."""
+        response = await self._client.submit(
+            sm.BrokerHeartbeat(self.node_id, self.node_epoch, self._clock.now_ms(), self._loads())
+        )
+        if not response.ok:
+            if response.error is sm.StreamErrorCode.NODE_EPOCH_EXPIRED:
+                self.expired.set()
+            raise SessionError(
+                f"broker {self.node_id} heartbeat: {response.error.value}: {response.message}"
+            )
+        return response
+
+    def start(self) -> None:
+        """Heartbeat every interval from now on (after the first, made by the caller)."""
+        self._task = asyncio.create_task(self._forever(), name="broker-heartbeats")
+
+    async def _forever(self) -> None:
+        while not self.expired.is_set():
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.heartbeat()
+            except SessionError as error:
+                if self.expired.is_set():
+                    log.error("%s: this broker was fenced; restart it to register again", error)
+                    return
+                log.warning("%s", error)
+            except Exception as error:  # the controller unreachable: the next one tries again
+                log.warning("broker %d heartbeat failed: %s", self.node_id, error)
+
+    async def shutdown(self) -> None:
+        """Stop heartbeating and tell the controller this broker is stopping (its partitions
+        move now, while it still closes its streams at its epoch)."""
+        await stop(self._task)
+        self._task = None
+        if self.expired.is_set():
+            return
+        try:
+            response = await self._client.submit(
+                sm.ControlledShutdown(self.node_id, self.node_epoch)
+            )
+        except Exception as error:  # stopping anyway: the session lapses instead
+            log.warning("broker %d controlled shutdown failed: %s", self.node_id, error)
+            return
+        if not response.ok:
+            log.warning(
+                "broker %d controlled shutdown refused: %s: %s",
+                self.node_id,
+                response.error.value,
+                response.message,
+            )
+
+
+class ControllerTicks:
+    """The active controller's periodic decisions (see the module docstring)."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        is_active: Callable[[], bool],
+        clock: Clock,
+        *,
+        heartbeat_interval_ms: int,
+        balance_interval_ms: int | None,
+    ) -> None:
+        self._controller = controller
+        self._is_active = is_active
+        self._clock = clock
+        self._grace_s = heartbeat_interval_ms / 1000 + EXPIRE_INTERVAL_S
+        self._balance_interval_s = (
+            None if balance_interval_ms is None else balance_interval_ms / 1000
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._forever(), name="controller-ticks")
+
+    async def _forever(self) -> None:
+        last_s = self._clock.monotonic_s()
+        expire_after_s = last_s + self._grace_s
+        balanced_s = last_s
+        while True:
+            await asyncio.sleep(EXPIRE_INTERVAL_S)
+            now_s = self._clock.monotonic_s()
+            if now_s - last_s > 2 * EXPIRE_INTERVAL_S + 1:
+                # This controller was stalled: heartbeats may be waiting to be heard.
+                expire_after_s = now_s + self._grace_s
+            last_s = now_s
+            if not self._is_active():
+                # A controller that takes over gives every live broker a fresh session (the
+                # machine does), but waits a heartbeat interval for loads before balancing.
+                expire_after_s = max(expire_after_s, now_s)
+                balanced_s = now_s
+                continue
+            if now_s >= expire_after_s:
+                await self._decide(sm.ExpireSessions(self._clock.now_ms()))
+            if (
+                self._balance_interval_s is not None
+                and now_s - balanced_s >= self._balance_interval_s
+            ):
+                balanced_s = now_s
+                await self._decide(sm.BalancePartitions(self._clock.now_ms()))
+
+    async def _decide(self, event: sm.StreamMetadataEvent) -> None:
+        try:
+            await self._controller.handle(event)
+        except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
+            log.debug("%s: %s", type(event).__name__, error)
+
+    async def close(self) -> None:
+        await stop(self._task)
+        self._task = None
