@@ -135,10 +135,9 @@ class BrokerConfig(BaseModel):
         30_000, alias="controller.request.timeout.ms", ge=100
     )
 
-    # A cluster's brokers (Kafka's names and defaults): where this broker is (racks spread
-    # partitions), how often it heartbeats, and how long the controller waits for a heartbeat
-    # before it fences the broker and moves its partitions.
-    broker_rack: str = Field("", alias="broker.rack")
+    # A cluster's brokers (Kafka's names and defaults): how often a broker heartbeats, and how
+    # long the controller waits for a heartbeat before it fences the broker and moves its
+    # partitions (where it is, broker.rack, is above).
     broker_heartbeat_interval_ms: int = Field(2000, alias="broker.heartbeat.interval.ms", ge=10)
     broker_session_timeout_ms: int = Field(9000, alias="broker.session.timeout.ms", ge=100)
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every

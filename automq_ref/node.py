@@ -427,7 +427,10 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     )
     # The loops start once nothing of the start can fail any more (Node.shutdown stops them).
     session.start()
-    ticks.start()
+    # Sessions expire only in a cluster: a node alone has no one to hand its partitions to, and
+    # fencing itself (its epoch bumped) would only stop its own uploads until a restart.
+    if config.etcd_endpoints:
+        ticks.start()
     return Node(
         config=config,
         clock=seams.clock,

@@ -1,7 +1,7 @@
 """A broker's session in the embedded one-node mode: the node registers with its rack and
-listener and is live once started; heartbeats keep it live past the session timeout while the
-in-process controller expires sessions; a graceful stop is a controlled shutdown; a restart
-registers again and is live again."""
+listener and is live once started; alone, it is never fenced (sessions expire only in a cluster:
+there is no one to hand its partitions to), even with its heartbeats stopped past several session
+timeouts; a restart registers again and is live again."""
 
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ async def test_registered_live_kept_alive_and_shut_down(tmp_path: Path) -> None:
         assert broker.rack == "az1"
         assert broker.listeners == (sm.Endpoint("PLAINTEXT", "broker-1.example", 9999),)
         assert [b.node_id for b in sm.live_brokers(node.view.image)] == [config.node_id]
-        # Three session timeouts: the controller's ExpireSessions runs every second meanwhile.
+        # Heartbeats stopped for three session timeouts: a node alone stays live and unfenced.
+        await node.session.stop_heartbeats()
         await asyncio.sleep(3.2)
         assert [b.node_id for b in sm.live_brokers(node.view.image)] == [config.node_id]
-        assert not node.session.expired.is_set()
+        assert node.view.image.brokers[config.node_id].node_epoch == node.session.node_epoch
     finally:
         await node.shutdown()
 

@@ -96,11 +96,15 @@ class BrokerSession:
             except Exception as error:  # the controller unreachable: the next one tries again
                 log.warning("broker %d heartbeat failed: %s", self.node_id, error)
 
+    async def stop_heartbeats(self) -> None:
+        """Stop heartbeating without telling the controller: the session then lapses."""
+        await stop(self._task)
+        self._task = None
+
     async def shutdown(self) -> None:
         """Stop heartbeating and tell the controller this broker is stopping (its partitions
         move now, while it still closes its streams at its epoch)."""
-        await stop(self._task)
-        self._task = None
+        await self.stop_heartbeats()
         if self.expired.is_set():
             return
         try:
