@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--broken", action="append", default=[], choices=sorted(MODES))
     parser.add_argument("--override", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--log-level", default="info", type=str.lower, choices=("debug", "info", "warning", "error")
+    )
     arguments = parser.parse_args(argv)
     logging.basicConfig(
         level=arguments.log_level.upper(),

@@ -248,3 +248,14 @@ def test_an_unreachable_etcd_is_one_line(tmp_path: Path) -> None:
     line = one_line(result)
     assert line.startswith(f"automq-ref serve: cannot reach etcd at 127.0.0.1:{dead}: "), line
     assert line.endswith("start etcd there or correct metadata.etcd.endpoints")
+
+
+def test_the_checkers_broker_refuses_an_unknown_log_level(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from automq_ref.checker import serve
+
+    with pytest.raises(SystemExit) as exit_info:
+        serve.main(["--log-level", "loud"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'loud'" in capsys.readouterr().err
