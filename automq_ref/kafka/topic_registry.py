@@ -8,11 +8,15 @@ partitions exist and removed before they are deleted, so a topic that can be fou
 its partitions.
 
 Other nodes change the same KV, so every change is conditional, decided by the controller: a
-topic is created with put-if-absent (another node's topic of that name: ``TOPIC_ALREADY_EXISTS``),
-changed with compare-and-set and deleted with compare-and-delete on the record this registry read
-or wrote last. When another node changed only the topic's configs meanwhile, the registry takes
-its record and decides the change once more on it; a topic deleted, re-created or grown elsewhere
-is answered with an error (this node does not reconcile its open partitions with another's), and
+topic is created if absent (``CreateTopic``; another node's topic of that name:
+``TOPIC_ALREADY_EXISTS``), grown (``CreatePartitions``) and reconfigured (``PutKV``) with
+compare-and-set and deleted (``DeleteTopic``) with compare-and-delete on the record this registry
+read or wrote last. Creating and growing place the new partitions on live brokers in the same
+decision (by hand when the request assigns them); a topic found at open whose partitions are not
+all placed (written before placement existed) is placed then, its record written again.
+When another node changed only the topic's configs meanwhile, the registry takes its record
+and decides the change once more on it; a topic deleted, re-created or grown elsewhere is
+answered with an error (this node does not reconcile its open partitions with another's), and
 so is a change that loses twice. Partitions created for a change that then lost are deleted again.
 
 Brokers of a cluster share the KV: at open, a partition another broker holds open is left to
@@ -118,6 +122,7 @@ class TopicRegistry:
         for name, topic in sorted(topics_in(kv).items()):
             registry.topics[name] = topic
             registry._records[name] = kv[topic_key(name)]
+            await registry._place_unplaced(name, topic)
             for index in range(topic.partitions):
                 holder = open_elsewhere(view.image, topic.topic_id, index, config.node_id)
                 if holder is not None:
@@ -129,6 +134,22 @@ class TopicRegistry:
                     storage, client, view, name, topic.topic_id, index
                 )
         return registry
+
+    async def _place_unplaced(self, name: str, topic: Topic) -> None:
+        """A topic written before the controller placed partitions (its KV record only), or
+        one grown by a bare write of its record, gets its missing partitions placed: its record
+        again, as both value and expected. Refused (changed meanwhile, no live broker), it stays
+        as it is: nothing of this node's serving depends on placement yet."""
+        placed = sm.placed_topic(self._view.image, name)
+        if placed is not None and len(placed.partitions) >= topic.partitions:
+            return
+        record = self._records[name]
+        response = await self._client.submit(sm.CreatePartitions(name, record, expected=record))
+        if not response.ok:
+            log.warning(
+                "topic not placed %s",
+                fields(topic=name, error=response.error.value, message=response.message),
+            )
 
     def topic_by_id(self, topic_id: uuid.UUID) -> Topic | None:
         for topic in self.topics.values():
@@ -149,8 +170,12 @@ class TopicRegistry:
         partitions: int,
         configs: Mapping[str, str | None],
         validate_only: bool = False,
+        assignments: Sequence[int] = (),
     ) -> Topic:
-        """Create topic ``name``; ``configs`` are checked whole (a missing value is refused)."""
+        """Create topic ``name``; ``configs`` are checked whole (a missing value is refused).
+        ``assignments``, if given, names the broker of each partition in order (checked by the
+        caller; the controller refuses a broker that is not live), else the controller places
+        them."""
         check_topic_name(name)
         if partitions < 1:
             raise TopicError(KafkaErrorCode.INVALID_PARTITIONS, f"{partitions} partitions")
@@ -169,7 +194,9 @@ class TopicRegistry:
             # upload: a topic's skeleton then never depends on the WAL.
             await self._storage.force_upload(lc.ALL_STREAMS)
             encoded = topic.encode()
-            created = await self._client.submit(sm.PutKV(topic_key(name), encoded, False))
+            created = await self._client.submit(
+                sm.CreateTopic(name, encoded, assignments=tuple(assignments))
+            )
             if not created.ok:
                 # Another node created the topic meanwhile (or the controller refused): this
                 # topic id's partitions are referenced by nothing, so they go again.
@@ -198,7 +225,7 @@ class TopicRegistry:
             for _ in range(CHANGE_ATTEMPTS):
                 topic = self._topic(name)
                 deleted = await self._client.submit(
-                    sm.DeleteKV(topic_key(name), expected=self._records[name])
+                    sm.DeleteTopic(name, expected=self._records[name])
                 )
                 if deleted.ok:
                     break
@@ -223,8 +250,8 @@ class TopicRegistry:
         validate_only: bool,
     ) -> None:
         """Grow topic ``name`` to ``count`` partitions (CreatePartitions); ``assignments``, if
-        given, are the added partitions' replicas in order (checked, nothing more: this node
-        leads every partition)."""
+        given, are the added partitions' replicas in order, each one live broker: the
+        controller places each added partition there (else where it chooses)."""
         async with self._lock:
             topic = self._topic(name)
             if count <= topic.partitions:
@@ -243,8 +270,9 @@ class TopicRegistry:
                 check_replica_assignment(
                     [(topic.partitions + i, r) for i, r in enumerate(assignments)],
                     topic.partitions,
-                    [self._config.node_id],
+                    self.live_brokers(),
                 )
+            brokers = () if assignments is None else tuple(r[0] for r in assignments)
             if validate_only:
                 return
             added = range(topic.partitions, count)
@@ -258,7 +286,7 @@ class TopicRegistry:
                     # added here are still the ones the record lacks.
                     current = self._topic(name)
                     grown = Topic(current.name, current.topic_id, count, current.configs)
-                    if await self._compare_and_set(grown):
+                    if await self._compare_and_set(grown, placing=brokers):
                         log.info(
                             "topic partitions added %s",
                             fields(topic=name, partitions=count, added=len(added)),
@@ -311,15 +339,26 @@ class TopicRegistry:
             raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
         return topic
 
-    async def _compare_and_set(self, topic: Topic) -> bool:
+    def live_brokers(self) -> list[int]:
+        """The ids of the brokers partitions may be assigned to now (as this node's view
+        shows them)."""
+        return [broker.node_id for broker in sm.live_brokers(self._view.image)]
+
+    async def _compare_and_set(self, topic: Topic, placing: tuple[int, ...] | None = None) -> bool:
         """Write ``topic``'s record if the KV still holds the one this registry read or wrote
-        last. True once written; False when another node changed the topic's configs
-        meanwhile: the registry adopted that record (``_adopt``) and the caller may decide
-        again on it."""
+        last; with ``placing`` (the brokers of the added partitions, or none to leave them to
+        the controller), through ``CreatePartitions``, which places the partitions the record
+        adds in the same decision. True once written; False when another node changed the
+        topic's configs meanwhile: the registry adopted that record (``_adopt``) and the caller
+        may decide again on it."""
         encoded = topic.encode()
-        response = await self._client.submit(
-            sm.PutKV(topic_key(topic.name), encoded, True, expected=self._records[topic.name])
+        expected = self._records[topic.name]
+        event: sm.StreamMetadataEvent = (
+            sm.PutKV(topic_key(topic.name), encoded, True, expected=expected)
+            if placing is None
+            else sm.CreatePartitions(topic.name, encoded, expected=expected, assignments=placing)
         )
+        response = await self._client.submit(event)
         if not response.ok:
             self._adopt(topic.name, response)
             return False
@@ -364,10 +403,17 @@ class TopicRegistry:
 CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
 
 
+# The controller's refusals that are the request's fault, answered with Kafka's code for them.
+_PLACEMENT_ERRORS = {
+    sm.StreamErrorCode.INVALID_REPLICA_ASSIGNMENT: KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
+    sm.StreamErrorCode.INVALID_REPLICATION_FACTOR: KafkaErrorCode.INVALID_REPLICATION_FACTOR,
+    sm.StreamErrorCode.INVALID_PARTITIONS: KafkaErrorCode.INVALID_PARTITIONS,
+}
+
+
 def _refused(response: sm.Response) -> TopicError:
-    return TopicError(
-        KafkaErrorCode.KAFKA_STORAGE_ERROR, f"{response.error.value}: {response.message}"
-    )
+    code = _PLACEMENT_ERRORS.get(response.error, KafkaErrorCode.KAFKA_STORAGE_ERROR)
+    return TopicError(code, f"{response.error.value}: {response.message}")
 
 
 def _kept_changing(name: str) -> TopicError:

@@ -1,6 +1,7 @@
 """The topic registry's changes are conditional: another node's topic of the same name, or its
 change to a topic meanwhile, is never overwritten (the controller decides put-if-absent,
-compare-and-set and compare-and-delete; see automq_ref/kafka/topic_registry.py)."""
+compare-and-set and compare-and-delete; see automq_ref/kafka/topic_registry.py), and creating
+or growing a topic places its new partitions."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
 from automq_ref.kafka.topic_registry import TopicRegistry, open_elsewhere
 from automq_ref.kafka.topics import TopicError
@@ -60,8 +62,8 @@ class RacingClient:
         self._rival = rival
 
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
-        if isinstance(event, sm.PutKV) and event.key == topic_key(self._rival.name):
-            rival = sm.PutKV(event.key, self._rival.encode(), False)
+        if isinstance(event, sm.CreateTopic) and event.name == self._rival.name:
+            rival = sm.CreateTopic(event.name, self._rival.encode())
             assert (await self._client.submit(rival)).ok
         return await self._client.submit(event)
 
@@ -153,5 +155,42 @@ async def test_a_partition_open_on_another_node_is_left_to_it(tmp_path: Path) ->
     try:
         assert set(node.topics.partitions) == {("shared", 0)}
         assert "shared" in node.topics.topics
+    finally:
+        await node.shutdown()
+
+
+async def test_topics_are_placed_as_they_are_created_grown_and_deleted(node: Node) -> None:
+    me = node.config.node_id
+    topic = await node.topics.create_topic("p", 2, {})
+    assert sm.broker_partitions(node.view.image, me) == [("p", 0, 0), ("p", 1, 0)]
+    await node.topics.add_partitions("p", 3, assignments=[[me]], validate_only=False)
+    assert sm.assigned_broker(node.view.image, "p", 2) == me
+    with pytest.raises(TopicError) as refused:
+        await node.topics.create_topic("q", 1, {}, assignments=[me + 7])
+    assert refused.value.code is KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT
+    assert "q" not in node.topics.topics and topic_key("q") not in node.view.image.kv
+    await node.topics.delete_topic("p")
+    assert sm.placed_topic(node.view.image, "p") is None
+    assert str(topic.topic_id) not in node.view.image.topics
+
+
+async def test_a_topic_written_before_placement_is_placed_at_open(tmp_path: Path) -> None:
+    config = load_config(
+        overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
+    )
+    node = await start_node(config)
+    try:
+        # Its partition and a bare record, as topics were written before the controller
+        # placed partitions.
+        old = Topic("old", uuid.uuid4(), 1, {})
+        await Partition.create(node.storage, node.client, "old", old.topic_id, 0)
+        await foreign_put(node, old)
+        assert sm.placed_topic(node.view.image, "old") is None
+    finally:
+        await node.shutdown()
+    node = await start_node(config)
+    try:
+        assert sm.assigned_broker(node.view.image, "old", 0) == config.node_id
+        assert node.topics.topics["old"] == stored(node, "old")
     finally:
         await node.shutdown()
