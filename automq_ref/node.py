@@ -306,6 +306,7 @@ class Node:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        await self.topics.stop_following()
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()
@@ -431,6 +432,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     # fencing itself (its epoch bumped) would only stop its own uploads until a restart.
     if config.etcd_endpoints:
         ticks.start()
+        # Other brokers create and delete topics too; alone, only this node changes them.
+        topics.follow()
     return Node(
         config=config,
         clock=seams.clock,

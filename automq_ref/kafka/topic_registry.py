@@ -35,6 +35,7 @@ deleted``, ``topic partitions added``, ``topic configs altered``) with the topic
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -107,6 +108,7 @@ class TopicRegistry:
         # node made meanwhile is never overwritten unseen.
         self._records: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
+        self._follower: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(
@@ -123,17 +125,82 @@ class TopicRegistry:
             registry.topics[name] = topic
             registry._records[name] = kv[topic_key(name)]
             await registry._place_unplaced(name, topic)
-            for index in range(topic.partitions):
-                holder = open_elsewhere(view.image, topic.topic_id, index, config.node_id)
-                if holder is not None:
-                    # Another broker of the cluster has it open: opening it here would fence
-                    # that broker (or be refused while it is open). Moving it is placement's.
-                    log.info("partition %s-%d is open on node %d, not here", name, index, holder)
-                    continue
-                registry.partitions[(name, index)] = await Partition.open(
-                    storage, client, view, name, topic.topic_id, index
-                )
+            await registry._open_partitions(topic, range(topic.partitions))
         return registry
+
+    async def _open_partitions(self, topic: Topic, indexes: range) -> None:
+        for index in indexes:
+            holder = open_elsewhere(self._view.image, topic.topic_id, index, self._config.node_id)
+            if holder is not None:
+                # Another broker of the cluster has it open: opening it here would fence
+                # that broker (or be refused while it is open). Moving it is placement's.
+                log.info("partition %s-%d is open on node %d, not here", topic.name, index, holder)
+                continue
+            self.partitions[(topic.name, index)] = await Partition.open(
+                self._storage, self._client, self._view, topic.name, topic.topic_id, index
+            )
+
+    # ---------------------------------------------------------------------- following the view
+
+    def follow(self) -> None:
+        """From now on, take in the topics other brokers create, grow, reconfigure and delete
+        (as the view shows them), until :meth:`stop_following`."""
+        self._follower = asyncio.create_task(self._follow_forever(), name="topic-follower")
+
+    async def stop_following(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _follow_forever(self) -> None:
+        while True:
+            # The version before the image: a change made after this read wakes the wait.
+            version = self._view.version
+            async with self._lock:
+                try:
+                    await self.catch_up()
+                except Exception:
+                    # One topic's failure (its partition would not open) must not stop this
+                    # node from learning of the others; the next change tries again.
+                    log.exception("topics not caught up with the metadata")
+            await self._view.wait_for_change(version)
+
+    async def catch_up(self) -> None:
+        """Make this registry's topics the view's: another broker's new topic is taken in (its
+        partitions opened here unless open there), a grown one opens its new partitions, a
+        reconfigured one takes the new record, a deleted one (or one re-created under a new
+        id) closes and deletes the partitions this node holds. Called under the lock, or
+        before anything else uses the registry."""
+        kv = self._view.image.kv
+        theirs = topics_in(kv)
+        for name in sorted(set(self.topics) - set(theirs)):
+            gone = self.topics.pop(name)
+            del self._records[name]
+            await self._drop_held(gone)
+            log.info("topic deleted elsewhere %s", fields(topic=name, topic_id=gone.topic_id))
+        for name, topic in sorted(theirs.items()):
+            record = kv[topic_key(name)]
+            if self._records.get(name) == record:
+                continue
+            ours = self.topics.get(name)
+            if ours is not None and ours.topic_id != topic.topic_id:
+                await self._drop_held(ours)
+                ours = None
+            self.topics[name] = topic
+            self._records[name] = record
+            first = 0 if ours is None else ours.partitions
+            await self._open_partitions(topic, range(first, topic.partitions))
+            log.info(
+                "topic changed elsewhere %s",
+                fields(
+                    topic=name,
+                    partitions=topic.partitions,
+                    configs=topic.configs,
+                    topic_id=topic.topic_id,
+                ),
+            )
 
     async def _place_unplaced(self, name: str, topic: Topic) -> None:
         """A topic written before the controller placed partitions (its KV record only), or
@@ -393,11 +460,23 @@ class TopicRegistry:
         self.topics[name] = theirs
 
     async def _drop_partitions(self, name: str, indexes: range) -> None:
-        """Close and delete these partitions of topic ``name`` (streams and KV entries)."""
+        """Close and delete these partitions of topic ``name`` (streams and KV entries) that
+        this node holds (in a cluster, another broker may hold some: it drops those when it
+        sees the topic go)."""
         for index in indexes:
-            partition = self.partitions.pop((name, index))
+            partition = self.partitions.pop((name, index), None)
+            if partition is None:
+                continue
             partition.wake_waiters()
             await partition.delete()
+
+    async def _drop_held(self, topic: Topic) -> None:
+        """Drop the partitions of ``topic`` this node holds: the topic is gone (deleted or
+        re-created under another id) by another broker's change."""
+        held = [index for name, index in self.partitions if name == topic.name]
+        for index in sorted(held):
+            if self.partitions[(topic.name, index)].topic_id == topic.topic_id:
+                await self._drop_partitions(topic.name, range(index, index + 1))
 
 
 CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
