@@ -129,7 +129,11 @@ class TopicRegistry:
         return registry
 
     async def _open_partitions(self, topic: Topic, indexes: range) -> None:
+        """Open these partitions of ``topic`` here, but those already open here or on another
+        broker."""
         for index in indexes:
+            if (topic.name, index) in self.partitions:
+                continue
             holder = open_elsewhere(self._view.image, topic.topic_id, index, self._config.node_id)
             if holder is not None:
                 # Another broker of the cluster has it open: opening it here would fence
@@ -161,11 +165,16 @@ class TopicRegistry:
             async with self._lock:
                 try:
                     await self.catch_up()
+                    caught_up = True
                 except Exception:
-                    # One topic's failure (its partition would not open) must not stop this
-                    # node from learning of the others; the next change tries again.
+                    # A partition that would not open must not stop this node from following:
+                    # the topic was not taken in, so the next round tries it again.
                     log.exception("topics not caught up with the metadata")
-            await self._view.wait_for_change(version)
+                    caught_up = False
+            if caught_up:
+                await self._view.wait_for_change(version)
+            else:
+                await asyncio.sleep(FOLLOW_RETRY_S)
 
     async def catch_up(self) -> None:
         """Make this registry's topics the view's: another broker's new topic is taken in (its
@@ -188,10 +197,12 @@ class TopicRegistry:
             if ours is not None and ours.topic_id != topic.topic_id:
                 await self._drop_held(ours)
                 ours = None
+            first = 0 if ours is None else ours.partitions
+            # Opened before the record is taken: a failure leaves the topic as this registry
+            # had it, so the next round opens what is still missing.
+            await self._open_partitions(topic, range(first, topic.partitions))
             self.topics[name] = topic
             self._records[name] = record
-            first = 0 if ours is None else ours.partitions
-            await self._open_partitions(topic, range(first, topic.partitions))
             log.info(
                 "topic changed elsewhere %s",
                 fields(
@@ -479,6 +490,7 @@ class TopicRegistry:
                 await self._drop_partitions(topic.name, range(index, index + 1))
 
 
+FOLLOW_RETRY_S = 1.0  # after a round of following that failed (a partition would not open)
 CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
 
 

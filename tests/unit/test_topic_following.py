@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,8 @@ from automq_ref.io.metadata.client import register_node
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.kafka import topic_registry
+from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.node import Node, open_wal, start_node
@@ -130,3 +133,27 @@ async def test_a_topic_deleted_elsewhere_drops_the_partitions_held_here(
         assert not [key for key in image.kv if str(mine.topic_id) in key]
     finally:
         await there.stop_following()
+
+
+async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here, there = brokers.node.topics, brokers.other
+    await here.stop_following()
+    await there.create_topic("moved", 1, {})
+    # Broker 2 lets go of its partition: this node, following, opens it.
+    await there.partitions.pop(("moved", 0)).close()
+    opened = Partition.open
+    failures: list[object] = []
+
+    async def open_once_failing(*args: Any, **kwargs: Any) -> Partition:
+        if not failures:
+            failures.append(args)
+            raise OSError("the object store is away")
+        return await opened(*args, **kwargs)
+
+    monkeypatch.setattr(Partition, "open", open_once_failing)
+    monkeypatch.setattr(topic_registry, "FOLLOW_RETRY_S", 0.01)
+    here.follow()
+    await until(lambda: ("moved", 0) in here.partitions)
+    assert failures and here.topics["moved"] == there.topics["moved"]
