@@ -13,6 +13,7 @@ import uuid
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
 from automq_ref.kafka.acl_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     AUTHORIZED_OPERATIONS_OMITTED,
@@ -109,7 +110,7 @@ def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
             MetadataPartition(
                 partition_index=index,
                 leader_id=node,
-                leader_epoch=partitions[(topic.name, index)].epoch,
+                leader_epoch=_leader_epoch(partitions.get((topic.name, index))),
                 replica_nodes=[node],
                 isr_nodes=[node],
             )
@@ -117,6 +118,12 @@ def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
         ],
         topic_authorized_operations=operations,
     )
+
+
+def _leader_epoch(held: Partition | None) -> int:
+    """The partition's epoch if this broker holds it open, else -1 (unknown): in a cluster a
+    topic's partitions may be open on another broker (until Metadata answers from placement)."""
+    return -1 if held is None else held.epoch
 
 
 async def handle_describe_cluster(context: Context, request: Request) -> Reply:
