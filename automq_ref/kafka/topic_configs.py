@@ -32,6 +32,7 @@ value missing).
 
 from __future__ import annotations
 
+import abc
 import enum
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -87,12 +88,13 @@ LONG_MAX = 2**63 - 1
 # ------------------------------------------------------------------------------- validators
 
 
-class Validator:
+class Validator(abc.ABC):
     """Kafka's check of a parsed value: ``problem`` says what is wrong (None: valid), ``shown``
     is the value as Kafka prints it in the message, ``str()`` its "Valid Values" text."""
 
+    @abc.abstractmethod
     def problem(self, name: str, value: Parsed) -> str | None:
-        raise NotImplementedError
+        """What is wrong with ``value`` for config ``name``; None when it is valid."""
 
     def shown(self, value: Parsed) -> str:
         return _java_string(value)
