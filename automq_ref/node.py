@@ -60,7 +60,7 @@ from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
-from automq_ref.kafka.server import KafkaServer
+from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -99,6 +99,8 @@ class NodeMetadata:
     close: Callable[[], Awaitable[None]]
     # Whether this node's controller is the active one (always, embedded; elected, in a cluster).
     is_active: Callable[[], bool] = lambda: True
+    # The active controller's node id as this node last saw it (None: embedded, or unknown).
+    active_controller: Callable[[], int | None] = lambda: None
 
 
 def cluster_settings(config: BrokerConfig) -> ClusterSettings:
@@ -159,8 +161,17 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         def is_active() -> bool:
             return cluster.election is not None and cluster.election.is_leader
 
+        def active_controller() -> int | None:
+            leader = cluster.election.leader if cluster.election is not None else None
+            return None if leader is None else leader.node_id
+
         return NodeMetadata(
-            cluster.controller, cluster.client, cluster.view, cluster.close, is_active
+            cluster.controller,
+            cluster.client,
+            cluster.view,
+            cluster.close,
+            is_active,
+            active_controller,
         )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
@@ -243,6 +254,8 @@ class Node:
         producer_ids: ProducerIdAllocator,
         session: BrokerSession,
         ticks: ControllerTicks,
+        server: KafkaServer,
+        bound: tuple[str, int],
     ) -> None:
         self.config = config
         self.session = session
@@ -263,10 +276,12 @@ class Node:
             groups=groups,
             producer_ids=producer_ids,
             clock=clock,
-            advertised_host=config.host,
-            advertised_port=config.port,
+            advertised_host=(config.advertised_address or bound)[0],
+            advertised_port=(config.advertised_address or bound)[1],
+            active_controller=metadata.active_controller,
         )
         self.front_end = Dispatcher(self.context)
+        server.handler = self.front_end
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
@@ -274,21 +289,20 @@ class Node:
         self._cleaner_task: asyncio.Task[None] | None = None
         if config.log_cleaner_enable:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
-        self._server: KafkaServer | None = None
+        self._server: KafkaServer | None = server
+        self._bound = bound
 
     @property
     def advertised_address(self) -> tuple[str, int]:
         return self.context.advertised_host, self.context.advertised_port
 
     async def listen(self) -> tuple[str, int]:
-        """Start the listener on ``listeners``; return the bound address (port 0 picks one).
-        Clients are told to connect to ``advertised.listeners``, else the bound address."""
-        server = KafkaServer(self.front_end, max_request_bytes=self.config.socket_request_max_bytes)
-        host, port = await server.start(self.config.host, self.config.port)
-        self._server = server
-        advertised = self.config.advertised_address or (host, port)
-        self.context.advertised_host, self.context.advertised_port = advertised
-        return host, port
+        """Accept connections on the address bound at start (``listeners``; port 0 picked a
+        free one); return it. Clients are told to connect to ``advertised.listeners``, else the
+        bound address: the one this broker registered."""
+        assert self._server is not None, "the node was shut down"
+        await self._server.serve()
+        return self._bound
 
     async def shutdown(self) -> None:
         """Graceful: stop listening, close every partition (uploading its data), then the
@@ -337,10 +351,35 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
 
 
 async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) -> Node:
+    # Bound before the registration (served only once the node is open): with port 0 the
+    # broker registers the port it will serve on.
+    server = KafkaServer(_NotServing(), max_request_bytes=config.socket_request_max_bytes)
+    bound = await server.bind(config.host, config.port)
+    try:
+        return await _start_bound(config, seams, metadata, server, bound)
+    except BaseException:
+        await server.close()
+        raise
+
+
+class _NotServing:
+    """The listener's handler until the node is open (it accepts nothing before then)."""
+
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        raise CloseConnection("the broker is starting")
+
+
+async def _start_bound(
+    config: BrokerConfig,
+    seams: Seams,
+    metadata: NodeMetadata,
+    server: KafkaServer,
+    bound: tuple[str, int],
+) -> Node:
     client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
-    host, port = config.advertised_address or (config.host, config.port)
+    host, port = config.advertised_address or bound
     registration = await register_node(
         client,
         config.node_id,
@@ -445,6 +484,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
         producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
         session=session,
         ticks=ticks,
+        server=server,
+        bound=bound,
     )
 
 

@@ -81,6 +81,8 @@ class Context:
     advertised_host: str
     advertised_port: int
     notices: Notices = field(default_factory=Notices)
+    # The node id of the active controller's broker, as this broker last saw it (None: unknown).
+    active_controller: Callable[[], int | None] = lambda: None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

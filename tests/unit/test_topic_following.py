@@ -1,6 +1,7 @@
 """A broker's topic registry follows the view: topics another broker creates, grows,
-reconfigures, re-creates or deletes appear in it, and a partition that broker holds open is left
-to it (see ``catch_up`` in automq_ref/kafka/topic_registry.py).
+reconfigures, re-creates or deletes appear in it, and each broker holds open exactly the
+partitions placement assigns it, giving up and taking partitions as they move (see ``catch_up``
+and ``reconcile`` in automq_ref/kafka/topic_registry.py).
 
 Two brokers in one process: node 1 is a whole node (its embedded controller); broker 2 has its
 own WAL, storage and view of that same controller, over the same object store, and a registry of
@@ -18,6 +19,8 @@ from typing import Any
 import pytest
 
 from automq_ref.config import load_config
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.io.metadata.client import register_node
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import open_object_store
@@ -72,9 +75,11 @@ async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
     )
     other = await TopicRegistry.open(storage, node.client, view, other_config)
     node.topics.follow()
+    other.follow()
     try:
         yield Brokers(node, other)
     finally:
+        await other.stop_following()
         for partition in other.partitions.values():
             await partition.close()
         await storage.shutdown()
@@ -88,20 +93,37 @@ async def until(condition: Callable[[], bool]) -> None:
             await asyncio.sleep(0.01)
 
 
-async def test_topics_of_another_broker_are_followed(brokers: Brokers) -> None:
-    here, there = brokers.node.topics, brokers.other
-    created = await there.create_topic("theirs", 2, {})
-    await until(lambda: "theirs" in here.topics)
-    assert here.topics["theirs"] == created
-    # Its partitions are open on the broker that created them, so not here.
-    assert not [key for key in here.partitions if key[0] == "theirs"]
+def held(registry: TopicRegistry, topic: str) -> set[int]:
+    return {index for name, index in registry.partitions if name == topic}
 
-    await there.add_partitions("theirs", 3, validate_only=False)
+
+def assigned(brokers: Brokers, topic: str, node_id: int) -> set[int]:
+    image = brokers.node.view.image
+    return {i for name, i, _ in sm.broker_partitions(image, node_id) if name == topic}
+
+
+async def test_each_broker_holds_the_partitions_placed_on_it(brokers: Brokers) -> None:
+    here, there = brokers.node.topics, brokers.other
+    me = brokers.node.config.node_id
+    created = await there.create_topic("theirs", 4, {})
+    # Creating waits for every leader: both brokers hold their share, and only it.
+    assert here.topics["theirs"] == created
+    assert assigned(brokers, "theirs", me) and assigned(brokers, "theirs", OTHER)
+    assert held(here, "theirs") == assigned(brokers, "theirs", me)
+    assert held(there, "theirs") == assigned(brokers, "theirs", OTHER)
+    for index in range(4):
+        assignment = sm.partition_assignment(brokers.node.view.image, "theirs", index)
+        assert assignment is not None
+        owner = here if assignment.leader == me else there
+        assert owner.partitions[("theirs", index)].epoch == assignment.leader_epoch == 0
+
+    await there.add_partitions("theirs", 6, validate_only=False)
     await there.alter_configs(
         "theirs", [ConfigChange("retention.ms", ConfigOperation.SET, "5")], validate_only=False
     )
     await until(lambda: here.topics["theirs"] == there.topics["theirs"])
-    assert here.topics["theirs"].partitions == 3
+    assert here.topics["theirs"].partitions == 6
+    assert held(here, "theirs") | held(there, "theirs") == set(range(6))
     assert here.topic_config(here.topics["theirs"], "retention.ms") == "5"
 
     # A change here decides on the followed record: no conflict with theirs.
@@ -110,39 +132,71 @@ async def test_topics_of_another_broker_are_followed(brokers: Brokers) -> None:
     )
 
     await there.delete_topic("theirs")
-    await until(lambda: "theirs" not in here.topics)
+    await until(lambda: "theirs" not in here.topics and not held(here, "theirs"))
+    image = brokers.node.view.image
+    assert str(created.topic_id) not in image.topics
+    await until(lambda: not [k for k in brokers.node.view.image.kv if str(created.topic_id) in k])
 
 
 async def test_a_topic_deleted_elsewhere_drops_the_partitions_held_here(
     brokers: Brokers,
 ) -> None:
     here, there = brokers.node.topics, brokers.other
-    there.follow()
-    try:
-        mine = await here.create_topic("mine", 2, {})
-        await until(lambda: "mine" in there.topics)
-        assert not there.partitions
-        assert [key for key in brokers.node.view.image.kv if str(mine.topic_id) in key]
-        # Deleted by the other broker, which holds none of its partitions: this node, which
-        # holds them, deletes them when it sees the topic go.
-        await there.delete_topic("mine")
-        await until(lambda: "mine" not in here.topics)
-        assert not [key for key in here.partitions if key[0] == "mine"]
-        image = brokers.node.view.image
-        assert str(mine.topic_id) not in image.topics
-        assert not [key for key in image.kv if str(mine.topic_id) in key]
-    finally:
-        await there.stop_following()
+    me = brokers.node.config.node_id
+    mine = await here.create_topic("mine", 2, {}, assignments=[me, me])
+    assert held(here, "mine") == {0, 1} and not held(there, "mine")
+    # Deleted by the other broker, which holds none of its partitions: this node, which
+    # holds them, deletes them when it sees the topic go.
+    await there.delete_topic("mine")
+    await until(lambda: "mine" not in here.topics and not held(here, "mine"))
+    assert str(mine.topic_id) not in brokers.node.view.image.topics
+    await until(
+        lambda: not [key for key in brokers.node.view.image.kv if str(mine.topic_id) in key]
+    )
+
+
+async def produce(partition: Partition, count: int) -> None:
+    for value in range(count):
+        batch = build_record_batch([(None, str(value).encode(), (), 0)])
+        result = partition.append_nowait(batch, 1 << 20)
+        assert result.error is KafkaErrorCode.NONE and result.durable is not None
+        await result.durable
+
+
+async def test_a_moved_partition_is_given_up_and_opened_at_the_next_epoch(
+    brokers: Brokers,
+) -> None:
+    here, there = brokers.node.topics, brokers.other
+    me = brokers.node.config.node_id
+    await there.create_topic("moving", 1, {}, assignments=[OTHER])
+    old = there.partitions[("moving", 0)]
+    await produce(old, 5)
+    moved = await brokers.node.client.submit(sm.ReassignPartition("moving", 0, me))
+    assert moved.ok and moved.leader_epoch == 1
+    # Broker 2 gives it up (its WAL's records uploaded), this node opens it at epoch 1.
+    await until(lambda: ("moving", 0) in here.partitions)
+    assert not held(there, "moving")
+    new = here.partitions[("moving", 0)]
+    assert new.epoch == 1 and new.log_end_offset == 5 and new.high_watermark == 5
+    assert [e for e, _ in new.leader_epochs] == [0, 1]
+    await produce(new, 2)
+    assert new.log_end_offset == 7
+    # Requests for it at broker 2 are sent on: it exists, but is led elsewhere.
+    assert there.not_here("moving", 0) is KafkaErrorCode.NOT_LEADER_OR_FOLLOWER
+    assert there.not_here("moving", 1) is KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    # And back: broker 2 opens it at epoch 2 with everything.
+    assert (await brokers.node.client.submit(sm.ReassignPartition("moving", 0, OTHER))).ok
+    await until(lambda: ("moving", 0) in there.partitions)
+    assert there.partitions[("moving", 0)].log_end_offset == 7
+    assert there.partitions[("moving", 0)].epoch == 2
 
 
 async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
     brokers: Brokers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     here, there = brokers.node.topics, brokers.other
-    await here.stop_following()
-    await there.create_topic("moved", 1, {})
-    # Broker 2 lets go of its partition: this node, following, opens it.
-    await there.partitions.pop(("moved", 0)).close()
+    me = brokers.node.config.node_id
+    await there.create_topic("moved", 1, {}, assignments=[OTHER])
     opened = Partition.open
     failures: list[object] = []
 
@@ -153,7 +207,7 @@ async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
         return await opened(*args, **kwargs)
 
     monkeypatch.setattr(Partition, "open", open_once_failing)
-    monkeypatch.setattr(topic_registry, "FOLLOW_RETRY_S", 0.01)
-    here.follow()
+    monkeypatch.setattr(topic_registry, "RETRY_S", 0.01)
+    assert (await brokers.node.client.submit(sm.ReassignPartition("moved", 0, me))).ok
     await until(lambda: ("moved", 0) in here.partitions)
     assert failures and here.topics["moved"] == there.topics["moved"]
