@@ -441,6 +441,7 @@ async def _start_bound(
     )
     await session.heartbeat()
     topics = await TopicRegistry.open(storage, client, view, config)
+    session.report_loads(topics.loads)
     groups = await GroupCoordinator.open(
         storage,
         client,

@@ -40,6 +40,7 @@ import asyncio
 import bisect
 import collections
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -135,6 +136,10 @@ class Partition:
         self.batches: list[BatchEntry] = []
         self.producers: dict[int, ProducerState] = {}
         self.leader_epochs: list[tuple[int, int]] = []
+        # Bytes produced to and fetched from the partition here: the loads its broker reports.
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.taken_s = time.monotonic()  # when this broker opened it
         self._appended = asyncio.Event()
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
@@ -433,6 +438,7 @@ class Partition:
         first, durable = self.storage.append_nowait(
             self.data_stream_id, self.epoch, bytes(data), offset - base
         )
+        self.bytes_in += len(data)
         assert first == base, (first, base)
         for view in views:
             header = view.header()

@@ -53,7 +53,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 from automq_ref.config import BrokerConfig
@@ -112,6 +114,10 @@ class TopicRegistry:
         # Set by a round that could not take a partition yet (its old broker still has it
         # open): the follower tries again after RETRY_S even if nothing changes.
         self._waiting = False
+        # Per held partition: when its loads were last reported, and its counters then.
+        self._counted: weakref.WeakKeyDictionary[Partition, tuple[float, int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def view(self) -> MetadataView:
@@ -342,6 +348,26 @@ class TopicRegistry:
         except TimeoutError:
             return False
         return True
+
+    def loads(self) -> tuple[sm.PartitionLoad, ...]:
+        """Each partition led here: its bytes in and out per second since the last call (or
+        since it was taken), as the heartbeat reports them to the autobalancer."""
+        now_s = time.monotonic()
+        found = []
+        for (_, index), partition in sorted(self.partitions.items()):
+            counted = self._counted.get(partition)
+            since_s, bytes_in, bytes_out = counted or (partition.taken_s, 0, 0)
+            seconds = max(now_s - since_s, 1e-3)
+            found.append(
+                sm.PartitionLoad(
+                    str(partition.topic_id),
+                    index,
+                    round((partition.bytes_in - bytes_in) / seconds),
+                    round((partition.bytes_out - bytes_out) / seconds),
+                )
+            )
+            self._counted[partition] = (now_s, partition.bytes_in, partition.bytes_out)
+        return tuple(found)
 
     def not_here(self, name: str | None, index: int) -> KafkaErrorCode:
         """What a request for partition ``index`` of topic ``name`` that this broker does not

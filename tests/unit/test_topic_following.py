@@ -211,3 +211,18 @@ async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
     assert (await brokers.node.client.submit(sm.ReassignPartition("moved", 0, me))).ok
     await until(lambda: ("moved", 0) in here.partitions)
     assert failures and here.topics["moved"] == there.topics["moved"]
+
+
+async def test_loads_report_the_bytes_produced_to_each_partition_led_here(
+    brokers: Brokers,
+) -> None:
+    there = brokers.other
+    await there.create_topic("busy", 2, {}, assignments=[OTHER, OTHER])
+    there.loads()  # the counters' start
+    await produce(there.partitions[("busy", 1)], 3)
+    loads = {load.partition: load for load in there.loads()}
+    assert set(loads) == {0, 1}
+    assert loads[0].bytes_in_per_sec == 0 and loads[1].bytes_in_per_sec > 0
+    assert loads[1].topic_id == str(there.topics["busy"].topic_id)
+    # Each call reports what came since the one before.
+    assert all(load.bytes_in_per_sec == 0 for load in there.loads())

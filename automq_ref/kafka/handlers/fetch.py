@@ -103,6 +103,7 @@ async def _fetch_once(
             if code is not KafkaErrorCode.NONE:
                 answer_now = True
             size = sum(len(chunk) for chunk in chunks)
+            partition.bytes_out += size
             total += size
             budget -= size
             if not chunks and code is KafkaErrorCode.NONE:
