@@ -7,13 +7,15 @@ log under ``log.dirs`` and the controller in this process; with it, the node is 
 cluster (:class:`~automq_ref.io.metadata.cluster.ClusterMetadata`: the log on etcd, the
 controller election, this node's replica of the image, the controller RPC).
 
-It registers the node through the client (proposing the clock's time as the node epoch; the
-controller grants one above any it stored), opens the WAL at the granted epoch, the object store
-and S3Storage over them, then the topic registry (every existing partition opened), the group
-coordinator, the producer-id allocator, the retention and cleaner tasks and the Kafka front end
+It binds the listener's address (accepting nothing yet), registers the node through the client
+with that address (proposing the clock's time as the node epoch; the controller grants one above
+any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
+then the topic registry (the partitions placed on this broker opened), the group coordinator,
+the producer-id allocator, the retention and cleaner tasks and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
-:meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
-:meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
+:meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
+:meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
+:meth:`Node.abandon` stops a fenced node at once, and :func:`serve` then starts a new one.
 
 What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
 the production modules: the clock every part reads time from, the WAL opener, and a hook run
@@ -304,6 +306,32 @@ class Node:
         await self._server.serve()
         return self._bound
 
+    async def abandon(self) -> None:
+        """Stop at once, uploading and closing nothing: the controller fenced this broker (its
+        session lapsed), so every request of this incarnation is refused. Its partitions went
+        to other brokers; the WAL's records wait for the next start (:func:`serve` starts the
+        node again), whose recovery uploads them and closes the streams, so the partitions'
+        new brokers can open them."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.topics.stop_following()
+        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for partition in self.topics.partitions.values():
+            partition.wake_waiters()
+        await self.groups.abandon()
+        try:
+            await self.storage.abandon()
+        finally:
+            await self.ticks.close()
+            await self.session.stop_heartbeats()
+            await self.metadata.close()
+            await self._store.close()
+
     async def shutdown(self) -> None:
         """Graceful: stop listening, close every partition (uploading its data), then the
         storage."""
@@ -528,21 +556,44 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     down gracefully at SIGINT or SIGTERM: the WAL's data is uploaded first, so the next start
     recovers nothing."""
     check_listener_free(config)
-    node = await start_node(config, seams)
-    host, port = await node.listen()
-    advertised_host, advertised_port = node.advertised_address
-    print(
-        f"automq-ref: serving Kafka on {host}:{port} "
-        f"(bootstrap.servers={advertised_host}:{advertised_port})",
-        flush=True,
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    first = True
+    while True:
+        node = await start_node(config, seams)
+        host, port = await node.listen()
+        if first:
+            advertised_host, advertised_port = node.advertised_address
+            print(
+                f"automq-ref: serving Kafka on {host}:{port} "
+                f"(bootstrap.servers={advertised_host}:{advertised_port})",
+                flush=True,
+            )
+            first = False
+        if not await _until_stopped_or_fenced(stop, node.session.expired):
+            break
+        # Fenced: this incarnation can change nothing any more. A new one registers (a new
+        # node epoch), recovers the WAL and takes partitions again.
+        log.error(
+            "broker fenced: its session lapsed; starting again %s",
+            fields(node_id=config.node_id, node_epoch=node.session.node_epoch),
+        )
+        await node.abandon()
     log.info("shutting down: uploading the WAL's data, then closing")
     await node.shutdown()
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+async def _until_stopped_or_fenced(stop: asyncio.Event, fenced: asyncio.Event) -> bool:
+    """Wait for either; True if the broker was fenced (and not asked to stop)."""
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(fenced.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return fenced.is_set() and not stop.is_set()

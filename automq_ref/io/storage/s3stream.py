@@ -576,6 +576,22 @@ class S3Storage:
         await self._blocks.close()
         await self._wal.close()
 
+    async def abandon(self) -> None:
+        """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
+        it uploads could be committed. What the WAL holds stays there for the next start's
+        recovery, which uploads it under the new epoch."""
+        self._shutting_down.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        await self._indexes.close()
+        await self._blocks.close()
+        await self._wal.close()
+
     # -------------------------------------------------------------------- effect execution
 
     def _apply(self, event: lc.LogCacheEvent) -> None:
