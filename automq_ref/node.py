@@ -500,8 +500,8 @@ async def _start_bound(
     # fencing itself (its epoch bumped) would only stop its own uploads until a restart.
     if config.etcd_endpoints:
         ticks.start()
-        # Other brokers create and delete topics too; alone, only this node changes them.
-        topics.follow()
+    # Partitions come and go with placement (and one that would not open is tried again).
+    topics.follow()
     return Node(
         config=config,
         clock=seams.clock,
