@@ -263,6 +263,8 @@ class Node:
             groups=groups,
             producer_ids=producer_ids,
             clock=clock,
+            controller_client=metadata.client,
+            view=metadata.view,
             advertised_host=config.host,
             advertised_port=config.port,
         )
