@@ -4,8 +4,9 @@ and what the APIs answer.
 
 One embedded node plays broker 0; a second broker is registered on its controller by hand (its
 heartbeats make it live; an embedded controller never expires sessions), and its streams are
-opened and closed by hand to show a move in flight. Then two nodes on one etcd: a reassignment
-asked of one broker is seen by both. Partition ownership does not follow the image here: the
+opened and closed by hand to show a move in flight. A controller that never decides times the
+request out, asked once. Then two nodes on one etcd: a reassignment asked of one broker is seen
+by both. Partition ownership does not follow the image here: the
 tests check the controller's decisions and the answers, not where data is served.
 """
 
@@ -30,6 +31,7 @@ from kio.static.primitive import i8, i32
 
 from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.io.metadata.client import ControllerError
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
@@ -347,3 +349,30 @@ async def test_two_brokers_on_etcd(tmp_path: Path, etcd: EtcdServer) -> None:
     finally:
         for node in reversed(nodes):
             await node.shutdown()
+
+
+class Unreachable:
+    """A controller client whose controller never decides (none elected, the answer lost)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        self.asked += 1
+        raise ControllerError(f"{type(event).__name__}: no controller answered in 0.1 s")
+
+
+async def test_no_decision_times_the_request_out_once(tmp_path: Path) -> None:
+    node = await start_node(node_config(tmp_path))
+    admit = node.front_end.admit
+    try:
+        await placed_topic(node, "stuck", 3)
+        unreachable = Unreachable()
+        node.context.controller_client = unreachable
+        answers = await reassign(admit, {("stuck", i): [node.config.node_id] for i in range(3)})
+        assert {code for code, _ in answers.values()} == {E.REQUEST_TIMED_OUT}
+        assert all("no controller answered" in message for _, message in answers.values())
+        # The first partition waited for the controller; the others were not asked again.
+        assert unreachable.asked == 1
+    finally:
+        await node.shutdown()
