@@ -18,12 +18,20 @@ from confluent_kafka import ElectionType, KafkaError
 from confluent_kafka import TopicPartition as CkTopicPartition
 from confluent_kafka.admin import AdminClient
 from kafka import KafkaAdminClient, TopicPartition
-from kafka.errors import InvalidReplicationAssignmentError, UnknownTopicOrPartitionError
+from kafka.errors import (
+    InvalidReplicationAssignmentError,
+    ReassignmentInProgressError,
+    UnknownTopicOrPartitionError,
+)
 
 from automq_ref.config import load_config
 from automq_ref.node import start_node
-from automq_ref.state_machines import stream_metadata as sm
-from tests.unit.test_broker_reassignments import assignment, join_broker, placed_topic
+from tests.unit.test_broker_reassignments import (
+    assignment,
+    hold_open,
+    join_broker,
+    placed_topic,
+)
 
 TOPIC = "client-moves"
 ELECTION_NOT_NEEDED = 84
@@ -43,33 +51,23 @@ async def test_kafka_python_and_confluent_kafka(tmp_path: Path) -> None:
         host, port = await node.listen()
         bootstrap = f"{host}:{port}"
         me = config.node_id
-        topic = await placed_topic(node, TOPIC, 2)
+        await placed_topic(node, TOPIC, 2)
         other_epoch = await join_broker(node, 2)
         leaders = [assignment(node, TOPIC, i).leader for i in range(2)]
         assert sorted(leaders) == [me, 2]
         mine, theirs = leaders.index(me), leaders.index(2)
 
         # Broker 2 holds its partition's stream open: moving that one here is a move in flight.
-        held = assignment(node, TOPIC, theirs)
-        created = await node.client.submit(sm.CreateStream(2, other_epoch, topic.topic_id, theirs))
-        assert created.stream_id is not None, created
-        opened = await node.client.submit(
-            sm.OpenStream(2, other_epoch, created.stream_id, held.leader_epoch)
-        )
-        assert opened.ok, opened
+        await hold_open(node, 2, other_epoch, TOPIC, theirs)
 
         def kafka_python() -> tuple[Any, Any, Any]:
             admin = KafkaAdminClient(bootstrap_servers=bootstrap)
             try:
                 moved = admin.alter_partition_reassignments(
-                    {
-                        TopicPartition(TOPIC, mine): [2],
-                        TopicPartition(TOPIC, theirs): [me],
-                        TopicPartition(TOPIC, 7): [2],
-                    }
+                    {TopicPartition(TOPIC, theirs): [me], TopicPartition(TOPIC, 7): [2]}
                 )
                 refused = admin.alter_partition_reassignments(
-                    {TopicPartition(TOPIC, mine): [me, 2]}
+                    {TopicPartition(TOPIC, mine): [me, 2], TopicPartition(TOPIC, theirs): None}
                 )
                 listing = admin.list_partition_reassignments()
                 return moved, refused, listing
@@ -78,12 +76,15 @@ async def test_kafka_python_and_confluent_kafka(tmp_path: Path) -> None:
 
         moved, refused, listing = await asyncio.to_thread(kafka_python)
         assert moved == {
-            TopicPartition(TOPIC, mine): None,
             TopicPartition(TOPIC, theirs): None,
             TopicPartition(TOPIC, 7): UnknownTopicOrPartitionError,
         }
-        assert refused == {TopicPartition(TOPIC, mine): InvalidReplicationAssignmentError}
-        assert assignment(node, TOPIC, mine).leader == 2
+        # Two brokers for one partition; a cancel while broker 2 still holds the partition.
+        assert refused == {
+            TopicPartition(TOPIC, mine): InvalidReplicationAssignmentError,
+            TopicPartition(TOPIC, theirs): ReassignmentInProgressError,
+        }
+        assert assignment(node, TOPIC, mine).leader == me
         assert assignment(node, TOPIC, theirs).leader == me
         # Broker 2 still holds the stream of the partition moved away from it.
         assert listing == {

@@ -106,6 +106,15 @@ async def listed(admit: Any, topics: dict[str, list[int]] | None = None) -> dict
     }
 
 
+async def settled(admit: Any, timeout_s: float = 20) -> None:
+    """Wait until no move is listed: every broker a partition moved away from has closed its
+    streams (at once here, where no broker follows the image)."""
+    deadline = time.monotonic() + timeout_s
+    while await listed(admit):
+        assert time.monotonic() < deadline, "a move stayed in flight"
+        await asyncio.sleep(0.05)
+
+
 async def elect(
     admit: Any, election_type: int, partitions: dict[str, list[int]] | None, version: int = 2
 ) -> tuple[KafkaErrorCode, dict[Partition, Any]]:
@@ -151,6 +160,28 @@ async def join_broker(node: Node, node_id: int, rack: str = "az2") -> int:
     )
     assert beat.ok and beat.fenced is False, beat
     return registered.node_epoch
+
+
+async def hold_open(node: Node, broker: int, epoch: int, topic: str, index: int) -> int:
+    """Broker ``broker`` creates a stream of the partition and opens it at the partition's
+    leader epoch, as its broker would (retrying while another broker still holds one of the
+    partition's streams open); the stream's id."""
+    placed = sm.placed_topic(node.view.image, topic)
+    assert placed is not None
+    created = await node.client.submit(sm.CreateStream(broker, epoch, placed.topic_id, index))
+    assert created.ok and created.stream_id is not None, created
+    deadline = time.monotonic() + 20
+    while True:
+        leader_epoch = assignment(node, topic, index).leader_epoch
+        opened = await node.client.submit(
+            sm.OpenStream(broker, epoch, created.stream_id, leader_epoch)
+        )
+        if opened.error is not sm.StreamErrorCode.STREAM_NOT_CLOSED:
+            break
+        assert time.monotonic() < deadline, opened
+        await asyncio.sleep(0.05)
+    assert opened.ok, opened
+    return created.stream_id
 
 
 def assignment(node: Node, topic: str, index: int) -> sm.PartitionAssignment:
@@ -200,7 +231,7 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
         assert code is E.INVALID_REPLICA_ASSIGNMENT and "broker 7 is not live" in message
 
         # Nothing is in flight: no broker holds a partition's streams open elsewhere.
-        assert await listed(admit) == {}
+        await settled(admit)
         cancelled = await reassign(admit, {("moved", mine): None, ("nowhere", 0): None})
         assert cancelled[("moved", mine)][0] is E.NO_REASSIGNMENT_IN_PROGRESS
         assert cancelled[("nowhere", 0)][0] is E.UNKNOWN_TOPIC_OR_PARTITION
@@ -208,15 +239,7 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
         # A move in flight: broker 2 holds the partition's stream open at its leader epoch,
         # then the partition is moved to this broker; until broker 2 closes the stream, the
         # move is listed and cannot be cancelled.
-        topic = sm.placed_topic(node.view.image, "moved")
-        assert topic is not None
-        held = assignment(node, "moved", mine)
-        created = await node.client.submit(sm.CreateStream(2, other_epoch, topic.topic_id, mine))
-        assert created.ok and created.stream_id is not None, created
-        opened = await node.client.submit(
-            sm.OpenStream(2, other_epoch, created.stream_id, held.leader_epoch)
-        )
-        assert opened.ok, opened
+        stream_id = await hold_open(node, 2, other_epoch, "moved", mine)
         assert await listed(admit) == {}
         assert (await reassign(admit, {("moved", mine): [me]}))[("moved", mine)] == (E.NONE, None)
         ongoing = {("moved", mine): ([me, 2], [me], [2])}
@@ -227,10 +250,8 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
         assert code is E.REASSIGNMENT_IN_PROGRESS
         assert "reassign it to broker 2" in message
 
-        stream = node.view.image.streams[created.stream_id]
-        closed = await node.client.submit(
-            sm.CloseStream(2, other_epoch, created.stream_id, stream.epoch)
-        )
+        stream = node.view.image.streams[stream_id]
+        closed = await node.client.submit(sm.CloseStream(2, other_epoch, stream_id, stream.epoch))
         assert closed.ok, closed
         assert await listed(admit) == {}
         cancelled = await reassign(admit, {("moved", mine): None})
@@ -340,12 +361,8 @@ async def test_two_brokers_on_etcd(tmp_path: Path, etcd: EtcdServer) -> None:
 
         # Once no broker holds the partition's streams elsewhere, nothing is listed.
         for node in nodes:
-            admit = node.front_end.admit
-            deadline = time.monotonic() + 20
-            while await listed(admit):
-                assert time.monotonic() < deadline, "a move stayed in flight"
-                await asyncio.sleep(0.05)
-            assert await elect(admit, PREFERRED, None) == (E.NONE, {})
+            await settled(node.front_end.admit)
+            assert await elect(node.front_end.admit, PREFERRED, None) == (E.NONE, {})
     finally:
         for node in reversed(nodes):
             await node.shutdown()
