@@ -3,9 +3,11 @@
 confluent-kafka's ``elect_leaders`` (it has no reassignment calls; kcat has none of these),
 against a node in this process listening on a free port.
 
-A second broker is registered on the node's controller by hand, and a move in flight is shown
-by holding a partition's stream open on it, as ``tests/unit/test_broker_reassignments.py``
-does; the clients run in threads (they block) while the node serves on the event loop.
+A second broker is registered on the node's controller by hand, the topic is written to the
+controller directly (no broker opens its partitions on its own), and a move in flight is shown
+by holding a partition's stream open on the second broker, as
+``tests/unit/test_broker_reassignments.py`` does; the clients run in threads (they block)
+while the node serves on the event loop.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from automq_ref.config import load_config
 from automq_ref.node import start_node
 from tests.unit.test_broker_reassignments import (
     assignment,
+    controller_topic,
     hold_open,
     join_broker,
-    placed_topic,
 )
 
 TOPIC = "client-moves"
@@ -51,8 +53,8 @@ async def test_kafka_python_and_confluent_kafka(tmp_path: Path) -> None:
         host, port = await node.listen()
         bootstrap = f"{host}:{port}"
         me = config.node_id
-        await placed_topic(node, TOPIC, 2)
         other_epoch = await join_broker(node, 2)
+        await controller_topic(node, TOPIC, 2)
         leaders = [assignment(node, TOPIC, i).leader for i in range(2)]
         assert sorted(leaders) == [me, 2]
         mine, theirs = leaders.index(me), leaders.index(2)

@@ -4,7 +4,8 @@ and what the APIs answer.
 
 One embedded node plays broker 0; a second broker is registered on its controller by hand (its
 heartbeats make it live; an embedded controller never expires sessions), and its streams are
-opened and closed by hand to show a move in flight. A controller that never decides times the
+opened and closed by hand to show a move in flight. Their topics are written to the controller
+directly, so no broker opens their partitions on its own. A controller that never decides times the
 request out, asked once. Then two nodes on one etcd: a reassignment asked of one broker is seen
 by both. Partition ownership does not follow the image here: the
 tests check the controller's decisions and the answers, not where data is served.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ from kio.static.primitive import i8, i32
 
 from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.client import ControllerError
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Node, start_node
@@ -139,16 +142,25 @@ async def elect(
     }
 
 
-async def placed_topic(node: Node, name: str, partitions: int) -> sm.TopicPlacement:
-    """A topic created through the registry and placed by the controller (a topic written
-    before placement is placed by its own record again; one already placed stays as it is)."""
+async def controller_topic(node: Node, name: str, partitions: int) -> sm.TopicPlacement:
+    """A topic written to the controller directly (``CreateTopic``: its record and its
+    placement): no broker opens its partitions, so the only streams a partition has are those
+    a test opens by hand."""
+    record = Topic(name, uuid.uuid4(), partitions).encode()
+    created = await node.client.submit(sm.CreateTopic(name, record))
+    assert created.ok, created
+    found = sm.placed_topic(node.view.image, name)
+    assert found is not None
+    return found
+
+
+async def registry_topic(node: Node, name: str, partitions: int) -> None:
+    """A topic created through the node's registry, then placed by the controller (a topic
+    written before placement is placed by its own record again; one already placed stays)."""
     await node.topics.create_topic(name, partitions, {})
     record = node.view.image.kv[topic_key(name)]
     placed = await node.client.submit(sm.CreatePartitions(name, record, expected=record))
     assert placed.ok, placed
-    found = sm.placed_topic(node.view.image, name)
-    assert found is not None
-    return found
 
 
 async def join_broker(node: Node, node_id: int, rack: str = "az2") -> int:
@@ -195,12 +207,12 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
     admit = node.front_end.admit
     try:
         me = node.config.node_id
-        await placed_topic(node, "moved", 4)
         other_epoch = await join_broker(node, 2)
-        # Broker 2 joined and took its share: two partitions each.
+        await controller_topic(node, "moved", 4)
+        # Placed evenly on the two live brokers.
         leaders = [assignment(node, "moved", i).leader for i in range(4)]
         assert sorted(leaders) == [me, me, 2, 2]
-        mine = leaders.index(me)
+        mine, theirs = leaders.index(me), leaders.index(2)
         before = assignment(node, "moved", mine)
 
         answers = await reassign(
@@ -231,22 +243,23 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
         assert code is E.INVALID_REPLICA_ASSIGNMENT and "broker 7 is not live" in message
 
         # Nothing is in flight: no broker holds a partition's streams open elsewhere.
-        await settled(admit)
+        assert await listed(admit) == {}
         cancelled = await reassign(admit, {("moved", mine): None, ("nowhere", 0): None})
         assert cancelled[("moved", mine)][0] is E.NO_REASSIGNMENT_IN_PROGRESS
         assert cancelled[("nowhere", 0)][0] is E.UNKNOWN_TOPIC_OR_PARTITION
 
-        # A move in flight: broker 2 holds the partition's stream open at its leader epoch,
+        # A move in flight: broker 2 holds its partition's stream open at its leader epoch,
         # then the partition is moved to this broker; until broker 2 closes the stream, the
         # move is listed and cannot be cancelled.
-        stream_id = await hold_open(node, 2, other_epoch, "moved", mine)
+        stream_id = await hold_open(node, 2, other_epoch, "moved", theirs)
         assert await listed(admit) == {}
-        assert (await reassign(admit, {("moved", mine): [me]}))[("moved", mine)] == (E.NONE, None)
-        ongoing = {("moved", mine): ([me, 2], [me], [2])}
+        moved = await reassign(admit, {("moved", theirs): [me]})
+        assert moved[("moved", theirs)] == (E.NONE, None)
+        ongoing = {("moved", theirs): ([me, 2], [me], [2])}
         assert await listed(admit) == ongoing
-        assert await listed(admit, {"moved": [mine, 99], "nowhere": [0]}) == ongoing
-        assert await listed(admit, {"moved": [i for i in range(4) if i != mine]}) == {}
-        code, message = (await reassign(admit, {("moved", mine): None}))[("moved", mine)]
+        assert await listed(admit, {"moved": [theirs, 99], "nowhere": [0]}) == ongoing
+        assert await listed(admit, {"moved": [i for i in range(4) if i != theirs]}) == {}
+        code, message = (await reassign(admit, {("moved", theirs): None}))[("moved", theirs)]
         assert code is E.REASSIGNMENT_IN_PROGRESS
         assert "reassign it to broker 2" in message
 
@@ -254,8 +267,8 @@ async def test_reassign_list_and_cancel(tmp_path: Path) -> None:
         closed = await node.client.submit(sm.CloseStream(2, other_epoch, stream_id, stream.epoch))
         assert closed.ok, closed
         assert await listed(admit) == {}
-        cancelled = await reassign(admit, {("moved", mine): None})
-        assert cancelled[("moved", mine)][0] is E.NO_REASSIGNMENT_IN_PROGRESS
+        cancelled = await reassign(admit, {("moved", theirs): None})
+        assert cancelled[("moved", theirs)][0] is E.NO_REASSIGNMENT_IN_PROGRESS
     finally:
         await node.shutdown()
 
@@ -264,7 +277,7 @@ async def test_elections(tmp_path: Path) -> None:
     node = await start_node(node_config(tmp_path))
     admit = node.front_end.admit
     try:
-        await placed_topic(node, "led", 2)
+        await controller_topic(node, "led", 2)
         # Every partition's broker is live: no election needed, asked by name in any version.
         for version in (0, 1, 2):
             top, results = await elect(admit, PREFERRED, {"led": [0, 1, 5]}, version)
@@ -343,7 +356,7 @@ async def test_two_brokers_on_etcd(tmp_path: Path, etcd: EtcdServer) -> None:
         first, second = nodes
         live = [b.node_id for b in sm.live_brokers(second.view.image)]
         assert live == [1, 2]
-        await placed_topic(first, "spread", 4)
+        await registry_topic(first, "spread", 4)
         await until(lambda: sm.placed_topic(second.view.image, "spread") is not None)
         leaders = [assignment(second, "spread", i).leader for i in range(4)]
         assert sorted(leaders) == [1, 1, 2, 2]
@@ -383,7 +396,7 @@ async def test_no_decision_times_the_request_out_once(tmp_path: Path) -> None:
     node = await start_node(node_config(tmp_path))
     admit = node.front_end.admit
     try:
-        await placed_topic(node, "stuck", 3)
+        await controller_topic(node, "stuck", 3)
         unreachable = Unreachable()
         node.context.controller_client = unreachable
         answers = await reassign(admit, {("stuck", i): [node.config.node_id] for i in range(3)})
