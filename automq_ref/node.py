@@ -278,6 +278,8 @@ class Node:
             groups=groups,
             producer_ids=producer_ids,
             clock=clock,
+            controller_client=metadata.client,
+            view=metadata.view,
             advertised_host=(config.advertised_address or bound)[0],
             advertised_port=(config.advertised_address or bound)[1],
             active_controller=metadata.active_controller,
