@@ -175,8 +175,12 @@ class TopicRegistry:
             if not caught_up:
                 await asyncio.sleep(FOLLOW_RETRY_S)
             elif self._waiting:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the wait ends, and this loop would outlive
+                # stop_following.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._view.wait_for_change(version), RETRY_S)
+                    async with asyncio.timeout(RETRY_S):
+                        await self._view.wait_for_change(version)
             else:
                 await self._view.wait_for_change(version)
 
@@ -344,7 +348,8 @@ class TopicRegistry:
                 await self._view.wait_for_change(version)
 
         try:
-            await asyncio.wait_for(until_led(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await until_led()
         except TimeoutError:
             return False
         return True
