@@ -609,6 +609,19 @@ def diagnose(partitions: list[PartitionReport]) -> str:
 # ---------------------------------------------------------------------------------- the command
 
 
+def why(error: BaseException) -> str:
+    """``error`` in one line. A source's own error reaches the driver inside Spark's (its message
+    carries the source's Python traceback): the traceback's last line, the source's exception,
+    says why, e.g. ``ImageError: no metadata log of cluster ...``."""
+    text = str(error)
+    if "Traceback (most recent call last)" in text:
+        for line in reversed(text.splitlines()):
+            name, colon, message = line.partition(": ")
+            if colon and name and not line[0].isspace() and " " not in name:
+                return f"{name.rsplit('.', 1)[-1]}: {message}"
+    return repr(error)
+
+
 @dataclass(frozen=True)
 class VerifySettings:
     manifest: Path
@@ -664,7 +677,7 @@ def main(settings: VerifySettings, spark: SparkSession | None = None) -> int:
             )
             tally.spark = None
     except Exception as error:  # the check did not run: say why, exit 2
-        print(f"automq-ref verify: the check could not run: {error!r}", file=sys.stderr)
+        print(f"automq-ref verify: the check could not run: {why(error)}", file=sys.stderr)
         return 2
     finally:
         if own_session and spark is not None:

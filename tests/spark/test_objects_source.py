@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -325,7 +325,9 @@ def test_objects_in_s3(
     assert collect(frame) == expected(Produced(broker.data_dir, {"in-s3": sent}), "in-s3")
 
 
-def test_a_cluster_on_etcd(objects: SparkSession, tmp_path: Path) -> None:
+def test_a_cluster_on_etcd(
+    objects: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A broker of a cluster: its metadata log on etcd, its objects in a directory store. Once it
     stopped gracefully, its topics are read through the cluster's etcd (no path), and
     ``automq-ref verify`` passes through it."""
@@ -349,10 +351,11 @@ def test_a_cluster_on_etcd(objects: SparkSession, tmp_path: Path) -> None:
                 future.result()
             sent: Sent = {p: [] for p in range(PARTITIONS)}
             produce(broker.bootstrap, "on-etcd", 60, "zstd", sent)
-            settings = ProduceSettings(
-                bootstrap=broker.bootstrap, topic="verified", partitions=PARTITIONS, records=90
-            )
-            manifest = produce_with_manifest(settings).manifest
+            manifest = produce_with_manifest(
+                ProduceSettings(
+                    bootstrap=broker.bootstrap, topic="verified", partitions=PARTITIONS, records=90
+                )
+            ).manifest
             manifest.write(tmp_path / "manifest.json")
         finally:
             assert broker.stop() == 0  # graceful: everything is uploaded and committed
@@ -366,17 +369,22 @@ def test_a_cluster_on_etcd(objects: SparkSession, tmp_path: Path) -> None:
         with pytest.raises(Exception, match="no metadata log of cluster 'elsewhere'"):
             read(objects, subscribe="on-etcd", **{**cluster, "cluster.id": "elsewhere"}).count()
         report = tmp_path / "report"
-        code = verify(
-            VerifySettings(
-                manifest=tmp_path / "manifest.json",
-                source="automq-objects",
-                etcd_endpoints=etcd.endpoint,
-                cluster_id=cluster_id,
-                object_store=store.as_uri(),
-                report=report,
-            ),
-            spark=objects,
+        settings = VerifySettings(
+            manifest=tmp_path / "manifest.json",
+            source="automq-objects",
+            etcd_endpoints=etcd.endpoint,
+            cluster_id=cluster_id,
+            object_store=store.as_uri(),
+            report=report,
         )
+        code = verify(settings, spark=objects)
         summary = (report / "report.json").read_text()
         assert code == 0, summary
         assert f'"read_records": {manifest.records}' in summary
+        capsys.readouterr()
+        assert verify(replace(settings, cluster_id="elsewhere"), spark=objects) == 2
+        assert (
+            "automq-ref verify: the check could not run: ImageError: no metadata log of cluster "
+            f"'elsewhere' on etcd at {etcd.endpoint}: set cluster.id to the brokers' cluster.id "
+            f"(clusters there: "
+        ) in capsys.readouterr().err
