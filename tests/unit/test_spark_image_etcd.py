@@ -1,19 +1,23 @@
 """Planning reads from a cluster's metadata log on etcd, without Spark, and without writing to etcd.
 
-Three layers: the settings that name the log (checked as the broker checks them) and where
-the objects are; a hand-built log on etcd, a snapshot in the middle, read exactly as the same
-records read from a file log, while nothing in etcd changes (no revision, no lease); and a real
-broker on etcd (``metadata.etcd.endpoints``) with its objects in a local directory store,
-uploading small objects often and snapshotting its metadata log in etcd often: read while it
-runs (a contiguous prefix of what was produced, the broker's election and lease untouched, the
-broker still producing afterwards), then after a graceful stop (exactly what was produced).
+Three layers: the settings that name the log (checked as the broker checks them), where the
+objects are, and that reading a file log never loads etcd's client; a hand-built log on etcd, a
+snapshot in the middle, read exactly as the same records read from a file log, while nothing in
+etcd changes (no revision, no lease); and a real broker on etcd (``metadata.etcd.endpoints``)
+with its objects in a local directory store, uploading small objects often and snapshotting its
+metadata log in etcd often: read while it runs (a contiguous prefix of what was produced, the
+broker's election and lease untouched, the broker still producing afterwards), then after a
+graceful stop (exactly what was produced).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import urllib.request
 from collections.abc import Iterator
@@ -39,6 +43,8 @@ from tests.unit.test_spark_image import (
     write_hand_built_broker,
 )
 from tests.waiting import PATIENCE_S, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +83,27 @@ def test_the_settings_are_checked_as_the_broker_checks_them(tmp_path: Path) -> N
         im.locate(etcd=log)
     with pytest.raises(im.ImageError, match="no directory"):
         im.locate(etcd=log, object_store_uri=(tmp_path / "nowhere").as_uri())
+
+
+def test_reading_a_file_log_never_loads_etcds_client(tmp_path: Path) -> None:
+    """etcd's client (gRPC) is imported only to read a log on etcd, as the broker's is."""
+    asyncio.run(write_hand_built_broker(tmp_path))
+    script = (
+        "import sys\n"
+        "from automq_ref.spark import image as im\n"
+        f"layout = im.read_layout(im.locate({str(tmp_path)!r}))\n"
+        "assert set(layout.topics) == {'hand'}, layout.topics\n"
+        "loaded = sorted(name for name in sys.modules if name.split('.')[0] in ('grpc', 'aetcd'))\n"
+        "assert not loaded, loaded\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=PATIENCE_S,
+    )
+    assert result.returncode == 0, result.stderr
 
 
 # -------------------------------------------------------------- a hand-built log on etcd
