@@ -162,11 +162,6 @@ class Location:
     object_store_uri: str
     etcd: EtcdLog | None = None
 
-    @property
-    def metadata(self) -> str:
-        """Where the metadata log is, for messages."""
-        return str(self.etcd) if self.etcd is not None else str(self.metadata_dir)
-
 
 def locate(
     path: str | Path | None = None,

@@ -170,7 +170,7 @@ def test_a_log_on_etcd_reads_as_the_same_log_on_file(tmp_path: Path, etcd: EtcdS
     assert list(offsets_read(location.object_store_uri, partition.objects)) == [
         (offset, f"v{offset}".encode()) for offset in range(5, 20)
     ]
-    assert location.metadata == f"cluster {cluster_id!r} on etcd at {etcd.endpoint}"
+    assert str(location.etcd) == f"cluster {cluster_id!r} on etcd at {etcd.endpoint}"
 
 
 def test_a_cluster_id_without_a_log_is_named_and_not_created(
