@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 def _unreachable(command: str, bootstrap: str) -> str | None:
     """Why no broker answers at ``bootstrap`` (``HOST:PORT[,HOST:PORT...]``), as the one line
     to print, or None when one of its addresses accepts a connection."""
-    reasons = []
+    addresses: list[tuple[str, int]] = []
     for address in bootstrap.split(","):
         host, separator, port = address.strip().rpartition(":")
         if not separator or not host or not port.isdigit():
@@ -167,16 +167,28 @@ def _unreachable(command: str, bootstrap: str) -> str | None:
                 f"automq-ref {command}: --bootstrap {address!r} is not HOST:PORT; "
                 "pass e.g. --bootstrap 127.0.0.1:9092"
             )
-        try:
-            with socket.create_connection((host.strip("[]"), int(port)), PROBE_TIMEOUT_S):
-                return None
-        except OSError as error:
-            reason = "timed out" if isinstance(error, TimeoutError) else error.strerror or error
-            reasons.append(f"{host}:{port} ({str(reason).lower()})")
+        addresses.append((host, int(port)))
+    reasons = _refusals(addresses)
+    if reasons is None:
+        return None
     return (
         f"automq-ref {command}: no broker answers at {', '.join(reasons)}; start one with "
         f"`automq-ref serve` (or `make run`) or pass the --bootstrap of a running broker"
     )
+
+
+def _refusals(addresses: list[tuple[str, int]]) -> list[str] | None:
+    """Why each of ``addresses`` refuses a connection (``host:port (reason)``), or None as soon
+    as one accepts."""
+    reasons = []
+    for host, port in addresses:
+        try:
+            with socket.create_connection((host.strip("[]"), port), PROBE_TIMEOUT_S):
+                return None
+        except OSError as error:
+            reason = "timed out" if isinstance(error, TimeoutError) else error.strerror or error
+            reasons.append(f"{host}:{port} ({str(reason).lower()})")
+    return reasons
 
 
 def _needs_extras(command: str, error: ImportError) -> str:
@@ -251,6 +263,17 @@ def _add_spark_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     verify.add_argument("--bootstrap", metavar="HOST:PORT", help="for the automq source")
     verify.add_argument("--source", default="automq", choices=("automq", "automq-objects"))
     verify.add_argument("--path", help="the broker's log.dirs (automq-objects source)")
+    verify.add_argument(
+        "--metadata-etcd-endpoints",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="instead of --path, a cluster's metadata log: its brokers' metadata.etcd.endpoints "
+        "(automq-objects source; needs --object-store)",
+    )
+    verify.add_argument(
+        "--cluster-id",
+        help="with --metadata-etcd-endpoints: the brokers' cluster.id "
+        "(default: the broker's default)",
+    )
     verify.add_argument("--object-store", help="object store URI (automq-objects source)")
     verify.add_argument("--master", default="local[*]", help="Spark master URL")
     verify.add_argument("--report", type=Path, default=Path("verify-report"), help="directory")
@@ -299,6 +322,10 @@ def _verify(arguments: argparse.Namespace) -> int:
     if arguments.source == "automq" and arguments.bootstrap is None:
         print("automq-ref verify: --bootstrap is needed with --source automq", file=sys.stderr)
         return 2
+    problem = _objects_source_problem(arguments)
+    if problem is not None:
+        print(f"automq-ref verify: {problem}", file=sys.stderr)
+        return 2
     if arguments.source == "automq":
         unreachable = _unreachable("verify", arguments.bootstrap)
         if unreachable is not None:
@@ -310,9 +337,6 @@ def _verify(arguments: argparse.Namespace) -> int:
     except ImportError as error:
         print(_needs_extras("verify", error), file=sys.stderr)
         return 2
-    if arguments.source == "automq-objects" and arguments.path is None:
-        print("automq-ref verify: --path is needed with --source automq-objects", file=sys.stderr)
-        return 2
     return verify_main(
         VerifySettings(
             manifest=arguments.manifest,
@@ -320,12 +344,65 @@ def _verify(arguments: argparse.Namespace) -> int:
             source=arguments.source,
             path=arguments.path,
             object_store=arguments.object_store,
+            etcd_endpoints=arguments.metadata_etcd_endpoints,
+            cluster_id=arguments.cluster_id,
             master=arguments.master,
             report=arguments.report,
             examples=arguments.examples,
             verbose=arguments.verbose,
         )
     )
+
+
+def _objects_source_problem(arguments: argparse.Namespace) -> str | None:
+    """What is wrong with where ``automq-objects`` is pointed (a broker's ``--path`` or a
+    cluster's ``--metadata-etcd-endpoints``), or None; an etcd that no endpoint of answers is
+    found here, before Spark starts."""
+    etcd, cluster_id = arguments.metadata_etcd_endpoints, arguments.cluster_id
+    if arguments.source != "automq-objects":
+        if etcd is not None or cluster_id is not None:
+            return (
+                "--metadata-etcd-endpoints and --cluster-id apply only to --source "
+                "automq-objects; the automq source finds everything through --bootstrap"
+            )
+        return None
+    if etcd is None:
+        if cluster_id is not None:
+            return "--cluster-id needs --metadata-etcd-endpoints (a cluster's metadata log)"
+        if arguments.path is None:
+            return (
+                "--path (a broker's log.dirs) or --metadata-etcd-endpoints (a cluster's etcd) "
+                "is needed with --source automq-objects"
+            )
+        return None
+    if arguments.path is not None:
+        return (
+            "--path and --metadata-etcd-endpoints name two metadata logs; give --path for a "
+            "broker's log.dirs or --metadata-etcd-endpoints for a cluster's, not both"
+        )
+    if arguments.object_store is None:
+        return (
+            "--object-store is needed with --metadata-etcd-endpoints; pass the brokers' "
+            "s3.data.buckets"
+        )
+    from automq_ref.spark.image import SettingError, etcd_log
+
+    try:
+        log = etcd_log(etcd, cluster_id)
+    except SettingError as error:
+        flag = "--" + error.setting.replace(".", "-")
+        return f"{flag}: {error.problem}; pass the brokers' {error.setting}"
+    addresses = []
+    for endpoint in log.endpoints:
+        host, _, port = endpoint.rpartition(":")
+        addresses.append((host, int(port)))
+    reasons = _refusals(addresses)
+    if reasons is not None:
+        return (
+            f"no etcd answers at {', '.join(reasons)}; start it or pass the brokers' "
+            "metadata.etcd.endpoints"
+        )
+    return None
 
 
 if __name__ == "__main__":

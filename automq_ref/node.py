@@ -7,13 +7,15 @@ log under ``log.dirs`` and the controller in this process; with it, the node is 
 cluster (:class:`~automq_ref.io.metadata.cluster.ClusterMetadata`: the log on etcd, the
 controller election, this node's replica of the image, the controller RPC).
 
-It registers the node through the client (proposing the clock's time as the node epoch; the
-controller grants one above any it stored), opens the WAL at the granted epoch, the object store
-and S3Storage over them, then the topic registry (every existing partition opened), the group
-coordinator, the producer-id allocator, the retention and cleaner tasks and the Kafka front end
+It binds the listener's address (accepting nothing yet), registers the node through the client
+with that address (proposing the clock's time as the node epoch; the controller grants one above
+any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
+then the topic registry (the partitions placed on this broker opened), the group coordinator,
+the producer-id allocator, the retention and cleaner tasks and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
-:meth:`Node.listen` puts the listener (:mod:`automq_ref.kafka.server`) in front;
-:meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds.
+:meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
+:meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
+:meth:`Node.abandon` stops a fenced node at once, and :func:`serve` then starts a new one.
 
 What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
 the production modules: the clock every part reads time from, the WAL opener, and a hook run
@@ -60,7 +62,7 @@ from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
-from automq_ref.kafka.server import KafkaServer
+from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -99,6 +101,8 @@ class NodeMetadata:
     close: Callable[[], Awaitable[None]]
     # Whether this node's controller is the active one (always, embedded; elected, in a cluster).
     is_active: Callable[[], bool] = lambda: True
+    # The active controller's node id as this node last saw it (None: embedded, or unknown).
+    active_controller: Callable[[], int | None] = lambda: None
 
 
 def cluster_settings(config: BrokerConfig) -> ClusterSettings:
@@ -159,8 +163,17 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         def is_active() -> bool:
             return cluster.election is not None and cluster.election.is_leader
 
+        def active_controller() -> int | None:
+            leader = cluster.election.leader if cluster.election is not None else None
+            return None if leader is None else leader.node_id
+
         return NodeMetadata(
-            cluster.controller, cluster.client, cluster.view, cluster.close, is_active
+            cluster.controller,
+            cluster.client,
+            cluster.view,
+            cluster.close,
+            is_active,
+            active_controller,
         )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
@@ -243,6 +256,8 @@ class Node:
         producer_ids: ProducerIdAllocator,
         session: BrokerSession,
         ticks: ControllerTicks,
+        server: KafkaServer,
+        bound: tuple[str, int],
     ) -> None:
         self.config = config
         self.session = session
@@ -263,10 +278,14 @@ class Node:
             groups=groups,
             producer_ids=producer_ids,
             clock=clock,
-            advertised_host=config.host,
-            advertised_port=config.port,
+            controller_client=metadata.client,
+            view=metadata.view,
+            advertised_host=(config.advertised_address or bound)[0],
+            advertised_port=(config.advertised_address or bound)[1],
+            active_controller=metadata.active_controller,
         )
         self.front_end = Dispatcher(self.context)
+        server.handler = self.front_end
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
@@ -274,21 +293,46 @@ class Node:
         self._cleaner_task: asyncio.Task[None] | None = None
         if config.log_cleaner_enable:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
-        self._server: KafkaServer | None = None
+        self._server: KafkaServer | None = server
+        self._bound = bound
 
     @property
     def advertised_address(self) -> tuple[str, int]:
         return self.context.advertised_host, self.context.advertised_port
 
     async def listen(self) -> tuple[str, int]:
-        """Start the listener on ``listeners``; return the bound address (port 0 picks one).
-        Clients are told to connect to ``advertised.listeners``, else the bound address."""
-        server = KafkaServer(self.front_end, max_request_bytes=self.config.socket_request_max_bytes)
-        host, port = await server.start(self.config.host, self.config.port)
-        self._server = server
-        advertised = self.config.advertised_address or (host, port)
-        self.context.advertised_host, self.context.advertised_port = advertised
-        return host, port
+        """Accept connections on the address bound at start (``listeners``; port 0 picked a
+        free one); return it. Clients are told to connect to ``advertised.listeners``, else the
+        bound address: the one this broker registered."""
+        assert self._server is not None, "the node was shut down"
+        await self._server.serve()
+        return self._bound
+
+    async def abandon(self) -> None:
+        """Stop at once, uploading and closing nothing: the controller fenced this broker (its
+        session lapsed), so every request of this incarnation is refused. Its partitions went
+        to other brokers; the WAL's records wait for the next start (:func:`serve` starts the
+        node again), whose recovery uploads them and closes the streams, so the partitions'
+        new brokers can open them."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.topics.stop_following()
+        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for partition in self.topics.partitions.values():
+            partition.wake_waiters()
+        await self.groups.abandon()
+        try:
+            await self.storage.abandon()
+        finally:
+            await self.ticks.close()
+            await self.session.stop_heartbeats()
+            await self.metadata.close()
+            await self._store.close()
 
     async def shutdown(self) -> None:
         """Graceful: stop listening, close every partition (uploading its data), then the
@@ -306,6 +350,7 @@ class Node:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        await self.topics.stop_following()
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()
@@ -336,10 +381,35 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
 
 
 async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) -> Node:
+    # Bound before the registration (served only once the node is open): with port 0 the
+    # broker registers the port it will serve on.
+    server = KafkaServer(_NotServing(), max_request_bytes=config.socket_request_max_bytes)
+    bound = await server.bind(config.host, config.port)
+    try:
+        return await _start_bound(config, seams, metadata, server, bound)
+    except BaseException:
+        await server.close()
+        raise
+
+
+class _NotServing:
+    """The listener's handler until the node is open (it accepts nothing before then)."""
+
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        raise CloseConnection("the broker is starting")
+
+
+async def _start_bound(
+    config: BrokerConfig,
+    seams: Seams,
+    metadata: NodeMetadata,
+    server: KafkaServer,
+    bound: tuple[str, int],
+) -> Node:
     client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
-    host, port = config.advertised_address or (config.host, config.port)
+    host, port = config.advertised_address or bound
     registration = await register_node(
         client,
         config.node_id,
@@ -401,6 +471,7 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     )
     await session.heartbeat()
     topics = await TopicRegistry.open(storage, client, view, config)
+    session.report_loads(topics.loads)
     groups = await GroupCoordinator.open(
         storage,
         client,
@@ -431,6 +502,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     # fencing itself (its epoch bumped) would only stop its own uploads until a restart.
     if config.etcd_endpoints:
         ticks.start()
+    # Partitions come and go with placement (and one that would not open is tried again).
+    topics.follow()
     return Node(
         config=config,
         clock=seams.clock,
@@ -442,6 +515,8 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
         producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
         session=session,
         ticks=ticks,
+        server=server,
+        bound=bound,
     )
 
 
@@ -483,21 +558,44 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     down gracefully at SIGINT or SIGTERM: the WAL's data is uploaded first, so the next start
     recovers nothing."""
     check_listener_free(config)
-    node = await start_node(config, seams)
-    host, port = await node.listen()
-    advertised_host, advertised_port = node.advertised_address
-    print(
-        f"automq-ref: serving Kafka on {host}:{port} "
-        f"(bootstrap.servers={advertised_host}:{advertised_port})",
-        flush=True,
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    first = True
+    while True:
+        node = await start_node(config, seams)
+        host, port = await node.listen()
+        if first:
+            advertised_host, advertised_port = node.advertised_address
+            print(
+                f"automq-ref: serving Kafka on {host}:{port} "
+                f"(bootstrap.servers={advertised_host}:{advertised_port})",
+                flush=True,
+            )
+            first = False
+        if not await _until_stopped_or_fenced(stop, node.session.expired):
+            break
+        # Fenced: this incarnation can change nothing any more. A new one registers (a new
+        # node epoch), recovers the WAL and takes partitions again.
+        log.error(
+            "broker fenced: its session lapsed; starting again %s",
+            fields(node_id=config.node_id, node_epoch=node.session.node_epoch),
+        )
+        await node.abandon()
     log.info("shutting down: uploading the WAL's data, then closing")
     await node.shutdown()
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+async def _until_stopped_or_fenced(stop: asyncio.Event, fenced: asyncio.Event) -> bool:
+    """Wait for either; True if the broker was fenced (and not asked to stop)."""
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(fenced.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+    return fenced.is_set() and not stop.is_set()

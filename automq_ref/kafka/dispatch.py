@@ -39,6 +39,7 @@ from automq_ref.kafka.handlers import (
     offsets,
     produce,
     producer_ids,
+    reassignments,
     topics,
     unsupported,
 )
@@ -90,7 +91,14 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
     ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
     ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
+    ApiKey.ELECT_LEADERS: Route(reassignments.handle_elect_leaders, 0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: Route(configs.handle_incremental_alter_configs, 0, 1),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: Route(
+        reassignments.handle_alter_partition_reassignments, 0, 0
+    ),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: Route(
+        reassignments.handle_list_partition_reassignments, 0, 0
+    ),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
 }

@@ -197,6 +197,16 @@ class GroupCoordinator:
             answer.cancel()
         await self._storage.close_stream(self._stream_id, self._epoch)
 
+    async def abandon(self) -> None:
+        """Stop without closing the offsets stream (this broker was fenced: the controller
+        refuses it; the next start recovers the stream)."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(BaseException):
+                await self._ticker
+        for answer in self._answers.values():
+            answer.cancel()
+
     async def request(self, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
         """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
         self._next_request_id += 1

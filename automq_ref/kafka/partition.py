@@ -40,6 +40,7 @@ import asyncio
 import bisect
 import collections
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -135,6 +136,10 @@ class Partition:
         self.batches: list[BatchEntry] = []
         self.producers: dict[int, ProducerState] = {}
         self.leader_epochs: list[tuple[int, int]] = []
+        # Bytes produced to and fetched from the partition here: the loads its broker reports.
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.taken_s = time.monotonic()  # when this broker opened it
         self._appended = asyncio.Event()
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
@@ -157,20 +162,32 @@ class Partition:
         topic: str,
         topic_id: uuid.UUID,
         index: int,
+        epoch: int = 0,
     ) -> Partition:
-        """New streams at epoch 0; the KV entry is written last, so a crash before it leaves
-        only unreferenced streams (no half-created partition is ever found)."""
-        meta_stream_id = await storage.create_stream()
-        data_stream_id = await storage.create_stream()
-        await storage.open_stream(meta_stream_id, 0)
-        await storage.open_stream(data_stream_id, 0)
-        partition = cls(storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, 0)
+        """New streams, tagged with the partition, opened at ``epoch`` (the partition's leader
+        epoch); the KV entry is written last, so a crash before it leaves only unreferenced
+        streams (no half-created partition is ever found). Another broker that wrote the KV
+        entry first (the partition moved while both created it) wins: these streams are
+        deleted and :class:`PartitionExistsError` raised."""
+        meta_stream_id = await storage.create_stream(str(topic_id), index)
+        data_stream_id = await storage.create_stream(str(topic_id), index)
+        await storage.open_stream(meta_stream_id, epoch)
+        await storage.open_stream(data_stream_id, epoch)
+        partition = cls(
+            storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
+        )
         await partition._put_meta(encode_log(data_stream_id))
-        partition.leader_epochs.append((0, 0))
+        partition.leader_epochs.append((epoch, 0))
         await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
         response = await client.submit(
             sm.PutKV(partition_key(topic_id, index), encode_kv_integer(meta_stream_id), False)
         )
+        if response.error is sm.StreamErrorCode.KEY_EXIST:
+            async with partition.maintenance:
+                await partition._close_streams()
+                for stream_id in partition._streams():
+                    await storage.delete_stream(stream_id, epoch)
+            raise PartitionExistsError(f"partition {topic}-{index} was created elsewhere")
         if not response.ok:
             raise RuntimeError(f"partition {topic}-{index}: {response.message}")
         return partition
@@ -184,8 +201,11 @@ class Partition:
         topic: str,
         topic_id: uuid.UUID,
         index: int,
+        epoch: int | None = None,
     ) -> Partition:
-        """Open both streams one epoch above their current one and rebuild the state."""
+        """Open the partition's streams at ``epoch`` (its leader epoch) and rebuild the state.
+        Streams not tagged with the partition (written before placement) open one epoch above
+        their current one when that is higher; without ``epoch``, at that one."""
         image = view.image
         raw = image.kv.get(partition_key(topic_id, index))
         if raw is None:
@@ -194,7 +214,8 @@ class Partition:
         meta = image.streams.get(meta_stream_id)
         if meta is None:
             raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} is gone")
-        epoch = max(meta.epoch, 0) + 1
+        if meta.partition_key is None or epoch is None:
+            epoch = max(meta.epoch + 1, 0 if epoch is None else epoch, 1)
         await storage.open_stream(meta_stream_id, epoch)
         recorded = await _read_meta(storage, meta_stream_id)
         data_stream_id = recorded.data_stream_id
@@ -417,6 +438,7 @@ class Partition:
         first, durable = self.storage.append_nowait(
             self.data_stream_id, self.epoch, bytes(data), offset - base
         )
+        self.bytes_in += len(data)
         assert first == base, (first, base)
         for view in views:
             header = view.header()
@@ -669,6 +691,10 @@ class Partition:
             await self.storage.delete_stream(replaced, self.epoch)
             self._retiring = None
             del self._readers[replaced]
+
+
+class PartitionExistsError(Exception):
+    """Another broker created the partition's streams first (:meth:`Partition.create`)."""
 
 
 def stored_batches(payload: bytes | memoryview) -> Iterator[RecordBatchView]:

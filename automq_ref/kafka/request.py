@@ -16,6 +16,8 @@ from typing import Any, TypeAlias
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.view import MetadataView
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
@@ -49,7 +51,10 @@ class ApiKey(enum.IntEnum):
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
     CONSUMER_GROUP_HEARTBEAT = 68
 
@@ -71,16 +76,22 @@ class Context:
     """The node's parts a handler may use. ``advertised_host``/``advertised_port`` are what
     Metadata, DescribeCluster and FindCoordinator tell clients to connect to: the listener's
     bound address (or ``advertised.listeners``), set once it listens. ``notices`` logs what a
-    handler refuses for lack of a feature once per client."""
+    handler refuses for lack of a feature once per client. ``controller_client`` and ``view``
+    are the metadata seams (the controller's decisions asked for, and the image they made), for
+    the handlers that reach placement directly (partition reassignments, leader elections)."""
 
     config: BrokerConfig
     topics: TopicRegistry
     groups: GroupCoordinator
     producer_ids: ProducerIdAllocator
     clock: Clock
+    controller_client: ControllerClient
+    view: MetadataView
     advertised_host: str
     advertised_port: int
     notices: Notices = field(default_factory=Notices)
+    # The node id of the active controller's broker, as this broker last saw it (None: unknown).
+    active_controller: Callable[[], int | None] = lambda: None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

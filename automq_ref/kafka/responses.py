@@ -554,3 +554,72 @@ class DeleteGroupsResponse(Response):
     API_KEY = ApiKey.DELETE_GROUPS
     results: Sequence[DeletableGroupResult]
     throttle_time: int = 0
+
+
+# ------------------------------------------------------------------ reassignments, elections
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignablePartitionResponse:
+    partition_index: int
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReassignableTopicResponse:
+    name: str
+    partitions: Sequence[ReassignablePartitionResponse]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionReassignmentsResponse(Response):
+    API_KEY = ApiKey.ALTER_PARTITION_REASSIGNMENTS
+    responses: Sequence[ReassignableTopicResponse]
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingPartitionReassignment:
+    partition_index: int
+    replicas: Sequence[int]
+    adding_replicas: Sequence[int]
+    removing_replicas: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingTopicReassignment:
+    name: str
+    partitions: Sequence[OngoingPartitionReassignment]
+
+
+@dataclass(frozen=True, slots=True)
+class ListPartitionReassignmentsResponse(Response):
+    API_KEY = ApiKey.LIST_PARTITION_REASSIGNMENTS
+    topics: Sequence[OngoingTopicReassignment]
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionPartitionResult:
+    partition_id: int
+    error_code: KafkaErrorCode = NONE
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaElectionResult:
+    topic: str
+    partition_result: Sequence[ElectionPartitionResult]
+
+
+@dataclass(frozen=True, slots=True)
+class ElectLeadersResponse(Response):
+    API_KEY = ApiKey.ELECT_LEADERS
+    replica_election_results: Sequence[ReplicaElectionResult]
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0

@@ -398,10 +398,24 @@ class KafkaServer:
 
     async def start(self, host: str, port: int) -> tuple[str, int]:
         """Start listening; return the bound address (port 0 picks a free port)."""
+        address = await self.bind(host, port)
+        await self.serve()
+        return address
+
+    async def bind(self, host: str, port: int) -> tuple[str, int]:
+        """Bind the address without accepting yet; return it (port 0 picks a free port). A
+        broker binds before it registers, so the address it registers is the one it serves."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._new_connection, host, port)
+        self._server = await loop.create_server(
+            self._new_connection, host, port, start_serving=False
+        )
         address = self._server.sockets[0].getsockname()
         return address[0], address[1]
+
+    async def serve(self) -> None:
+        """Accept connections on the address :meth:`bind` bound."""
+        assert self._server is not None, "bind first"
+        await self._server.start_serving()
 
     def _new_connection(self) -> _Connection:
         self._next_connection_id += 1

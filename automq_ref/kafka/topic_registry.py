@@ -1,50 +1,72 @@
-"""The topic registry: this node's topics and their open partitions, and the changes to them.
+"""The topic registry: the cluster's topics, the partitions this broker leads, and the changes
+to them.
 
-It owns the map from topic name to :class:`Topic` and from (name, index) to :class:`Partition`,
-and the one lock under which topics are created, deleted, grown and reconfigured, so that two
-admin requests never interleave their KV writes and partition creations. The order of each
-change keeps :mod:`automq_ref.kafka.topics`' rule: a topic's KV entry is written after its
-partitions exist and removed before they are deleted, so a topic that can be found always has all
-its partitions.
+It owns the map from topic name to :class:`Topic` (every topic of the cluster, as the metadata
+view shows it) and from (name, index) to :class:`Partition` (the partitions this broker holds
+open: the ones placement assigns it), and the one lock under which topics are created, deleted,
+grown and reconfigured and partitions taken and given up, so that two changes never interleave.
 
-Other nodes change the same KV, so every change is conditional, decided by the controller: a
-topic is created with put-if-absent (another node's topic of that name: ``TOPIC_ALREADY_EXISTS``),
-changed with compare-and-set and deleted with compare-and-delete on the record this registry read
-or wrote last. When another node changed only the topic's configs meanwhile, the registry takes
-its record and decides the change once more on it; a topic deleted, re-created or grown elsewhere
-is answered with an error (this node does not reconcile its open partitions with another's), and
-so is a change that loses twice. Partitions created for a change that then lost are deleted again.
+Topics. Other brokers change the same KV, so every change is conditional, decided by the
+controller: a topic is created if absent (``CreateTopic``; another broker's topic of that name:
+``TOPIC_ALREADY_EXISTS``), grown (``CreatePartitions``) and reconfigured (``PutKV``) with
+compare-and-set and deleted (``DeleteTopic``) with compare-and-delete on the record this registry
+read or wrote last. Creating and growing place the new partitions on live brokers in the same
+decision (by hand when the request assigns them); a topic found at open whose partitions are not
+all placed (written before placement existed) is placed then, its record written again. When
+another broker changed only the topic's configs meanwhile, the registry takes its record and
+decides the change once more on it; a topic deleted, re-created or grown elsewhere is answered
+with an error, and so is a change that loses twice.
 
-Brokers of a cluster share the KV: at open, a partition another broker holds open is left to
-it (``open_elsewhere``), rather than opened here at a higher epoch, which would be refused
-while that broker has it open. Which broker should hold which partition is placement's
-business; until then a topic's partitions stay where they were opened.
+Partitions follow placement (:meth:`reconcile`). Each partition has one broker and a leader
+epoch (``broker_partitions``); this broker holds open exactly the partitions assigned to it, at
+their leader epochs:
+
+- a partition assigned here that has no streams yet (a new topic or partition) is created here:
+  its streams tagged with the partition, opened at the leader epoch, then its KV entry; a
+  partition that has them is opened at the leader epoch (its log scanned);
+- a partition no longer assigned here (moved to another broker, or here again at a later
+  epoch) is given up: it leaves :attr:`partitions` first, so Produce, Fetch and ListOffsets
+  answer ``NOT_LEADER_OR_FOLLOWER`` from then on, then its streams are closed, which uploads
+  what the WAL holds for them. The new broker's open is refused (``STREAM_NOT_CLOSED``) until
+  then, and tried again at the next change of the image (the close is one) or after
+  :data:`RETRY_S`;
+- a topic deleted (here or by another broker) has the partitions held here deleted: streams
+  and KV entries.
+
+The view's changes drive it: :meth:`follow` runs a task that takes in topic changes and
+reconciles partitions at each new image. Admin changes made through this broker reconcile at
+once, and creating or growing a topic waits (up to :data:`READY_WAIT_S`) until every new
+partition is open on its broker, so a client that produces right after CreateTopics finds its
+leaders (as Kafka answers once the leaders are elected).
 
 ``topic_config`` answers a topic's effective config: its own setting, else the broker's setting
 of the config's synonym (``log.retention.ms``, ...), else Kafka's default. What a config may be
 and how a change applies is :mod:`automq_ref.kafka.topic_configs`' (the catalog).
 
 Every change that took effect is logged at INFO, one line each (``topic created``, ``topic
-deleted``, ``topic partitions added``, ``topic configs altered``) with the topic's fields.
+deleted``, ``topic partitions added``, ``topic configs altered``, ``partition led``, ``partition
+given up``) with its fields.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
-from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.s3stream import S3Storage
-from automq_ref.kafka.partition import Partition
+from automq_ref.io.storage.s3stream import PlacementRefusedError, S3Storage, StorageError
+from automq_ref.kafka.partition import Partition, PartitionExistsError
 from automq_ref.kafka.topic_configs import (
     ConfigChange,
     altered_configs,
@@ -60,25 +82,6 @@ from automq_ref.vocabulary.naming import partition_key, topic_key
 log = logging.getLogger(__name__)
 
 
-def open_elsewhere(
-    image: sm.StreamMetadataImage, topic_id: uuid.UUID, index: int, node_id: int
-) -> int | None:
-    """The node that holds partition ``index`` of ``topic_id`` open, if that is not ``node_id``
-    (its MetaStream is OPENED and its current range is that node's)."""
-    raw = image.kv.get(partition_key(topic_id, index))
-    if raw is None:
-        return None
-    try:
-        meta_stream_id = decode_kv_integer(raw, "MetaStream id")
-    except FormatError:
-        return None
-    stream = image.streams.get(meta_stream_id)
-    current = None if stream is None else stream.current_range
-    if stream is None or current is None or stream.state is not sm.StreamState.OPENED:
-        return None
-    return current.node_id if current.node_id != node_id else None
-
-
 class TopicRegistry:
     def __init__(
         self,
@@ -91,6 +94,7 @@ class TopicRegistry:
         self._client = client
         self._view = view
         self._config = config
+        self._node_id = config.node_id
         # Each topic config's value where a topic does not set it: read once, since the
         # broker's settings do not change while it runs (and Produce asks on every request).
         self.config_defaults: Mapping[str, str] = effective_defaults(
@@ -98,11 +102,26 @@ class TopicRegistry:
         )
         self.topics: dict[str, Topic] = {}
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # The leader epoch each held partition was taken at (its streams' epoch, except for
+        # streams written before placement, opened above their own epoch).
+        self._led_at: dict[tuple[str, int], int] = {}
         # Each topic's KV record as this registry read or last wrote it: the condition of the
         # topic's next change (compare-and-set, compare-and-delete), so that a change another
         # node made meanwhile is never overwritten unseen.
         self._records: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
+        self._follower: asyncio.Task[None] | None = None
+        # Set by a round that could not take a partition yet (its old broker still has it
+        # open): the follower tries again after RETRY_S even if nothing changes.
+        self._waiting = False
+        # Per held partition: when its loads were last reported, and its counters then.
+        self._counted: weakref.WeakKeyDictionary[Partition, tuple[float, int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @property
+    def view(self) -> MetadataView:
+        return self._view
 
     @classmethod
     async def open(
@@ -112,23 +131,258 @@ class TopicRegistry:
         view: MetadataView,
         config: BrokerConfig,
     ) -> TopicRegistry:
-        """The registry of the topics in the controller's KV, every partition opened."""
+        """The registry of the topics in the controller's KV, the partitions placed on this
+        broker opened (those it cannot take yet are left to :meth:`follow`)."""
         registry = cls(storage, client, view, config)
         kv = view.image.kv
         for name, topic in sorted(topics_in(kv).items()):
             registry.topics[name] = topic
             registry._records[name] = kv[topic_key(name)]
-            for index in range(topic.partitions):
-                holder = open_elsewhere(view.image, topic.topic_id, index, config.node_id)
-                if holder is not None:
-                    # Another broker of the cluster has it open: opening it here would fence
-                    # that broker (or be refused while it is open). Moving it is placement's.
-                    log.info("partition %s-%d is open on node %d, not here", name, index, holder)
-                    continue
-                registry.partitions[(name, index)] = await Partition.open(
-                    storage, client, view, name, topic.topic_id, index
-                )
+            await registry._place_unplaced(name, topic)
+        async with registry._lock:
+            await registry.reconcile()
         return registry
+
+    # ---------------------------------------------------------------------- following the view
+
+    def follow(self) -> None:
+        """From now on, take in the topics other brokers create, grow, reconfigure and delete,
+        and the partitions placement gives and takes (as the view shows them), until
+        :meth:`stop_following`."""
+        self._follower = asyncio.create_task(self._follow_forever(), name="topic-follower")
+
+    async def stop_following(self) -> None:
+        follower, self._follower = self._follower, None
+        if follower is not None:
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+
+    async def _follow_forever(self) -> None:
+        while True:
+            # The version before the image: a change made after this read wakes the wait.
+            version = self._view.version
+            async with self._lock:
+                try:
+                    await self.catch_up()
+                    await self.reconcile()
+                    caught_up = True
+                except Exception:
+                    # A failure must not stop this broker from following: what was not taken
+                    # in is taken at the next round.
+                    log.exception("topics not caught up with the metadata")
+                    caught_up = False
+            if not caught_up:
+                await asyncio.sleep(FOLLOW_RETRY_S)
+            elif self._waiting:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that arrives as the wait ends, and this loop would outlive
+                # stop_following.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(RETRY_S):
+                        await self._view.wait_for_change(version)
+            else:
+                await self._view.wait_for_change(version)
+
+    async def catch_up(self) -> None:
+        """Make this registry's topics the view's: another broker's new topic is taken in, a
+        grown or reconfigured one takes the new record, a deleted one (or one re-created under
+        a new id) has the partitions held here deleted. Called under the lock, or before
+        anything else uses the registry."""
+        kv = self._view.image.kv
+        theirs = topics_in(kv)
+        for name in sorted(set(self.topics) - set(theirs)):
+            gone = self.topics.pop(name)
+            del self._records[name]
+            await self._drop_held(gone)
+            log.info("topic deleted elsewhere %s", fields(topic=name, topic_id=gone.topic_id))
+        for name, topic in sorted(theirs.items()):
+            record = kv[topic_key(name)]
+            if self._records.get(name) == record:
+                continue
+            ours = self.topics.get(name)
+            if ours is not None and ours.topic_id != topic.topic_id:
+                await self._drop_held(ours)
+            self.topics[name] = topic
+            self._records[name] = record
+            log.info(
+                "topic changed elsewhere %s",
+                fields(
+                    topic=name,
+                    partitions=topic.partitions,
+                    configs=topic.configs,
+                    topic_id=topic.topic_id,
+                ),
+            )
+
+    async def reconcile(self) -> None:
+        """Hold open exactly the partitions placement assigns this broker, each at its leader
+        epoch: give up the others, then take the missing ones (together). Called under the
+        lock."""
+        image = self._view.image
+        wanted = {
+            (name, index): epoch
+            for name, index, epoch in sm.broker_partitions(image, self._node_id)
+            if name in self.topics and index < self.topics[name].partitions
+        }
+        for key in sorted(self.partitions):
+            if wanted.get(key) != self._led_at[key]:
+                await self._give_up(key, wanted.get(key))
+        missing = sorted(key for key in wanted if key not in self.partitions)
+        results = await asyncio.gather(
+            *(self._take(key, wanted[key]) for key in missing), return_exceptions=True
+        )
+        self._waiting = False
+        created = False
+        for key, result in zip(missing, results, strict=True):
+            if isinstance(result, PlacementRefusedError | PartitionExistsError):
+                # Not yet (the old broker is closing it) or not any more (moved again): the
+                # next change of the image, or RETRY_S, decides again.
+                log.debug("partition %s-%d not taken yet: %s", key[0], key[1], result)
+                self._waiting = True
+            elif isinstance(result, BaseException):
+                log.error(
+                    "partition not taken %s",
+                    fields(topic=key[0], partition=key[1], error=repr(result)),
+                )
+                self._waiting = True
+            else:
+                created = created or result
+        if created:
+            # The new partitions' MetaStream records go to objects now rather than at the next
+            # upload: a topic's skeleton then never depends on the WAL.
+            await self._storage.force_upload(lc.ALL_STREAMS)
+
+    async def _take(self, key: tuple[str, int], epoch: int) -> bool:
+        """Open (or create, if it has no streams yet) partition ``key`` at leader epoch
+        ``epoch``; True if it was created."""
+        name, index = key
+        topic = self.topics[name]
+        raw = self._view.image.kv.get(partition_key(topic.topic_id, index))
+        if raw is None:
+            partition = await Partition.create(
+                self._storage, self._client, name, topic.topic_id, index, epoch
+            )
+        else:
+            partition = await Partition.open(
+                self._storage, self._client, self._view, name, topic.topic_id, index, epoch
+            )
+        self.partitions[key] = partition
+        self._led_at[key] = epoch
+        log.info(
+            "partition led %s",
+            fields(
+                topic=name,
+                partition=index,
+                leader_epoch=partition.epoch,
+                created=raw is None,
+                log_end=partition.log_end_offset,
+            ),
+        )
+        return raw is None
+
+    async def _give_up(self, key: tuple[str, int], now_at: int | None) -> None:
+        """Stop leading partition ``key``: out of :attr:`partitions` first (requests answer
+        NOT_LEADER_OR_FOLLOWER), then its streams closed (what the WAL holds uploaded)."""
+        partition = self.partitions.pop(key)
+        del self._led_at[key]
+        partition.wake_waiters()
+        log_end = partition.log_end_offset
+        try:
+            await partition.close()
+        except StorageError as error:
+            # Fenced already (a newer owner, or this broker's session expired): nothing of
+            # it is this broker's to close any more.
+            log.warning(
+                "partition not closed %s",
+                fields(topic=key[0], partition=key[1], error=str(error)),
+            )
+        image = self._view.image
+        log.info(
+            "partition given up %s",
+            fields(
+                topic=key[0],
+                partition=key[1],
+                leader_epoch=partition.epoch,
+                to=sm.assigned_broker(image, key[0], key[1]),
+                log_end=log_end,
+                here_again_at=now_at,
+            ),
+        )
+
+    async def _place_unplaced(self, name: str, topic: Topic) -> None:
+        """A topic written before the controller placed partitions (its KV record only), or
+        one grown by a bare write of its record, gets its missing partitions placed: its record
+        again, as both value and expected. Refused (changed meanwhile, no live broker), it stays
+        unplaced and no broker opens it until another broker places it."""
+        placed = sm.placed_topic(self._view.image, name)
+        if placed is not None and len(placed.partitions) >= topic.partitions:
+            return
+        record = self._records[name]
+        response = await self._client.submit(sm.CreatePartitions(name, record, expected=record))
+        if not response.ok:
+            log.warning(
+                "topic not placed %s",
+                fields(topic=name, error=response.error.value, message=response.message),
+            )
+
+    async def wait_until_led(self, topic: Topic, indexes: range, timeout_s: float) -> bool:
+        """Wait until partitions ``indexes`` of ``topic`` are open on the brokers placement
+        assigned them (at most ``timeout_s``); True if they all are."""
+
+        def led() -> bool:
+            image = self._view.image
+            for index in indexes:
+                assignment = sm.partition_assignment(image, topic.name, index)
+                if assignment is None or assignment.leader == sm.NO_LEADER:
+                    return False
+                if sm.partition_leader(image, str(topic.topic_id), index) != assignment.leader:
+                    return False
+            return True
+
+        async def until_led() -> None:
+            while True:
+                version = self._view.version
+                if led():
+                    return
+                await self._view.wait_for_change(version)
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                await until_led()
+        except TimeoutError:
+            return False
+        return True
+
+    def loads(self) -> tuple[sm.PartitionLoad, ...]:
+        """Each partition led here: its bytes in and out per second since the last call (or
+        since it was taken), as the heartbeat reports them to the autobalancer."""
+        now_s = time.monotonic()
+        found = []
+        for (_, index), partition in sorted(self.partitions.items()):
+            counted = self._counted.get(partition)
+            since_s, bytes_in, bytes_out = counted or (partition.taken_s, 0, 0)
+            seconds = max(now_s - since_s, 1e-3)
+            found.append(
+                sm.PartitionLoad(
+                    str(partition.topic_id),
+                    index,
+                    round((partition.bytes_in - bytes_in) / seconds),
+                    round((partition.bytes_out - bytes_out) / seconds),
+                )
+            )
+            self._counted[partition] = (now_s, partition.bytes_in, partition.bytes_out)
+        return tuple(found)
+
+    def not_here(self, name: str | None, index: int) -> KafkaErrorCode:
+        """What a request for partition ``index`` of topic ``name`` that this broker does not
+        hold is answered: ``NOT_LEADER_OR_FOLLOWER`` if the partition exists (another broker
+        leads it, or will: the client refreshes its metadata and goes there), else
+        ``UNKNOWN_TOPIC_OR_PARTITION``."""
+        topic = self.topics.get(name) if name is not None else None
+        if topic is not None and 0 <= index < topic.partitions:
+            return KafkaErrorCode.NOT_LEADER_OR_FOLLOWER
+        return KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
     def topic_by_id(self, topic_id: uuid.UUID) -> Topic | None:
         for topic in self.topics.values():
@@ -149,8 +403,12 @@ class TopicRegistry:
         partitions: int,
         configs: Mapping[str, str | None],
         validate_only: bool = False,
+        assignments: Sequence[int] = (),
     ) -> Topic:
-        """Create topic ``name``; ``configs`` are checked whole (a missing value is refused)."""
+        """Create topic ``name``; ``configs`` are checked whole (a missing value is refused).
+        ``assignments``, if given, names the broker of each partition in order (checked by the
+        caller; the controller refuses a broker that is not live), else the controller places
+        them."""
         check_topic_name(name)
         if partitions < 1:
             raise TopicError(KafkaErrorCode.INVALID_PARTITIONS, f"{partitions} partitions")
@@ -161,19 +419,11 @@ class TopicRegistry:
             topic = Topic(name, uuid.uuid4(), partitions, checked)
             if validate_only:
                 return topic
-            for index in range(partitions):
-                self.partitions[(name, index)] = await Partition.create(
-                    self._storage, self._client, name, topic.topic_id, index
-                )
-            # The partitions' MetaStream records go to objects now rather than at the next
-            # upload: a topic's skeleton then never depends on the WAL.
-            await self._storage.force_upload(lc.ALL_STREAMS)
             encoded = topic.encode()
-            created = await self._client.submit(sm.PutKV(topic_key(name), encoded, False))
+            created = await self._client.submit(
+                sm.CreateTopic(name, encoded, assignments=tuple(assignments))
+            )
             if not created.ok:
-                # Another node created the topic meanwhile (or the controller refused): this
-                # topic id's partitions are referenced by nothing, so they go again.
-                await self._drop_partitions(name, range(partitions))
                 if created.error is sm.StreamErrorCode.KEY_EXIST:
                     raise TopicError(
                         KafkaErrorCode.TOPIC_ALREADY_EXISTS,
@@ -191,14 +441,18 @@ class TopicRegistry:
                     topic_id=topic.topic_id,
                 ),
             )
-            return topic
+            # The partitions placed here are created now; the other brokers create theirs
+            # when their views show the topic.
+            await self.reconcile()
+        await self.wait_until_led(topic, range(partitions), READY_WAIT_S)
+        return topic
 
     async def delete_topic(self, name: str) -> Topic:
         async with self._lock:
             for _ in range(CHANGE_ATTEMPTS):
                 topic = self._topic(name)
                 deleted = await self._client.submit(
-                    sm.DeleteKV(topic_key(name), expected=self._records[name])
+                    sm.DeleteTopic(name, expected=self._records[name])
                 )
                 if deleted.ok:
                     break
@@ -223,8 +477,8 @@ class TopicRegistry:
         validate_only: bool,
     ) -> None:
         """Grow topic ``name`` to ``count`` partitions (CreatePartitions); ``assignments``, if
-        given, are the added partitions' replicas in order (checked, nothing more: this node
-        leads every partition)."""
+        given, are the added partitions' replicas in order, each one live broker: the
+        controller places each added partition there (else where it chooses)."""
         async with self._lock:
             topic = self._topic(name)
             if count <= topic.partitions:
@@ -243,31 +497,27 @@ class TopicRegistry:
                 check_replica_assignment(
                     [(topic.partitions + i, r) for i, r in enumerate(assignments)],
                     topic.partitions,
-                    [self._config.node_id],
+                    self.live_brokers(),
                 )
+            brokers = () if assignments is None else tuple(r[0] for r in assignments)
             if validate_only:
                 return
             added = range(topic.partitions, count)
-            for index in added:
-                self.partitions[(topic.name, index)] = await Partition.create(
-                    self._storage, self._client, topic.name, topic.topic_id, index
-                )
-            try:
-                for _ in range(CHANGE_ATTEMPTS):
-                    # The configs may be another node's newer ones (adopted): the partitions
-                    # added here are still the ones the record lacks.
-                    current = self._topic(name)
-                    grown = Topic(current.name, current.topic_id, count, current.configs)
-                    if await self._compare_and_set(grown):
-                        log.info(
-                            "topic partitions added %s",
-                            fields(topic=name, partitions=count, added=len(added)),
-                        )
-                        return
+            for _ in range(CHANGE_ATTEMPTS):
+                # The configs may be another node's newer ones (adopted): the partitions
+                # added here are still the ones the record lacks.
+                current = self._topic(name)
+                grown = Topic(current.name, current.topic_id, count, current.configs)
+                if await self._compare_and_set(grown, placing=brokers):
+                    log.info(
+                        "topic partitions added %s",
+                        fields(topic=name, partitions=count, added=len(added)),
+                    )
+                    break
+            else:
                 raise _kept_changing(name)
-            except Exception:
-                await self._drop_partitions(name, added)
-                raise
+            await self.reconcile()
+        await self.wait_until_led(grown, added, READY_WAIT_S)
 
     async def alter_configs(
         self, name: str, changes: Sequence[ConfigChange], *, validate_only: bool
@@ -311,15 +561,26 @@ class TopicRegistry:
             raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"no topic {name}")
         return topic
 
-    async def _compare_and_set(self, topic: Topic) -> bool:
+    def live_brokers(self) -> list[int]:
+        """The ids of the brokers partitions may be assigned to now (as this node's view
+        shows them)."""
+        return [broker.node_id for broker in sm.live_brokers(self._view.image)]
+
+    async def _compare_and_set(self, topic: Topic, placing: tuple[int, ...] | None = None) -> bool:
         """Write ``topic``'s record if the KV still holds the one this registry read or wrote
-        last. True once written; False when another node changed the topic's configs
-        meanwhile: the registry adopted that record (``_adopt``) and the caller may decide
-        again on it."""
+        last; with ``placing`` (the brokers of the added partitions, or none to leave them to
+        the controller), through ``CreatePartitions``, which places the partitions the record
+        adds in the same decision. True once written; False when another node changed the
+        topic's configs meanwhile: the registry adopted that record (``_adopt``) and the caller
+        may decide again on it."""
         encoded = topic.encode()
-        response = await self._client.submit(
-            sm.PutKV(topic_key(topic.name), encoded, True, expected=self._records[topic.name])
+        expected = self._records[topic.name]
+        event: sm.StreamMetadataEvent = (
+            sm.PutKV(topic_key(topic.name), encoded, True, expected=expected)
+            if placing is None
+            else sm.CreatePartitions(topic.name, encoded, expected=expected, assignments=placing)
         )
+        response = await self._client.submit(event)
         if not response.ok:
             self._adopt(topic.name, response)
             return False
@@ -354,20 +615,44 @@ class TopicRegistry:
         self.topics[name] = theirs
 
     async def _drop_partitions(self, name: str, indexes: range) -> None:
-        """Close and delete these partitions of topic ``name`` (streams and KV entries)."""
+        """Close and delete these partitions of topic ``name`` (streams and KV entries) that
+        this broker holds (the others' brokers drop theirs when they see the topic go)."""
         for index in indexes:
-            partition = self.partitions.pop((name, index))
+            partition = self.partitions.pop((name, index), None)
+            if partition is None:
+                continue
+            del self._led_at[(name, index)]
             partition.wake_waiters()
             await partition.delete()
 
+    async def _drop_held(self, topic: Topic) -> None:
+        """Drop the partitions of ``topic`` this broker holds: the topic is gone (deleted or
+        re-created under another id) by another broker's change."""
+        held = [index for name, index in self.partitions if name == topic.name]
+        for index in sorted(held):
+            if self.partitions[(topic.name, index)].topic_id == topic.topic_id:
+                await self._drop_partitions(topic.name, range(index, index + 1))
 
+
+FOLLOW_RETRY_S = 1.0  # after a round of following that failed
+RETRY_S = 0.5  # a partition not taken yet is tried again after this, if nothing changed before
+# How long creating or growing a topic waits for its new partitions' leaders to open them: the
+# answer is a success either way (the topic exists); clients retry until the leaders serve.
+READY_WAIT_S = 10.0
 CHANGE_ATTEMPTS = 2  # a change that lost to another node's is decided once more on its record
 
 
+# The controller's refusals that are the request's fault, answered with Kafka's code for them.
+_PLACEMENT_ERRORS = {
+    sm.StreamErrorCode.INVALID_REPLICA_ASSIGNMENT: KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT,
+    sm.StreamErrorCode.INVALID_REPLICATION_FACTOR: KafkaErrorCode.INVALID_REPLICATION_FACTOR,
+    sm.StreamErrorCode.INVALID_PARTITIONS: KafkaErrorCode.INVALID_PARTITIONS,
+}
+
+
 def _refused(response: sm.Response) -> TopicError:
-    return TopicError(
-        KafkaErrorCode.KAFKA_STORAGE_ERROR, f"{response.error.value}: {response.message}"
-    )
+    code = _PLACEMENT_ERRORS.get(response.error, KafkaErrorCode.KAFKA_STORAGE_ERROR)
+    return TopicError(code, f"{response.error.value}: {response.message}")
 
 
 def _kept_changing(name: str) -> TopicError:

@@ -64,7 +64,7 @@ def check_replica_assignment(
             if broker not in brokers:
                 raise _invalid(
                     f"partition {index} is assigned to broker {broker}, which is not registered "
-                    f"(brokers: {', '.join(map(str, brokers))})"
+                    f"and live (live brokers: {', '.join(map(str, brokers))})"
                 )
         if len(replicas) != 1:
             raise _invalid(

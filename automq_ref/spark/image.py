@@ -6,14 +6,23 @@ with this module; nothing here needs Spark, so it is tested on its own.
 Theory of operation
 -------------------
 Everything a broker has committed can be found from two places: the controller's metadata log
-(``<log.dirs>/metadata``) and the object store (``<log.dirs>/objects``, or the bucket of
-``s3.data.buckets``).
+and the object store (``<log.dirs>/objects``, or the bucket of ``s3.data.buckets``). The log is
+``<log.dirs>/metadata`` for a broker on its own (the embedded file log), or, for a cluster, the
+key range of its ``cluster.id`` on the etcd of its ``metadata.etcd.endpoints`` (an
+:class:`EtcdLog`); :func:`locate` says which (a :class:`Location`).
 
-1. *The image.* :func:`load_image` reads the metadata log read-only
-   (:func:`~automq_ref.io.metadata.metadata_log.read_log_directory`: no lock, nothing written, so a
-   running broker may keep appending) and replays the snapshot and the records after it, as
-   the controller does on open. The image holds the streams (start and end offsets), the
-   committed objects with the offset ranges they hold per stream, and the KV store.
+1. *The image.* :func:`load_metadata` reads the metadata log read-only and replays the snapshot
+   and the records after it, as a broker does when it opens. A file log is read with
+   :func:`~automq_ref.io.metadata.metadata_log.read_log_directory` (:func:`load_image`: no lock,
+   nothing written, so a running broker may keep appending). A log on etcd is read by
+   :func:`load_etcd_image` with the broker's own replica
+   (:meth:`~automq_ref.io.metadata.controller.Controller.open`: the snapshot kept in etcd, then
+   the records after it, the snapshot again if a newer one truncated them meanwhile) over an
+   :class:`~automq_ref.io.metadata.etcd_metadata_log.EtcdMetadataLog` that may not write: it is
+   never created when missing, every write is refused before it reaches etcd, and no election is
+   joined and no lease taken, so the cluster's brokers go on as if nobody read. The image holds
+   the streams (start and end offsets), the committed objects with the offset ranges they hold per
+   stream, and the KV store.
 2. *Topics.* The KV entry under :func:`~automq_ref.vocabulary.naming.topic_key` gives a topic's
    id and partition count (:mod:`automq_ref.formats.topic_record`);
    :func:`~automq_ref.vocabulary.naming.partition_key` gives each partition's MetaStream id.
@@ -51,9 +60,12 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from pydantic import ValidationError
+
+from automq_ref.config import BrokerConfig
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.meta_stream import PartitionMeta, replay
@@ -62,7 +74,8 @@ from automq_ref.formats.object_file import DataBlockIndex, parse_data_block
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.topic_record import Topic, topics_in
-from automq_ref.io.metadata.metadata_log import read_log_directory
+from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.metadata_log import MetadataLogError, read_log_directory
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
@@ -83,21 +96,71 @@ _GET_OBJECTS_LIMIT = 1 << 30
 # by many partitions, and indexes are small).
 _PLANNING_INDEX_OBJECTS = 1 << 20
 _META_READ_BYTES = 4 * 1024 * 1024
+# How long one etcd call may take before the planning fails (etcd down, unreachable).
+ETCD_REQUEST_TIMEOUT_S = 5.0
+
+if TYPE_CHECKING:
+    from automq_ref.io.metadata.etcd_client import EtcdClient
 
 
 class ImageError(Exception):
     """The metadata or the objects are not where they should be, or do not agree."""
 
 
+class SettingError(ImageError):
+    """A broker setting naming the metadata log (``metadata.etcd.endpoints``, ``cluster.id``)
+    has a bad value."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting, self.problem = setting, problem
+
+
 # --------------------------------------------------------------------------- locations
 
 
 @dataclass(frozen=True, slots=True)
-class Location:
-    """Where a broker's metadata log and objects are."""
+class EtcdLog:
+    """A cluster's metadata log on etcd: its brokers' ``metadata.etcd.endpoints`` (``host:port``
+    each) and ``cluster.id`` (the key range in etcd). Make it with :func:`etcd_log`."""
 
-    metadata_dir: Path
+    endpoints: tuple[str, ...]
+    cluster_id: str
+
+    def __str__(self) -> str:
+        return f"cluster {self.cluster_id!r} on etcd at {','.join(self.endpoints)}"
+
+
+def etcd_log(endpoints: str | Sequence[str], cluster_id: str | None = None) -> EtcdLog:
+    """The etcd log of a cluster, from the brokers' two settings, checked as a broker checks them
+    (``http://`` prefixes dropped). ``cluster_id`` defaults to the broker's default ``cluster.id``.
+    Bad values raise :class:`SettingError` naming the setting."""
+    text = endpoints if isinstance(endpoints, str) else ",".join(endpoints)
+    values = {"metadata.etcd.endpoints": text}
+    if cluster_id is not None:
+        values["cluster.id"] = cluster_id
+    try:
+        config = BrokerConfig.model_validate(values)
+    except ValidationError as error:
+        detail = error.errors(include_url=False)[0]
+        setting = ".".join(str(part) for part in detail["loc"])
+        raise SettingError(setting, detail["msg"].removeprefix("Value error, ")) from None
+    if not config.etcd_endpoints:
+        raise SettingError("metadata.etcd.endpoints", "no endpoint (host:port[,host:port...])")
+    # The key range's rule (etcd_metadata_log.cluster_prefix), checked without loading gRPC.
+    if not config.cluster_id or "/" in config.cluster_id:
+        raise SettingError("cluster.id", f"{config.cluster_id!r}: must be non-empty, without '/'")
+    return EtcdLog(config.etcd_endpoints, config.cluster_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a broker's (or a cluster's) metadata log and objects are: a file log in
+    ``metadata_dir``, or the log on etcd (``etcd``), never both."""
+
+    metadata_dir: Path | None  # None: the log is on etcd
     object_store_uri: str
+    etcd: EtcdLog | None = None
 
 
 def locate(
@@ -105,14 +168,33 @@ def locate(
     *,
     metadata_dir: str | Path | None = None,
     object_store_uri: str | None = None,
+    etcd: EtcdLog | None = None,
 ) -> Location:
-    """The metadata log and object store of the broker whose ``log.dirs`` is ``path``.
+    """The metadata log and object store of the broker whose ``log.dirs`` is ``path``, or of
+    the cluster whose metadata log is ``etcd``.
 
     ``path`` may also be the metadata log directory itself. ``metadata_dir`` names the log
     directory explicitly (then ``path`` is not needed). The object store defaults to the local
     ``objects`` directory beside the metadata log, as the broker's default; a broker that keeps
     its objects in S3 needs ``object_store_uri`` (``s3://bucket?endpoint=..&region=..``).
+
+    With ``etcd`` (a cluster), neither ``path`` nor ``metadata_dir`` may be given, and
+    ``object_store_uri`` is needed (the brokers' ``s3.data.buckets``): nothing on etcd says
+    where the objects are. Nothing is read from etcd here; :func:`load_metadata` reads it.
     """
+    if etcd is not None:
+        if path is not None or metadata_dir is not None:
+            raise ImageError(
+                "give either a broker's log.dirs (its file metadata log) or a cluster's etcd "
+                "(metadata.etcd.endpoints), not both"
+            )
+        if object_store_uri is None:
+            raise ImageError(
+                f"{etcd}: name the object store (the brokers' s3.data.buckets): a cluster's "
+                "objects are not found from its metadata log"
+            )
+        _check_local_store(object_store_uri)
+        return Location(None, object_store_uri, etcd)
     if metadata_dir is not None:
         log_dir = Path(metadata_dir)
     elif path is not None:
@@ -130,11 +212,16 @@ def locate(
                 "name the object store"
             )
         object_store_uri = objects.resolve().as_uri()
-    elif urlsplit(object_store_uri).scheme == "file":
+    else:
+        _check_local_store(object_store_uri)
+    return Location(log_dir, object_store_uri)
+
+
+def _check_local_store(object_store_uri: str) -> None:
+    if urlsplit(object_store_uri).scheme == "file":
         root = Path(unquote(urlsplit(object_store_uri).path))
         if not root.is_dir():
             raise ImageError(f"object store {object_store_uri}: no directory at {root}")
-    return Location(log_dir, object_store_uri)
 
 
 def _looks_like_log_dir(path: Path) -> bool:
@@ -167,6 +254,14 @@ class MetadataImage:
         return topics_in(self.image.kv)
 
 
+async def load_metadata(location: Location) -> MetadataImage:
+    """The image of ``location``'s metadata log, on file or on etcd, read-only."""
+    if location.etcd is not None:
+        return await load_etcd_image(location.etcd)
+    assert location.metadata_dir is not None
+    return load_image(location.metadata_dir)
+
+
 def load_image(metadata_dir: str | Path) -> MetadataImage:
     """Replay the snapshot and the records of the metadata log in ``metadata_dir``, read-only."""
     snapshot, entries = read_log_directory(metadata_dir)
@@ -179,6 +274,60 @@ def load_image(metadata_dir: str | Path) -> MetadataImage:
         image = sm.replay(image, decode_record(entry.payload))
         next_index = entry.index + 1
     return MetadataImage(image, next_index)
+
+
+async def load_etcd_image(
+    etcd: EtcdLog, *, request_timeout_s: float = ETCD_REQUEST_TIMEOUT_S
+) -> MetadataImage:
+    """Replay a cluster's metadata log on etcd as a broker that opens does: the snapshot kept in
+    etcd, then the records after it. Read-only: the log is not created when ``etcd`` has none,
+    any write would be refused before reaching etcd, and no election or lease is touched.
+    etcd unreachable, no log for the cluster id, or a log that does not decode raise
+    :class:`ImageError`."""
+    # Imported here: a broker's file log is read without loading etcd's client (gRPC).
+    from automq_ref.io.metadata.etcd_client import EtcdClient, EtcdError, Get, prefix_end
+    from automq_ref.io.metadata.etcd_metadata_log import KEY_ROOT, EtcdMetadataLog, cluster_prefix
+
+    try:
+        client = await EtcdClient.connect(etcd.endpoints, request_timeout_s)
+    except EtcdError as error:
+        raise ImageError(f"metadata log of {etcd}: {error}") from error
+    # Not EtcdMetadataLog.open, which creates a missing log. Fenced writes without a fence: an
+    # append or a snapshot install is refused at once (NotController), nothing is sent.
+    metadata_log = EtcdMetadataLog(client, etcd.cluster_id, owns_client=True, fenced_writes=True)
+    try:
+        prefix = cluster_prefix(etcd.cluster_id).encode()
+        if not (await client.range(Get(prefix, prefix_end(prefix), limit=1))).kvs:
+            known = await _cluster_ids(client, KEY_ROOT)
+            raise ImageError(
+                f"no metadata log of {etcd}: set cluster.id to the brokers' cluster.id "
+                f"(clusters there: {', '.join(known) or 'none'})"
+            )
+        await metadata_log.refresh()
+        replica = await Controller.open(metadata_log)
+        return MetadataImage(replica.image, replica.applied_index)
+    except (EtcdError, MetadataLogError, FormatError) as error:
+        raise ImageError(f"metadata log of {etcd}: {error}") from error
+    finally:
+        await metadata_log.close()
+
+
+async def _cluster_ids(client: EtcdClient, key_root: str, most: int = 10) -> list[str]:
+    """The cluster ids that have keys under ``key_root`` (at most ``most``), for a hint: one
+    key of each cluster is read, then the range skips to the next cluster."""
+    from automq_ref.io.metadata.etcd_client import Get, prefix_end
+
+    root = (key_root + "/").encode()
+    found: list[str] = []
+    cursor = root
+    while len(found) < most:
+        page = await client.range(Get(cursor, prefix_end(root), limit=1))
+        if not page.kvs:
+            break
+        cluster_id = page.kvs[0].key[len(root) :].split(b"/", 1)[0]
+        found.append(cluster_id.decode(errors="replace"))
+        cursor = prefix_end(root + cluster_id + b"/")
+    return found
 
 
 # ---------------------------------------------------------------------------- layouts
@@ -457,7 +606,7 @@ async def resolve_layout(
     store_options: Mapping[str, Any] | None = None,
 ) -> Layout:
     """Load the image and resolve every partition of the topics ``topic_filter`` accepts."""
-    metadata = load_image(location.metadata_dir)
+    metadata = await load_metadata(location)
     topics = metadata.topics
     partitions: dict[tuple[str, int], PartitionLayout] = {}
     async with open_store(location.object_store_uri, store_options) as store:

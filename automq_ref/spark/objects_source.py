@@ -8,10 +8,21 @@
           .option("subscribe", "orders,payments")
           .load())
 
+A cluster's topics (brokers on etcd over one object store) are read from the cluster's metadata
+log on etcd instead::
+
+    df = (spark.read.format("automq-objects")
+          .option("metadata.etcd.endpoints", "10.0.0.1:2379,10.0.0.2:2379")
+          .option("cluster.id", "orders-cluster")
+          .option("objectStore", "s3://bucket?endpoint=..&region=..")   # s3.data.buckets
+          .option("subscribe", "orders")
+          .load())
+
 No broker is involved: the driver reads the controller's metadata log read-only (a running broker
-may keep writing it) and plans the read from the committed objects
-(:mod:`automq_ref.spark.image`); executors GET byte ranges of objects and decode the Kafka
-RecordBatches in them. The rows are those of Spark's Kafka source (:mod:`automq_ref.spark.rows`).
+may keep writing it; on etcd nothing is written, no election joined, no lease taken) and plans
+the read from the committed objects (:mod:`automq_ref.spark.image`); executors GET byte ranges of
+objects and decode the Kafka RecordBatches in them. The rows are those of Spark's Kafka source
+(:mod:`automq_ref.spark.rows`).
 
 Only what is committed to objects is visible: records still only in a broker's WAL (acknowledged
 to producers but not yet uploaded and committed) are not read, so ``latest`` means the end of
@@ -21,12 +32,20 @@ what is committed, which may trail the high watermark. Offsets below a partition
 Options (names are case-insensitive, as all Spark options):
 
 ``path``
-    The broker's ``log.dirs`` (or its ``metadata`` directory). Required unless ``metadata.dir``.
+    The broker's ``log.dirs`` (or its ``metadata`` directory). Required unless ``metadata.dir``
+    or ``metadata.etcd.endpoints``.
 ``metadata.dir``
     The metadata log directory, when it is not ``<path>/metadata``.
+``metadata.etcd.endpoints``
+    A cluster's metadata log: its brokers' setting of that name (``host:port`` of the etcd
+    members, comma-separated). Not with ``path`` or ``metadata.dir``; needs ``objectStore``.
+``cluster.id``
+    With ``metadata.etcd.endpoints``: the brokers' ``cluster.id`` (default: the broker's
+    default, ``automq-ref-embedded``).
 ``objectStore``
     The object store URI: ``file:///...`` or ``s3://bucket?endpoint=..&region=..&pathStyle=true``
-    (AutoMQ's ``s3.data.buckets`` form). Default: ``objects`` beside the metadata directory.
+    (AutoMQ's ``s3.data.buckets`` form). Default: ``objects`` beside the metadata directory;
+    required with ``metadata.etcd.endpoints``.
 ``s3.accessKeyId``, ``s3.secretAccessKey``, ``s3.sessionToken``
     S3 credentials; without them the usual AWS environment variables and files are used.
 ``subscribe`` / ``subscribePattern`` / ``assign``
@@ -59,10 +78,12 @@ from pyspark.sql.types import StructType
 
 from automq_ref.spark import rows
 from automq_ref.spark.image import (
+    EtcdLog,
     ImageError,
     Layout,
     ObjectRange,
     PartitionLayout,
+    etcd_log,
     locate,
     read_batches,
     read_layout,
@@ -127,6 +148,7 @@ OffsetSpec = int | dict[str, dict[int, int]]
 class SourceOptions:
     path: str | None
     metadata_dir: str | None
+    etcd: EtcdLog | None  # a cluster's metadata log (then path and metadata_dir are None)
     object_store_uri: str | None
     store_options: Mapping[str, str]
     selection: TopicSelection
@@ -157,11 +179,13 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     options = {str(key).lower(): str(value) for key, value in raw.items()}
     path = _option(options, "path")
     metadata_dir = _option(options, "metadata.dir")
-    if not path and not metadata_dir:
-        raise OptionError(
-            "option path (the broker's log.dirs) is required, or metadata.dir (its metadata log)"
-        )
     object_store_uri = _option(options, "objectStore")
+    etcd = _parse_etcd(options, path or metadata_dir, object_store_uri)
+    if etcd is None and not path and not metadata_dir:
+        raise OptionError(
+            "option path (the broker's log.dirs) is required, or metadata.dir (its metadata "
+            "log), or metadata.etcd.endpoints (a cluster's metadata log on etcd)"
+        )
     store_options: dict[str, str] = {}
     for option, argument in (
         ("s3.accessKeyId", "access_key_id"),
@@ -179,6 +203,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     return SourceOptions(
         path=path or None,
         metadata_dir=metadata_dir or None,
+        etcd=etcd,
         object_store_uri=object_store_uri,
         store_options=store_options,
         selection=_parse_selection(options),
@@ -187,6 +212,36 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         fail_on_data_loss=_bool_option(options, "failOnDataLoss", True),
         include_headers=_bool_option(options, "includeHeaders", False),
     )
+
+
+def _parse_etcd(
+    options: Mapping[str, str], file_log: str | None, object_store_uri: str | None
+) -> EtcdLog | None:
+    """The cluster's log on etcd named by ``metadata.etcd.endpoints`` and ``cluster.id``, or
+    None; refused alongside a file log (``path``/``metadata.dir``) or without ``objectStore``."""
+    endpoints = _option(options, "metadata.etcd.endpoints")
+    cluster_id = _option(options, "cluster.id")
+    if endpoints is None:
+        if cluster_id is not None:
+            raise OptionError(
+                "option cluster.id applies only with metadata.etcd.endpoints (a cluster's "
+                "metadata log on etcd)"
+            )
+        return None
+    if file_log:
+        raise OptionError(
+            "options path/metadata.dir and metadata.etcd.endpoints name two metadata logs: give "
+            "path (a broker's log.dirs) or metadata.etcd.endpoints (a cluster's etcd), not both"
+        )
+    if object_store_uri is None:
+        raise OptionError(
+            "option objectStore is required with metadata.etcd.endpoints: a cluster's objects "
+            "are where its brokers' s3.data.buckets says"
+        )
+    try:
+        return etcd_log(endpoints, cluster_id)
+    except ImageError as error:
+        raise OptionError(f"option {error}") from None
 
 
 def _parse_selection(options: Mapping[str, str]) -> TopicSelection:
@@ -363,9 +418,11 @@ class AutoMQObjectsReader(DataSourceReader):
                 options.path,
                 metadata_dir=options.metadata_dir,
                 object_store_uri=options.object_store_uri,
+                etcd=options.etcd,
             )
         except ImageError as error:
-            raise OptionError(f"options path/metadata.dir/objectStore: {error}") from error
+            names = "metadata.etcd.endpoints" if options.etcd else "path/metadata.dir"
+            raise OptionError(f"options {names}/objectStore: {error}") from error
         layout = read_layout(
             location, options.selection.accepts, store_options=options.store_options
         )

@@ -1,9 +1,10 @@
 """``automq-ref verify``: read a topic with Spark and check it against the producer's manifest.
 
 The topic is read through one of the two Spark sources (``automq``, over the Kafka protocol, or
-``automq-objects``, straight from the broker's committed objects); both give Spark's Kafka-source
-schema. Every check is a Spark aggregation: only per-partition totals and a few examples reach
-the driver, so the check scales with the cluster, not with the driver's memory.
+``automq-objects``, straight from the committed objects, planned from a broker's file metadata
+log or from a cluster's metadata log on etcd); both give Spark's Kafka-source schema. Every check
+is a Spark aggregation: only per-partition totals and a few examples reach the driver, so the
+check scales with the cluster, not with the driver's memory.
 
 1. Each row's value is parsed with ``regexp_extract`` (see :mod:`automq_ref.spark.manifest` for
    the value format). A row is *expected* if its value names this manifest's producer, the
@@ -151,8 +152,14 @@ def read_source(
     bootstrap: str | None = None,
     path: str | None = None,
     object_store: str | None = None,
+    etcd_endpoints: str | None = None,
+    cluster_id: str | None = None,
 ) -> DataFrame:
-    """The whole of ``topic`` (earliest to latest) through one of the two sources."""
+    """The whole of ``topic`` (earliest to latest) through one of the two sources.
+
+    ``automq-objects`` reads the metadata log of the broker whose ``log.dirs`` is ``path``, or,
+    with ``etcd_endpoints`` (and ``cluster_id``), a cluster's on etcd; the source's own options
+    check the combination."""
     if source == "automq":
         if bootstrap is None:
             raise ValueError("the automq source needs a bootstrap address")
@@ -165,13 +172,22 @@ def read_source(
             .option("endingOffsets", "latest")
         )
     elif source == "automq-objects":
-        if path is None:
-            raise ValueError("the automq-objects source needs --path (the broker's log.dirs)")
+        if path is None and etcd_endpoints is None:
+            raise ValueError(
+                "the automq-objects source needs --path (a broker's log.dirs) or "
+                "--metadata-etcd-endpoints (a cluster's etcd)"
+            )
         module = importlib.import_module("automq_ref.spark.objects_source")
         spark.dataSource.register(module.AutoMQObjectsDataSource)
-        reader = spark.read.format("automq-objects").option("path", path)
-        if object_store is not None:
-            reader = reader.option("objectStore", object_store)
+        reader = spark.read.format("automq-objects")
+        for name, value in (
+            ("path", path),
+            ("metadata.etcd.endpoints", etcd_endpoints),
+            ("cluster.id", cluster_id),
+            ("objectStore", object_store),
+        ):
+            if value is not None:
+                reader = reader.option(name, value)
     else:
         raise ValueError(f"source {source!r}: choose from {', '.join(SOURCES)}")
     frame: DataFrame = reader.option("subscribe", topic).load()
@@ -593,6 +609,19 @@ def diagnose(partitions: list[PartitionReport]) -> str:
 # ---------------------------------------------------------------------------------- the command
 
 
+def why(error: BaseException) -> str:
+    """``error`` in one line. A source's own error reaches the driver inside Spark's (its message
+    carries the source's Python traceback): the traceback's last line, the source's exception,
+    says why, e.g. ``ImageError: no metadata log of cluster ...``."""
+    text = str(error)
+    if "Traceback (most recent call last)" in text:
+        for line in reversed(text.splitlines()):
+            name, colon, message = line.partition(": ")
+            if colon and name and not line[0].isspace() and " " not in name:
+                return f"{name.rsplit('.', 1)[-1]}: {message}"
+    return repr(error)
+
+
 @dataclass(frozen=True)
 class VerifySettings:
     manifest: Path
@@ -600,6 +629,9 @@ class VerifySettings:
     source: str = "automq"
     path: str | None = None
     object_store: str | None = None
+    # A cluster's metadata log on etcd (automq-objects), instead of path.
+    etcd_endpoints: str | None = None
+    cluster_id: str | None = None
     master: str = "local[*]"
     report: Path = Path("verify-report")
     examples: int = EXAMPLES
@@ -632,6 +664,8 @@ def main(settings: VerifySettings, spark: SparkSession | None = None) -> int:
                 bootstrap=settings.bootstrap,
                 path=settings.path,
                 object_store=settings.object_store,
+                etcd_endpoints=settings.etcd_endpoints,
+                cluster_id=settings.cluster_id,
             )
             report = verify_frame(
                 spark,
@@ -643,7 +677,7 @@ def main(settings: VerifySettings, spark: SparkSession | None = None) -> int:
             )
             tally.spark = None
     except Exception as error:  # the check did not run: say why, exit 2
-        print(f"automq-ref verify: the check could not run: {error!r}", file=sys.stderr)
+        print(f"automq-ref verify: the check could not run: {why(error)}", file=sys.stderr)
         return 2
     finally:
         if own_session and spark is not None:

@@ -27,6 +27,11 @@ in memory and are evicted from the head of the FIFO only (the oldest first), whe
 more than its capacity. The machine never evicts a block that is not committed: its data exists
 nowhere else but the WAL.
 
+A stream's records arrive contiguous while this broker holds it open. A stream it opens again
+at a higher epoch (a partition moved away and back) continues where the other brokers left it:
+``StreamReopened`` moves the stream's next offset there, which is accepted only once nothing of
+the stream is uncommitted here (closing it uploaded and committed everything) and only forward.
+
 Time arrives as events (``Tick``), I/O results as events (``ObjectsPrepared``,
 ``BlockUploaded``, ``BlockCommitted``); effects are data.
 """
@@ -155,6 +160,15 @@ class RecordAppended:
 
 
 @dataclass(frozen=True, slots=True)
+class StreamReopened:
+    """The stream was opened here at a new epoch, its next offset ``next_offset`` (other
+    brokers may have appended to it since this one last did)."""
+
+    stream_id: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
@@ -182,7 +196,13 @@ class BlockCommitted:
 
 
 LogCacheEvent: TypeAlias = (
-    RecordAppended | Tick | ForceUpload | ObjectsPrepared | BlockUploaded | BlockCommitted
+    RecordAppended
+    | StreamReopened
+    | Tick
+    | ForceUpload
+    | ObjectsPrepared
+    | BlockUploaded
+    | BlockCommitted
 )
 
 # ================================================================================= effects
@@ -228,6 +248,8 @@ class LogCacheError(enum.Enum):
     EMPTY_RECORD = "EMPTY_RECORD"  # a record covering no offsets
     DISCONTINUOUS_RECORD = "DISCONTINUOUS_RECORD"  # not at the stream's next offset
     UNKNOWN_BLOCK = "UNKNOWN_BLOCK"
+    # A reopen while the stream still has uncommitted records here, or one that goes back.
+    STREAM_NOT_SETTLED = "STREAM_NOT_SETTLED"
     WRONG_STAGE = "WRONG_STAGE"  # an answer for a request the block is not waiting on
 
 
@@ -248,6 +270,11 @@ def step(state: LogCacheState, event: LogCacheEvent, params: LogCacheParams) -> 
             if isinstance(appended, Rejected):
                 return Transition(state, (appended,))
             state = appended
+        case StreamReopened():
+            reopened = _on_stream_reopened(state, event)
+            if isinstance(reopened, Rejected):
+                return Transition(state, (reopened,))
+            state = reopened
         case Tick():
             state = _seal_active_if(state, lambda block: _is_due(block, event.now_ms, params))
         case ForceUpload():
@@ -301,6 +328,22 @@ def _on_record_appended(
     return replace(
         state, blocks=tuple(blocks), next_block_id=next_block_id, stream_ends=stream_ends
     )
+
+
+def _on_stream_reopened(
+    state: LogCacheState, event: StreamReopened
+) -> LogCacheState | Rejected[LogCacheError]:
+    stream_id = event.stream_id
+    expected = state.stream_ends.get(stream_id)
+    if expected is None:
+        return state
+    if event.next_offset < expected:
+        message = f"stream {stream_id}: reopened at {event.next_offset}, below its end {expected}"
+        return Rejected(LogCacheError.STREAM_NOT_SETTLED, message)
+    if any(stream_id in block.by_stream for block in uncommitted_blocks(state)):
+        message = f"stream {stream_id}: reopened with uncommitted records"
+        return Rejected(LogCacheError.STREAM_NOT_SETTLED, message)
+    return replace(state, stream_ends={**state.stream_ends, stream_id: event.next_offset})
 
 
 def _is_due(block: CacheBlock, now_ms: int, params: LogCacheParams) -> bool:

@@ -1,5 +1,7 @@
 """Two broker processes on one etcd and one object store: both serve, one is the controller;
 killed, it is replaced within the lease's TTL plus a second, and topics can be created again.
+A topic created through one broker is listed by the other (its topic registry follows the
+metadata).
 
 Each broker is ``automq-ref serve`` with its own node id, data directory and port, the same
 ``metadata.etcd.endpoints`` and ``cluster.id``, and the same local object store directory. The
@@ -64,6 +66,17 @@ def create_topic(bootstrap: str, name: str, partitions: int) -> None:
         future.result(40)
 
 
+def wait_for_topic(bootstrap: str, name: str, timeout_s: float = 20) -> None:
+    """Until the broker at ``bootstrap`` lists topic ``name`` in its Metadata answers."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if name in admin.list_topics(timeout=10).topics:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"topic {name} not listed by {bootstrap} in {timeout_s} s")
+
+
 def test_two_brokers_one_controller_and_a_takeover(tmp_path: Path, etcd: EtcdServer) -> None:
     cluster_id = unique_cluster_id("failover")
     common = (
@@ -84,6 +97,8 @@ def test_two_brokers_one_controller_and_a_takeover(tmp_path: Path, etcd: EtcdSer
         # A topic created through the broker that is not the controller: its requests go to
         # the controller over the controller RPC.
         create_topic(brokers[survivor].bootstrap, "before", 3)
+        # The other broker follows the metadata: it lists the topic too.
+        wait_for_topic(brokers[controller].bootstrap, "before")
 
         brokers[controller].kill()
         killed = time.monotonic()

@@ -120,6 +120,21 @@ class LogCacheMachine(RuleBasedStateMachine):
         self.wal_ends.append(self.wal_offset)
         self.apply(RecordAppended(record, self.now_ms))
 
+    @rule(stream_id=st.sampled_from(STREAMS), gap=st.integers(min_value=0, max_value=3))
+    def reopen(self, stream_id: int, gap: int) -> None:
+        """The stream moves away and back, committed; other brokers appended ``gap``."""
+        uncommitted = lc.uncommitted_blocks(self.state)
+        if any(stream_id in block.by_stream for block in uncommitted):
+            return
+        records = self.appended[stream_id]
+        end = (records[-1].end_offset if records else 0) + gap
+        if gap:
+            # The other brokers' records, committed there: a placeholder keeps the model's
+            # next offset; none of it is in this cache.
+            records.append(CachedRecord(stream_id, end - gap, gap, b"", -1))
+            self.committed_end[stream_id] = end
+        self.apply(lc.StreamReopened(stream_id, end))
+
     @rule(elapsed_ms=st.sampled_from([1, 10, 60]))
     def tick(self, elapsed_ms: int) -> None:
         self.now_ms += elapsed_ms
@@ -199,6 +214,8 @@ def test_events_breaking_the_contract_are_refused_and_change_nothing() -> None:
         ObjectsPrepared(7, 0): lc.LogCacheError.UNKNOWN_BLOCK,
         BlockUploaded(0): lc.LogCacheError.WRONG_STAGE,
         BlockCommitted(7): lc.LogCacheError.UNKNOWN_BLOCK,
+        lc.StreamReopened(0, 1): lc.LogCacheError.STREAM_NOT_SETTLED,  # below its end
+        lc.StreamReopened(0, 3): lc.LogCacheError.STREAM_NOT_SETTLED,  # uncommitted records
     }
     for event, error in refusals.items():
         transition = lc.step(state, event, params)

@@ -3,14 +3,15 @@
 Records are produced with every codec, the broker is stopped gracefully (which uploads and
 commits everything), and Spark must return exactly the produced rows, one Spark partition per
 object range; DeleteRecords must hide the rows below the new log start; the same works against
-an S3 object store (moto).
+an S3 object store (moto), and for a broker of a cluster, its metadata log on etcd
+(``metadata.etcd.endpoints``, ``cluster.id``), where ``automq-ref verify`` passes too.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +25,11 @@ from automq_ref.spark.objects_source import (
     check_batch_offsets,
     parse_options,
 )
+from automq_ref.spark.produce import ProduceSettings
+from automq_ref.spark.produce import produce as produce_with_manifest
+from automq_ref.spark.verify import VerifySettings
+from automq_ref.spark.verify import main as verify
+from tests.etcd_fixture import running_etcd, unique_cluster_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -229,6 +235,28 @@ def test_bad_options_name_the_option(objects: SparkSession, produced: Produced) 
         ({"path": path, "subscribePattern": "("}, "subscribePattern"),
         ({"path": path, "assign": "[0]"}, "assign"),
         ({"path": path, "subscribe": "codecs", "s3.accessKeyId": "x"}, "s3.accessKeyId"),
+        (
+            {"path": path, "subscribe": "c", "metadata.etcd.endpoints": "a:1", "objectStore": "x"},
+            "options path/metadata.dir and metadata.etcd.endpoints name two metadata logs",
+        ),
+        (
+            {"subscribe": "c", "metadata.etcd.endpoints": "a:1"},
+            "option objectStore is required with metadata.etcd.endpoints",
+        ),
+        ({"path": path, "subscribe": "c", "cluster.id": "x"}, "option cluster.id applies only"),
+        (
+            {"subscribe": "c", "metadata.etcd.endpoints": "nohost", "objectStore": "x"},
+            "option metadata.etcd.endpoints: 'nohost': expected host:port",
+        ),
+        (
+            {
+                "subscribe": "c",
+                "metadata.etcd.endpoints": "a:1",
+                "cluster.id": "",
+                "objectStore": "x",
+            },
+            "option cluster.id: '': must be non-empty",
+        ),
     ]
     for options, message in cases:
         with pytest.raises(OptionError, match=message):
@@ -295,3 +323,68 @@ def test_objects_in_s3(
         s3_secretAccessKey=moto_s3.secret_access_key,
     )
     assert collect(frame) == expected(Produced(broker.data_dir, {"in-s3": sent}), "in-s3")
+
+
+def test_a_cluster_on_etcd(
+    objects: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A broker of a cluster: its metadata log on etcd, its objects in a directory store. Once it
+    stopped gracefully, its topics are read through the cluster's etcd (no path), and
+    ``automq-ref verify`` passes through it."""
+    store = tmp_path / "objects"
+    store.mkdir()
+    cluster_id = unique_cluster_id("spark")
+    with running_etcd() as etcd:
+        broker = BrokerProcess(
+            tmp_path / "data",
+            f"metadata.etcd.endpoints={etcd.endpoint}",
+            f"cluster.id={cluster_id}",
+            f"s3.data.buckets={store.as_uri()}",
+            "node.id=1",
+        )
+        broker.start()
+        try:
+            from confluent_kafka.admin import AdminClient, NewTopic
+
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+            for future in admin.create_topics([NewTopic("on-etcd", PARTITIONS)]).values():
+                future.result()
+            sent: Sent = {p: [] for p in range(PARTITIONS)}
+            produce(broker.bootstrap, "on-etcd", 60, "zstd", sent)
+            manifest = produce_with_manifest(
+                ProduceSettings(
+                    bootstrap=broker.bootstrap, topic="verified", partitions=PARTITIONS, records=90
+                )
+            ).manifest
+            manifest.write(tmp_path / "manifest.json")
+        finally:
+            assert broker.stop() == 0  # graceful: everything is uploaded and committed
+        cluster = {
+            "metadata.etcd.endpoints": etcd.endpoint,
+            "cluster.id": cluster_id,
+            "objectStore": store.as_uri(),
+        }
+        frame = read(objects, subscribe="on-etcd", includeHeaders="true", **cluster)
+        assert collect(frame) == expected(Produced(broker.data_dir, {"on-etcd": sent}), "on-etcd")
+        with pytest.raises(Exception, match="no metadata log of cluster 'elsewhere'"):
+            read(objects, subscribe="on-etcd", **{**cluster, "cluster.id": "elsewhere"}).count()
+        report = tmp_path / "report"
+        settings = VerifySettings(
+            manifest=tmp_path / "manifest.json",
+            source="automq-objects",
+            etcd_endpoints=etcd.endpoint,
+            cluster_id=cluster_id,
+            object_store=store.as_uri(),
+            report=report,
+        )
+        code = verify(settings, spark=objects)
+        summary = (report / "report.json").read_text()
+        assert code == 0, summary
+        assert f'"read_records": {manifest.records}' in summary
+        capsys.readouterr()
+        assert verify(replace(settings, cluster_id="elsewhere"), spark=objects) == 2
+        assert (
+            "automq-ref verify: the check could not run: ImageError: no metadata log of cluster "
+            f"'elsewhere' on etcd at {etcd.endpoint}: set cluster.id to the brokers' cluster.id "
+            f"(clusters there: "
+        ) in capsys.readouterr().err

@@ -25,7 +25,7 @@ from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.spark import rows
 from automq_ref.spark.manifest import Manifest, PartitionTally, ValueScheme
 from automq_ref.spark.produce import ProduceSettings, produce
-from automq_ref.spark.verify import VerifySettings, main, read_source, verify_frame
+from automq_ref.spark.verify import VerifySettings, main, read_source, verify_frame, why
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -64,6 +64,22 @@ def _local_manifest_and_rows() -> tuple[Manifest, list[tuple[object, ...]]]:
         table += [(None, value, "t", partition, offset, now, 0) for offset, value in placed]
     manifest = Manifest(topic="t", scheme=scheme, partitions=[t.manifest() for t in tallies])
     return manifest, table
+
+
+def test_a_sources_error_is_named_in_one_line() -> None:
+    """A source's exception reaches the driver inside Spark's, with the source's traceback."""
+    inside_spark = (
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to generate Python data source read partitions: "
+        "Traceback (most recent call last):\n"
+        '  File "objects_source.py", line 1, in partitions\n'
+        "    layout = read_layout(\n"
+        "automq_ref.spark.image.ImageError: no metadata log of cluster 'c': set cluster.id\n"
+        " SQLSTATE: 38000"
+    )
+    assert (
+        why(Exception(inside_spark)) == "ImageError: no metadata log of cluster 'c': set cluster.id"
+    )
+    assert why(ValueError("plain")) == "ValueError('plain')"
 
 
 def test_each_kind_of_damage_is_named(spark: SparkSession) -> None:

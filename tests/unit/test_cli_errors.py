@@ -230,6 +230,71 @@ def test_verify_without_a_manifest_says_where_one_comes_from(tmp_path: Path) -> 
     )
 
 
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (
+            ["--source", "automq-objects"],
+            "--path (a broker's log.dirs) or --metadata-etcd-endpoints (a cluster's etcd) is "
+            "needed with --source automq-objects",
+        ),
+        (
+            ["--source", "automq-objects", "--path", "data", "--metadata-etcd-endpoints", "a:1"],
+            "--path and --metadata-etcd-endpoints name two metadata logs; give --path for a "
+            "broker's log.dirs or --metadata-etcd-endpoints for a cluster's, not both",
+        ),
+        (
+            ["--source", "automq-objects", "--metadata-etcd-endpoints", "a:1"],
+            "--object-store is needed with --metadata-etcd-endpoints; pass the brokers' "
+            "s3.data.buckets",
+        ),
+        (
+            ["--source", "automq-objects", "--path", "data", "--cluster-id", "c"],
+            "--cluster-id needs --metadata-etcd-endpoints (a cluster's metadata log)",
+        ),
+        (
+            ["--bootstrap", "127.0.0.1:1", "--metadata-etcd-endpoints", "a:1"],
+            "--metadata-etcd-endpoints and --cluster-id apply only to --source automq-objects; "
+            "the automq source finds everything through --bootstrap",
+        ),
+        (
+            ["--source", "automq-objects", "--metadata-etcd-endpoints", "localhost",
+             "--object-store", "file:///o"],
+            "--metadata-etcd-endpoints: 'localhost': expected host:port (or http://host:port); "
+            "pass the brokers' metadata.etcd.endpoints",
+        ),
+        (
+            ["--source", "automq-objects", "--metadata-etcd-endpoints", "a:1", "--cluster-id",
+             "a/b", "--object-store", "file:///o"],
+            "--cluster-id: 'a/b': must be non-empty, without '/'; pass the brokers' cluster.id",
+        ),
+    ],
+)  # fmt: skip
+def test_verify_names_a_bad_choice_of_metadata_log(
+    tmp_path: Path, arguments: list[str], line: str
+) -> None:
+    (tmp_path / "m.json").write_text(json.dumps({}))
+    result = run_cli("verify", "--manifest", "m.json", *arguments, cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == f"automq-ref verify: {line}"
+
+
+def test_verify_against_no_etcd_names_the_address_before_spark_starts(
+    tmp_path: Path, closed_port: int
+) -> None:
+    (tmp_path / "m.json").write_text(json.dumps({}))
+    result = run_cli(
+        "verify", "--manifest", "m.json", "--source", "automq-objects",
+        "--metadata-etcd-endpoints", f"http://127.0.0.1:{closed_port}", "--cluster-id", "c",
+        "--object-store", "file:///o", cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert one_line(result) == (
+        f"automq-ref verify: no etcd answers at 127.0.0.1:{closed_port} (connection refused); "
+        "start it or pass the brokers' metadata.etcd.endpoints"
+    )
+
+
 def test_an_unreachable_etcd_is_one_line(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

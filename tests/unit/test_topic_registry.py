@@ -1,6 +1,7 @@
 """The topic registry's changes are conditional: another node's topic of the same name, or its
 change to a topic meanwhile, is never overwritten (the controller decides put-if-absent,
-compare-and-set and compare-and-delete; see automq_ref/kafka/topic_registry.py)."""
+compare-and-set and compare-and-delete; see automq_ref/kafka/topic_registry.py), and creating
+or growing a topic places its new partitions."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import pytest
 
 from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.formats.kv_integer import decode_kv_integer
+from automq_ref.formats.kv_integer import encode_kv_integer
+from automq_ref.formats.meta_stream import encode_leader_epochs, encode_log
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.client import ControllerClient
-from automq_ref.io.metadata.controller import Controller
-from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
-from automq_ref.kafka.topic_registry import TopicRegistry, open_elsewhere
+from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.kafka.topics import TopicError
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
@@ -44,6 +44,19 @@ async def foreign_put(node: Node, topic: Topic) -> None:
     assert (await node.client.submit(sm.PutKV(topic_key(topic.name), topic.encode(), True))).ok
 
 
+async def untagged_partition(node: Node, topic: Topic, index: int) -> None:
+    """A partition as brokers wrote it before placement: streams tagged with nothing, opened
+    at epoch 0, its LOG record, its KV entry."""
+    storage = node.storage
+    meta_stream, data_stream = await storage.create_stream(), await storage.create_stream()
+    for stream_id in (meta_stream, data_stream):
+        await storage.open_stream(stream_id, 0)
+    await storage.append(meta_stream, 0, encode_log(data_stream), 1)
+    await storage.append(meta_stream, 0, encode_leader_epochs([(0, 0)]), 1)
+    put = sm.PutKV(partition_key(topic.topic_id, index), encode_kv_integer(meta_stream), False)
+    assert (await node.client.submit(put)).ok
+
+
 def stored(node: Node, name: str) -> Topic:
     return Topic.decode(name, node.view.image.kv[topic_key(name)])
 
@@ -60,8 +73,8 @@ class RacingClient:
         self._rival = rival
 
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
-        if isinstance(event, sm.PutKV) and event.key == topic_key(self._rival.name):
-            rival = sm.PutKV(event.key, self._rival.encode(), False)
+        if isinstance(event, sm.CreateTopic) and event.name == self._rival.name:
+            rival = sm.CreateTopic(event.name, self._rival.encode())
             assert (await self._client.submit(rival)).ok
         return await self._client.submit(event)
 
@@ -128,30 +141,38 @@ async def test_a_topic_grown_recreated_or_deleted_elsewhere_is_an_error(node: No
     assert "deleted by another node" in str(deleted.value)
 
 
-async def test_a_partition_open_on_another_node_is_left_to_it(tmp_path: Path) -> None:
-    """A broker of a cluster starting on a shared log does not open (and so fence, or fail on)
-    a partition another broker holds open; the others it opens."""
+async def test_topics_are_placed_as_they_are_created_grown_and_deleted(node: Node) -> None:
+    me = node.config.node_id
+    topic = await node.topics.create_topic("p", 2, {})
+    assert sm.broker_partitions(node.view.image, me) == [("p", 0, 0), ("p", 1, 0)]
+    await node.topics.add_partitions("p", 3, assignments=[[me]], validate_only=False)
+    assert sm.assigned_broker(node.view.image, "p", 2) == me
+    with pytest.raises(TopicError) as refused:
+        await node.topics.create_topic("q", 1, {}, assignments=[me + 7])
+    assert refused.value.code is KafkaErrorCode.INVALID_REPLICA_ASSIGNMENT
+    assert "q" not in node.topics.topics and topic_key("q") not in node.view.image.kv
+    await node.topics.delete_topic("p")
+    assert sm.placed_topic(node.view.image, "p") is None
+    assert str(topic.topic_id) not in node.view.image.topics
+
+
+async def test_a_topic_written_before_placement_is_placed_at_open(tmp_path: Path) -> None:
     config = load_config(
         overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
     )
     node = await start_node(config)
-    topic = await node.topics.create_topic("shared", 2, {})
-    await node.shutdown()
-    # Node 9 (another broker on the same log) opens partition 1 while node 0 is down.
-    async with FileMetadataLog(tmp_path / "metadata") as metadata_log:
-        controller = await Controller.open(metadata_log)
-        epoch = (await controller.handle(sm.RegisterNode(9, 1))).node_epoch
-        assert epoch is not None
-        raw = controller.image.kv[partition_key(topic.topic_id, 1)]
-        meta_stream = decode_kv_integer(raw, "MetaStream id")
-        stream_epoch = controller.image.streams[meta_stream].epoch + 1
-        assert (await controller.handle(sm.OpenStream(9, epoch, meta_stream, stream_epoch))).ok
-        assert open_elsewhere(controller.image, topic.topic_id, 1, 0) == 9
-        assert open_elsewhere(controller.image, topic.topic_id, 1, 9) is None
-        assert open_elsewhere(controller.image, topic.topic_id, 0, 0) is None
+    try:
+        # Its partition and a bare record, as topics were written before the controller
+        # placed partitions.
+        old = Topic("old", uuid.uuid4(), 1, {})
+        await untagged_partition(node, old, 0)
+        await foreign_put(node, old)
+        assert sm.placed_topic(node.view.image, "old") is None
+    finally:
+        await node.shutdown()
     node = await start_node(config)
     try:
-        assert set(node.topics.partitions) == {("shared", 0)}
-        assert "shared" in node.topics.topics
+        assert sm.assigned_broker(node.view.image, "old", 0) == config.node_id
+        assert node.topics.topics["old"] == stored(node, "old")
     finally:
         await node.shutdown()

@@ -65,6 +65,10 @@ class BrokerSession:
         self._task: asyncio.Task[None] | None = None
         self.expired = asyncio.Event()
 
+    def report_loads(self, loads: LoadReporter) -> None:
+        """Report ``loads()`` with every heartbeat from now on."""
+        self._loads = loads
+
     async def heartbeat(self) -> sm.Response:
         """One heartbeat; raises :class:`SessionError` when refused (and marks ``expired`` on
         ``NODE_EPOCH_EXPIRED``)."""

@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+# ControllerError is what ``submit`` raises: part of this seam, so callers above it need not
+# import the controller.
 from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.controller import ControllerError as ControllerError
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -25,7 +28,8 @@ from automq_ref.state_machines import stream_metadata as sm
 class ControllerClient(Protocol):
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
         """Have the controller decide ``event``; its response, once the decision is durable.
-        Raises when no decision could be made (the log unreachable, kept moving ahead)."""
+        Raises :class:`ControllerError` when no decision could be made (the log unreachable,
+        kept moving ahead; in a cluster, no controller elected in time or its answer lost)."""
         ...
 
 

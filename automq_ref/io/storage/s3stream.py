@@ -109,6 +109,28 @@ class StreamFencedError(StorageError):
     """The stream is not open here at that epoch (or a newer owner took it)."""
 
 
+class PlacementRefusedError(StorageError):
+    """A stream of a partition cannot be created or opened here now: the partition is placed
+    on another broker or at another leader epoch, or its previous broker still holds one of
+    its streams open (``error`` says which). The broker tries again when placement changes."""
+
+    def __init__(self, message: str, error: sm.StreamErrorCode) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+# The controller's refusals that say "not here, or not yet" about a partition's streams.
+PLACEMENT_REFUSALS = frozenset(
+    {
+        sm.StreamErrorCode.STREAM_NOT_CLOSED,
+        sm.StreamErrorCode.NOT_LEADER_OR_FOLLOWER,
+        sm.StreamErrorCode.FENCED_LEADER_EPOCH,
+        sm.StreamErrorCode.UNKNOWN_LEADER_EPOCH,
+        sm.StreamErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+    }
+)
+
+
 class OffsetOutOfRangeError(StorageError):
     """A read below the stream's start offset (trimmed away)."""
 
@@ -278,8 +300,15 @@ class S3Storage:
 
     # ------------------------------------------------------------------------------ streams
 
-    async def create_stream(self) -> int:
-        response = await self._client.submit(sm.CreateStream(self._node_id, self._node_epoch))
+    async def create_stream(
+        self, topic_id: str = sm.NO_TOPIC, partition: int = sm.NO_PARTITION
+    ) -> int:
+        """A new stream; tagged with a partition (``topic_id``, ``partition``), it can be
+        created only while the partition is placed on this broker, and opened only here at
+        the partition's leader epoch."""
+        response = await self._client.submit(
+            sm.CreateStream(self._node_id, self._node_epoch, topic_id, partition)
+        )
         self._check(response, "create stream")
         assert response.stream_id is not None
         return response.stream_id
@@ -290,6 +319,8 @@ class S3Storage:
         )
         self._check(response, f"open stream {stream_id}")
         assert response.start_offset is not None and response.next_offset is not None
+        # Other brokers may have appended since this one last held the stream.
+        self._apply(lc.StreamReopened(stream_id, response.next_offset))
         self._streams[stream_id] = _OpenStream(
             epoch, response.start_offset, response.next_offset, response.next_offset
         )
@@ -545,6 +576,22 @@ class S3Storage:
         await self._blocks.close()
         await self._wal.close()
 
+    async def abandon(self) -> None:
+        """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
+        it uploads could be committed. What the WAL holds stays there for the next start's
+        recovery, which uploads it under the new epoch."""
+        self._shutting_down.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(BaseException):
+                await task
+        await self._indexes.close()
+        await self._blocks.close()
+        await self._wal.close()
+
     # -------------------------------------------------------------------- effect execution
 
     def _apply(self, event: lc.LogCacheEvent) -> None:
@@ -694,6 +741,10 @@ class S3Storage:
             return
         if response.error in (sm.StreamErrorCode.STREAM_FENCED, sm.StreamErrorCode.NODE_FENCED):
             raise StreamFencedError(f"{what}: {response.error.value}: {response.message}")
+        if response.error in PLACEMENT_REFUSALS:
+            raise PlacementRefusedError(
+                f"{what}: {response.error.value}: {response.message}", response.error
+            )
         raise StorageError(f"{what}: {response.error.value}: {response.message}")
 
     def _check_healthy(self) -> None:

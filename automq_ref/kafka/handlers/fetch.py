@@ -92,7 +92,7 @@ async def _fetch_once(
                 code = (
                     KafkaErrorCode.UNKNOWN_TOPIC_ID
                     if by_id and name is None
-                    else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    else context.topics.not_here(name, index)
                 )
                 answer_now = True
                 partitions.append(FetchPartitionData(partition_index=index, error_code=code))
@@ -103,6 +103,7 @@ async def _fetch_once(
             if code is not KafkaErrorCode.NONE:
                 answer_now = True
             size = sum(len(chunk) for chunk in chunks)
+            partition.bytes_out += size
             total += size
             budget -= size
             if not chunks and code is KafkaErrorCode.NONE:

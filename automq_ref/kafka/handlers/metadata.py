@@ -1,14 +1,22 @@
-"""Metadata and DescribeCluster: this node, its topics and their partitions.
+"""Metadata and DescribeCluster: the cluster's brokers, its topics and their partitions' leaders.
 
-One node leads every partition and is the whole cluster (and its controller). Metadata creates
-an unknown topic (``num.partitions`` partitions) when ``auto.create.topics.enable`` is on and the
-client allows it (v4+ asks; older versions always allow). Authorized operations, when asked,
-are every operation (no authorizer: :mod:`automq_ref.kafka.acl_operations`).
+Both answer from this broker's metadata view: the brokers are the live ones (unfenced, not
+shutting down) with their rack and the listener they registered, this broker always among them
+(it answers, so it serves); a partition's leader is the broker placement assigned it to, at its
+leader epoch (``LEADER_NOT_AVAILABLE`` while no broker is live to take it), whether or not that
+broker has opened it yet: a request sent there early is answered ``NOT_LEADER_OR_FOLLOWER`` and
+retried. The controller named is the active controller's broker (this one, embedded).
+
+Metadata creates an unknown topic (``num.partitions`` partitions) when
+``auto.create.topics.enable`` is on and the client allows it (v4+ asks; older versions always
+allow). Authorized operations, when asked, are every operation (no authorizer:
+:mod:`automq_ref.kafka.acl_operations`).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
@@ -27,6 +35,7 @@ from automq_ref.kafka.responses import (
 )
 from automq_ref.kafka.server import Reply
 from automq_ref.kafka.topics import TopicError
+from automq_ref.state_machines import stream_metadata as sm
 
 
 async def handle_metadata(context: Context, request: Request) -> Reply:
@@ -70,13 +79,14 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             results.append(_error(name, code, topic_id, topic_operations))
             continue
         results.append(_topic(context, topic, topic_operations))
-    broker = MetadataBroker(config.node_id, context.advertised_host, context.advertised_port)
+    brokers = _brokers(context)
+    controller_id = _controller_id(context, brokers)
     return respond(
         request,
         MetadataResponse(
-            brokers=[broker],
+            brokers=[MetadataBroker(b.node_id, b.host, b.port, b.rack) for b in brokers],
             cluster_id=config.cluster_id,
-            controller_id=config.node_id,
+            controller_id=controller_id,
             topics=results,
             # Only v8-v10 have the cluster's operations (later versions: DescribeCluster).
             cluster_authorized_operations=(
@@ -100,36 +110,100 @@ def _error(
 
 
 def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
-    node = context.config.node_id
-    partitions = context.topics.partitions
+    image = context.topics.view.image
+    held = context.topics.partitions
+    partitions = []
+    for index in range(topic.partitions):
+        assignment = sm.partition_assignment(image, topic.name, index)
+        partition = held.get((topic.name, index))
+        if assignment is None:
+            # Not placed (written before placement, not placed yet): led where it is open.
+            leader, epoch = (
+                (-1, -1) if partition is None else (context.config.node_id, partition.epoch)
+            )
+        else:
+            leader, epoch = assignment.leader, assignment.leader_epoch
+            if partition is not None and leader == context.config.node_id:
+                # Streams written before placement open above their epoch: the epoch served.
+                epoch = partition.epoch
+        if leader == sm.NO_LEADER or leader < 0:
+            partitions.append(
+                MetadataPartition(
+                    partition_index=index,
+                    leader_id=-1,
+                    leader_epoch=max(epoch, -1),
+                    replica_nodes=[],
+                    isr_nodes=[],
+                    error_code=KafkaErrorCode.LEADER_NOT_AVAILABLE,
+                )
+            )
+            continue
+        partitions.append(
+            MetadataPartition(
+                partition_index=index,
+                leader_id=leader,
+                leader_epoch=epoch,
+                replica_nodes=[leader],
+                isr_nodes=[leader],
+            )
+        )
     return MetadataTopic(
         name=topic.name,
         topic_id=topic.topic_id,
-        partitions=[
-            MetadataPartition(
-                partition_index=index,
-                leader_id=node,
-                leader_epoch=partitions[(topic.name, index)].epoch,
-                replica_nodes=[node],
-                isr_nodes=[node],
-            )
-            for index in range(topic.partitions)
-        ],
+        partitions=partitions,
         topic_authorized_operations=operations,
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Broker:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+def _brokers(context: Context) -> list[_Broker]:
+    """The live brokers with the listener each registered, by id; this broker as it advertises
+    itself (live or not: it answers)."""
+    node_id = context.config.node_id
+    found = [
+        _Broker(
+            node_id,
+            context.advertised_host,
+            context.advertised_port,
+            context.config.broker_rack or None,
+        )
+    ]
+    for broker in sm.live_brokers(context.topics.view.image):
+        if broker.node_id == node_id or not broker.listeners:
+            continue
+        endpoint = broker.listeners[0]
+        found.append(_Broker(broker.node_id, endpoint.host, endpoint.port, broker.rack or None))
+    return sorted(found, key=lambda b: b.node_id)
+
+
+def _controller_id(context: Context, brokers: list[_Broker]) -> int:
+    """The active controller's broker, if it is one of ``brokers`` (clients send it admin
+    requests), else this broker (every broker serves them)."""
+    active = context.active_controller()
+    if active is not None and any(b.node_id == active for b in brokers):
+        return active
+    return context.config.node_id
+
+
 async def handle_describe_cluster(context: Context, request: Request) -> Reply:
     config = context.config
-    broker = DescribeClusterBroker(
-        broker_id=config.node_id, host=context.advertised_host, port=context.advertised_port
-    )
+    brokers = _brokers(context)
     return respond(
         request,
         DescribeClusterResponse(
             cluster_id=config.cluster_id,
-            controller_id=config.node_id,
-            brokers=[broker],
+            controller_id=_controller_id(context, brokers),
+            brokers=[
+                DescribeClusterBroker(broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                for b in brokers
+            ],
             cluster_authorized_operations=(
                 CLUSTER_OPERATIONS
                 if request.body.include_cluster_authorized_operations

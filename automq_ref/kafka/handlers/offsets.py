@@ -26,8 +26,6 @@ from automq_ref.kafka.responses import (
 )
 from automq_ref.kafka.server import Reply
 
-UNKNOWN = KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-
 
 async def handle_list_offsets(context: Context, request: Request) -> Reply:
     partitions_by_key = context.topics.partitions
@@ -38,7 +36,8 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
             index = int(list_partition.partition_index)
             partition = partitions_by_key.get((list_topic.name, index))
             if partition is None:
-                partitions.append(ListOffsetsPartition(index, error_code=UNKNOWN))
+                code = context.topics.not_here(list_topic.name, index)
+                partitions.append(ListOffsetsPartition(index, error_code=code))
                 continue
             epoch = partition.epoch
             offset, timestamp = await _list_offset(partition, int(list_partition.timestamp))
@@ -93,7 +92,8 @@ async def handle_offset_for_leader_epoch(context: Context, request: Request) -> 
             partition = partitions_by_key.get((topic.topic, index))
             current_epoch = int(asked.current_leader_epoch)
             if partition is None:
-                partitions.append(EpochEndOffset(index, error_code=UNKNOWN))
+                code = context.topics.not_here(topic.topic, index)
+                partitions.append(EpochEndOffset(index, error_code=code))
             elif 0 <= current_epoch < partition.epoch:
                 partitions.append(EpochEndOffset(index, KafkaErrorCode.FENCED_LEADER_EPOCH))
             elif current_epoch > partition.epoch:
@@ -114,7 +114,8 @@ async def handle_delete_records(context: Context, request: Request) -> Reply:
             index = int(asked.partition_index)
             partition = partitions_by_key.get((topic.name, index))
             if partition is None:
-                partitions.append(DeleteRecordsPartition(index, error_code=UNKNOWN))
+                code = context.topics.not_here(topic.name, index)
+                partitions.append(DeleteRecordsPartition(index, error_code=code))
                 continue
             offset = int(asked.offset)
             offset = partition.high_watermark if offset == -1 else offset

@@ -43,7 +43,8 @@ async def handle_produce(context: Context, request: Request) -> Reply:
             if acks not in (-1, 0, 1):
                 results.append((partition_data.index, KafkaErrorCode.INVALID_REQUIRED_ACKS))
             elif partition is None:
-                results.append((partition_data.index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                code = registry.not_here(topic_data.name, partition_data.index)
+                results.append((partition_data.index, code))
             else:
                 topic = registry.topics[topic_data.name]
                 max_bytes = int(registry.topic_config(topic, "max.message.bytes"))

@@ -3,7 +3,8 @@ its own (one topic's error does not fail the others).
 
 Replication is shared storage's: a topic has one copy, so a replication factor other than 1 (or
 -1, the default) is refused, and a manual replica assignment must give each partition exactly one
-replica, this node (:func:`automq_ref.kafka.topics.check_replica_assignment`). The changes
+replica, a live broker (:func:`automq_ref.kafka.topics.check_replica_assignment`), where the
+controller then places it. The changes
 themselves, and their ordering against the controller's KV, are the registry's
 (:mod:`automq_ref.kafka.topic_registry`).
 """
@@ -67,6 +68,7 @@ def _config(context: Context, topic: Topic, name: str) -> CreatableTopicConfig:
 async def _create(context: Context, creatable: Any, validate_only: bool) -> Topic:
     replication = int(creatable.replication_factor)
     count = int(creatable.num_partitions)
+    brokers: list[int] = []
     if creatable.assignments:
         # The assignment says both counts, so the request must leave them to it (-1).
         for field, value in (("replication factor", replication), ("num_partitions", count)):
@@ -75,12 +77,12 @@ async def _create(context: Context, creatable: Any, validate_only: bool) -> Topi
                     KafkaErrorCode.INVALID_REQUEST,
                     f"a manual replica assignment was given with {field} {value} (use -1)",
                 )
-        check_replica_assignment(
-            [(int(a.partition_index), list(a.broker_ids)) for a in creatable.assignments],
-            0,
-            [context.config.node_id],
-        )
-        count = len(creatable.assignments)
+        given = [(int(a.partition_index), list(a.broker_ids)) for a in creatable.assignments]
+        check_replica_assignment(given, 0, context.topics.live_brokers())
+        count = len(given)
+        # One replica each (checked), in partition order: the broker the controller places
+        # each partition on.
+        brokers = [replicas[0] for _, replicas in sorted(given)]
     elif replication not in (-1, 1):
         raise TopicError(
             KafkaErrorCode.INVALID_REPLICATION_FACTOR,
@@ -89,7 +91,9 @@ async def _create(context: Context, creatable: Any, validate_only: bool) -> Topi
         )
     count = context.config.num_partitions if count == -1 else count
     configs = {config.name: config.value for config in creatable.configs}
-    return await context.topics.create_topic(creatable.name, count, configs, validate_only)
+    return await context.topics.create_topic(
+        creatable.name, count, configs, validate_only, assignments=brokers
+    )
 
 
 async def handle_delete_topics(context: Context, request: Request) -> Reply:
