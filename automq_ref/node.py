@@ -437,6 +437,7 @@ async def _start_bound(
         params=params,
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
+        runs_lifecycle=metadata.is_active,
     )
     recovered = storage.recovered
     log.info(

@@ -58,6 +58,7 @@ async def start_storage(
     block_size_threshold_bytes: int | None = None,
     clock: Clock | None = None,
     block_cache_bytes: int | None = None,
+    runs_lifecycle: Callable[[], bool] | None = None,
 ) -> RunningStorage:
     """Open ``<directory>/meta`` and its controller, register node ``NODE_ID`` proposing
     ``node_epoch`` (the tests' epochs grow, so that is the epoch granted), then start it over
@@ -70,6 +71,7 @@ async def start_storage(
             ("block_size_threshold_bytes", block_size_threshold_bytes),
             ("clock", clock),
             ("block_cache_bytes", block_cache_bytes),
+            ("runs_lifecycle", runs_lifecycle),
         )
         if value is not None
     }

@@ -44,7 +44,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,6 +166,7 @@ class S3Storage:
         block_size_threshold_bytes: int = 512 * 1024,
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
+        runs_lifecycle: Callable[[], bool] = lambda: True,
     ) -> None:
         self._wal = wal
         self._store = store
@@ -178,6 +179,9 @@ class S3Storage:
         # Wall-clock milliseconds: object deadlines, upload intervals, lifecycle. Tests inject
         # their own clock to move time past a deadline.
         self._clock = clock or SystemClock()
+        # Whether this broker runs the object lifecycle now: in a cluster only the active
+        # controller's broker does, so three brokers do not race for the same objects.
+        self._runs_lifecycle = runs_lifecycle
         self._cache: Driver[lc.LogCacheState, lc.LogCacheEvent, lc.LogCacheEffect] = Driver(
             lambda state, event: lc.step(state, event, params),
             lc.LogCacheState(),
@@ -223,6 +227,7 @@ class S3Storage:
         block_size_threshold_bytes: int = 512 * 1024,
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
+        runs_lifecycle: Callable[[], bool] = lambda: True,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams."""
@@ -239,6 +244,7 @@ class S3Storage:
             block_size_threshold_bytes=block_size_threshold_bytes,
             clock=clock,
             block_cache_bytes=block_cache_bytes,
+            runs_lifecycle=runs_lifecycle,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -724,6 +730,8 @@ class S3Storage:
         while True:
             await asyncio.sleep(1)
             self._apply(lc.Tick(self._clock.now_ms()))
+            if not self._runs_lifecycle():
+                continue
             try:
                 await self.run_object_lifecycle()
             except Exception as error:  # the next round retries; nothing is lost meanwhile
