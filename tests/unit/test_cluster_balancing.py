@@ -83,6 +83,13 @@ def assigned(node: Node, topic: str) -> dict[int, int]:
     return {index: a.leader for index, a in placed.partitions.items()}
 
 
+def gave_up_the_rest(node: Node) -> bool:
+    """``node`` holds exactly the partitions of ``shared`` assigned to it."""
+    node_id = node.config.node_id
+    mine = {i for i, leader in assigned(node, "shared").items() if leader == node_id}
+    return held(node, "shared") == mine
+
+
 async def produce(partition: Partition, count: int, size: int = 100) -> None:
     for value in range(count):
         batch = build_record_batch([(None, bytes([value % 256]) * size, (), 0)])
@@ -115,10 +122,9 @@ async def test_a_broker_that_joins_takes_its_share_with_the_data(
             partition = third.topics.partitions[("shared", index)]
             assert partition.log_end_offset == partition.high_watermark == 3
             assert partition.epoch == 1
-        for node in (first, second):
-            node_id = node.config.node_id
-            mine = {i for i, leader in assigned(node, "shared").items() if leader == node_id}
-            await until(lambda node=node, mine=mine: held(node, "shared") == mine, "given up")
+        await until(
+            lambda: gave_up_the_rest(first) and gave_up_the_rest(second), "the rest given up"
+        )
 
 
 async def test_the_autobalancer_moves_traffic_off_a_busy_broker(
