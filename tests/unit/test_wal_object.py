@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from automq_ref.checker.object_faults import FaultyObjectStore
+from automq_ref.checker.proxies import S3FaultProxy
 from automq_ref.formats.wal_object import WAL_OBJECT_HEADER_SIZE, Reservation, WalObjectHeader
 from automq_ref.formats.wal_record import WAL_RECORD_HEADER_SIZE
 from automq_ref.io.storage import wal_object
@@ -33,7 +34,7 @@ from automq_ref.io.storage.wal_object import (
 )
 from automq_ref.vocabulary.naming import wal_object_key, wal_objects_prefix, wal_reservation_key
 from tests.conftest import MotoS3
-from tests.unit.test_object_store import moto_store
+from tests.unit.test_object_store import fresh_bucket, moto_store
 from tests.waiting import PATIENCE_S
 
 NAMESPACE = "_kafka_test"
@@ -430,3 +431,34 @@ async def test_the_object_wal_on_s3(moto_s3: MotoS3) -> None:
         await wal.close()
     finally:
         await store.close()
+
+
+async def test_the_object_wal_through_the_s3_fault_proxy(moto_s3: MotoS3) -> None:
+    """503 SlowDowns, PUTs that land but answer 500 or are cut, and latency, on the wire: every
+    append is acknowledged once its object landed, and recovery returns each exactly once."""
+    proxy = S3FaultProxy(moto_s3.endpoint_url, seed=11)
+    proxy.start()
+    bucket = fresh_bucket()
+    proxied = await moto_store(
+        moto_s3, bucket, endpoint_url=proxy.url, max_attempts=2, path_style=True
+    )
+    try:
+        wal = await ready(proxied, 1)
+        proxy.set_faults(error_rate=0.3, ambiguous_rate=0.2, latency_s=0.01)
+        results = await asyncio.gather(*(wal.append(body(i)) for i in range(30)))
+        stats = proxy.stats
+        assert stats["errors_injected"] > 0 and stats["ambiguous_injected"] > 0, stats
+        proxy.heal()
+        await wal.close()
+    finally:
+        await proxied.close()
+        proxy.stop()
+    direct = await moto_store(moto_s3, bucket)
+    try:
+        wal, recovered = await open_wal(direct, 2)
+        assert [(r.record_offset, r.body) for r in recovered] == [
+            (result.record_offset, body(i)) for i, result in enumerate(results)
+        ]
+        await wal.close()
+    finally:
+        await direct.close()

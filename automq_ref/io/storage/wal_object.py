@@ -471,17 +471,22 @@ class ObjectWal:
                     break
 
     async def _newest_trim_offset(self) -> int:
+        """The trim offset in the newest object's header; 0 (trim nothing) when that header is
+        unreadable or does not check: a trim offset always lies at or below the start of the
+        object that carries it, and one that does not was damaged."""
         newest = self._objects[-1]
         try:
             data = await self._store.get_range(newest.key, 0, WAL_OBJECT_HEADER_SIZE)
-            return WalObjectHeader.decode(data).trim_offset
+            header = WalObjectHeader.decode(data)
+        except ObjectStoreUnavailable as error:
+            raise WalIOError(f"reading {newest.key}: {error}") from error
         except (FormatError, ObjectStoreError) as error:
-            if isinstance(error, ObjectStoreUnavailable):
-                raise WalIOError(f"reading {newest.key}: {error}") from error
-            log.warning(
-                "object WAL: newest object %s has no readable header: %s", newest.key, error
-            )
+            log.warning("object WAL: newest object %s has no header: %s", newest.key, error)
             return 0
+        if header.start_offset != newest.start or header.trim_offset > header.start_offset:
+            log.warning("object WAL: newest object %s has a damaged header %s", newest.key, header)
+            return 0
+        return header.trim_offset
 
     async def _read_ahead(
         self, run: list[WalObject]
