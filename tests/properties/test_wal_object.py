@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from automq_ref.checker.object_faults import FaultyObjectStore
-from automq_ref.io.storage import wal_object
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.wal import RecoveredRecord, WalFencedError, WalIOError
 from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
@@ -37,7 +36,13 @@ from automq_ref.vocabulary.naming import wal_objects_prefix
 
 NAMESPACE = "_kafka_test"
 NODE_ID = 1
-CONFIG = ObjectWalConfig(batch_interval_ms=5, max_bytes_in_batch=3000, max_inflight_uploads=3)
+CONFIG = ObjectWalConfig(
+    batch_interval_ms=5,
+    max_bytes_in_batch=3000,
+    max_inflight_uploads=3,
+    retry_base_s=0.001,
+    retry_max_s=0.01,
+)
 record_sizes = st.lists(st.integers(min_value=8, max_value=2500), min_size=1, max_size=10)
 FAULTY_OPERATIONS = {"put", "get", "delete_many"}
 
@@ -59,8 +64,6 @@ class ObjectWalMachine(RuleBasedStateMachine):
         self.zombie_writes: set[bytes] = set()
         self.wal: ObjectWal | None = None
         self.dead = False
-        self._retry = (wal_object.RETRY_BASE_S, wal_object.RETRY_MAX_S)
-        wal_object.RETRY_BASE_S, wal_object.RETRY_MAX_S = 0.001, 0.01
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -282,7 +285,6 @@ class ObjectWalMachine(RuleBasedStateMachine):
         finally:
             self.loop.close()
             shutil.rmtree(self.directory, ignore_errors=True)
-            wal_object.RETRY_BASE_S, wal_object.RETRY_MAX_S = self._retry
 
 
 ObjectWalMachine.TestCase.settings = settings(

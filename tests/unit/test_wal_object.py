@@ -13,7 +13,6 @@ from automq_ref.checker.object_faults import FaultyObjectStore
 from automq_ref.checker.proxies import S3FaultProxy
 from automq_ref.formats.wal_object import WAL_OBJECT_HEADER_SIZE, Reservation, WalObjectHeader
 from automq_ref.formats.wal_record import WAL_RECORD_HEADER_SIZE
-from automq_ref.io.storage import wal_object
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectStore
 from automq_ref.io.storage.wal import (
     AppendResult,
@@ -39,7 +38,13 @@ from tests.waiting import PATIENCE_S
 
 NAMESPACE = "_kafka_test"
 NODE_ID = 3
-CONFIG = ObjectWalConfig(batch_interval_ms=5, max_bytes_in_batch=4096, max_inflight_uploads=4)
+CONFIG = ObjectWalConfig(
+    batch_interval_ms=5,
+    max_bytes_in_batch=4096,
+    max_inflight_uploads=4,
+    retry_base_s=0.001,
+    retry_max_s=0.01,
+)
 MIB = 1024 * 1024
 
 
@@ -47,12 +52,6 @@ MIB = 1024 * 1024
 async def store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
     async with LocalDirectoryObjectStore(tmp_path / "objects", fsync=False) as opened:
         yield opened
-
-
-@pytest.fixture(autouse=True)
-def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wal_object, "RETRY_BASE_S", 0.001)
-    monkeypatch.setattr(wal_object, "RETRY_MAX_S", 0.01)
 
 
 async def open_wal(

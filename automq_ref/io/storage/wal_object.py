@@ -125,10 +125,6 @@ DEFAULT_MAX_UNFLUSHED_BYTES: Final = 1024 * MIB
 DEFAULT_MAX_INFLIGHT_UPLOADS: Final = 50
 DEFAULT_READAHEAD_BYTES: Final = 100 * MIB
 MIN_LINGER_S: Final = 0.010
-# A PUT or a reservation read whose store retries ran out is tried again after this pause,
-# doubling up to the cap.
-RETRY_BASE_S: Final = 0.05
-RETRY_MAX_S: Final = 5.0
 
 
 class OpenMode(enum.Enum):
@@ -145,6 +141,10 @@ class ObjectWalConfig:
     max_unflushed_bytes: int = DEFAULT_MAX_UNFLUSHED_BYTES
     max_inflight_uploads: int = DEFAULT_MAX_INFLIGHT_UPLOADS
     readahead_bytes: int = DEFAULT_READAHEAD_BYTES
+    # A PUT or a reservation read whose store retries ran out is tried again after this pause,
+    # doubling up to the cap (not an AutoMQ parameter: its S3 WAL fences itself instead).
+    retry_base_s: float = 0.05
+    retry_max_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in (
@@ -156,6 +156,8 @@ class ObjectWalConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not 0 < self.retry_base_s <= self.retry_max_s:
+            raise ValueError("retry pauses must satisfy 0 < retry_base_s <= retry_max_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -697,7 +699,7 @@ class ObjectWal:
                 in_flight += 1
 
     async def _upload(self, upload: _Upload) -> None:
-        pause = RETRY_BASE_S
+        pause = self._config.retry_base_s
         while self._state is _State.READY:
             try:
                 self.put_count += 1
@@ -708,7 +710,7 @@ class ObjectWal:
                     return
                 log.warning("object WAL: PUT %s failed, trying again: %s", upload.key, error)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_MAX_S)
+                pause = min(pause * 2, self._config.retry_max_s)
                 continue
             except Exception as error:
                 self._fail(WalIOError(f"uploading {upload.key}: {error}"))
@@ -753,7 +755,7 @@ class ObjectWal:
 
     async def _verify(self) -> bool:
         """Whether the reservation object still holds this writer's bytes."""
-        pause = RETRY_BASE_S
+        pause = self._config.retry_base_s
         while self._state is _State.READY:
             try:
                 self.verify_count += 1
@@ -766,7 +768,7 @@ class ObjectWal:
                     return False
                 log.warning("object WAL: reservation check failed, trying again: %s", error)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, RETRY_MAX_S)
+                pause = min(pause * 2, self._config.retry_max_s)
             except ObjectStoreError as error:
                 self._fail(WalIOError(f"checking the reservation: {error}"))
                 return False
