@@ -461,3 +461,36 @@ async def test_the_object_wal_through_the_s3_fault_proxy(moto_s3: MotoS3) -> Non
         await wal.close()
     finally:
         await direct.close()
+
+
+async def test_a_directory_shared_by_two_brokers(tmp_path: Path) -> None:
+    """Two brokers' WALs in one directory (as on a shared file system: each broker has its own
+    store over the same root); the second takes the first's WAL over after it died."""
+    shared = tmp_path / "shared-wal"
+    first_store = LocalDirectoryObjectStore(shared)
+    second_store = LocalDirectoryObjectStore(shared)
+    try:
+        first = await ObjectWal.open(first_store, namespace=NAMESPACE, node_id=1, node_epoch=3)
+        second = await ObjectWal.open(second_store, namespace=NAMESPACE, node_id=2, node_epoch=4)
+        for wal in (first, second):
+            assert [r async for r in wal.recover()] == []
+            await wal.reset()
+        acknowledged = await asyncio.gather(*(first.append(body(i)) for i in range(6)))
+        await second.append(body(99))
+        # The first broker dies (nothing more reaches the directory); the second takes over.
+        survivor = await ObjectWal.take_over(
+            second_store, namespace=NAMESPACE, node_id=1, node_epoch=3
+        )
+        recovered = [r async for r in survivor.recover()]
+        assert [(r.record_offset, r.body) for r in recovered] == [
+            (a.record_offset, body(i)) for i, a in enumerate(acknowledged)
+        ]
+        await survivor.reset()
+        await survivor.close()
+        with pytest.raises(WalFencedError):
+            await first.append(body(7))
+        await first.close()
+        await second.close()
+    finally:
+        await first_store.close()
+        await second_store.close()
