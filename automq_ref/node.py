@@ -55,7 +55,9 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -78,7 +80,7 @@ log = logging.getLogger(__name__)
 UPLOAD_LOG_INTERVAL_S = 60.0
 
 # (config, granted node epoch) -> the opened WAL.
-WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
+WalOpener = Callable[[BrokerConfig, int], Awaitable[WriteAheadLog]]
 
 
 @dataclass(frozen=True)
@@ -230,13 +232,30 @@ def check_listener_free(config: BrokerConfig) -> None:
                 raise ListenerUnavailable(host, port, reason) from error
 
 
-async def open_wal(config: BrokerConfig, node_epoch: int) -> BlockWal:
-    """The WAL file at ``s3.wal.path``."""
-    return await BlockWal.open_file(
-        config.wal_file,
+async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
+    """The WAL ``s3.wal.path`` names, by its scheme: the block WAL file (a path or
+    ``0@file://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a directory)."""
+    settings = config.object_wal
+    if settings is None:
+        return await BlockWal.open_file(
+            config.wal_file,
+            node_id=config.node_id,
+            node_epoch=node_epoch,
+            capacity_bytes=config.s3_wal_capacity,
+        )
+    return await ObjectWal.open(
+        open_object_store(settings.store_uri),
+        namespace=NAMESPACE,
         node_id=config.node_id,
         node_epoch=node_epoch,
-        capacity_bytes=config.s3_wal_capacity,
+        config=ObjectWalConfig(
+            batch_interval_ms=settings.batch_interval_ms,
+            max_bytes_in_batch=settings.max_bytes_in_batch,
+            max_unflushed_bytes=settings.max_unflushed_bytes,
+            max_inflight_uploads=settings.max_inflight_uploads,
+            readahead_bytes=settings.readahead_bytes,
+        ),
+        owns_store=True,
     )
 
 

@@ -21,7 +21,7 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import ObjectStore
 from automq_ref.io.storage.s3stream import S3Storage
-from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 
 NODE_ID = 1
@@ -48,7 +48,7 @@ class RunningStorage:
 
 async def start_storage(
     directory: Path,
-    wal: BlockWal,
+    wal: WriteAheadLog,
     store: ObjectStore,
     *,
     params: lc.LogCacheParams,

@@ -5,7 +5,9 @@ One module for the names that are written by one part of the project and found a
 says who writes under the name and who reads it; a change here is a change of the on-disk layout.
 
 Object keys
-    :data:`NAMESPACE` and :func:`object_key` name the objects in the object store.
+    :data:`NAMESPACE` and :func:`object_key` name the objects in the object store;
+    :func:`wal_object_key` (with :func:`wal_objects_prefix` and :func:`parse_wal_object_key`)
+    the object WAL's objects and :func:`wal_reservation_key` its reservation object.
 
 Controller KV keys
     :func:`topic_key` (a topic's record), :func:`partition_key` (a partition's MetaStream),
@@ -19,6 +21,8 @@ Pure: nothing here does I/O; ``uuid`` is needed only for a type.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -43,6 +47,54 @@ def object_key(namespace: str, object_id: int) -> str:
     Read by: every read from objects (the broker's and the Spark source's) and the controller's
     object lifecycle (deletes)."""
     return f"{f'{object_id:08x}'[::-1]}/{namespace}/{object_id}"
+
+
+def wal_objects_prefix(namespace: str, node_id: int) -> str:
+    """The key prefix of every WAL object of node ``node_id``, all epochs:
+    ``MD5HEX(str(node_id)).upper() + "/" + namespace + "/" + node_id + "/"``, AutoMQ's layout
+    with the namespace in place of ``_kafka_<clusterId>``; the hash spreads nodes over S3
+    prefixes.
+
+    Written by: nobody (a prefix). Read by: the object WAL when it opens a node's WAL (its own,
+    or a failed node's in a takeover) and lists the node's objects."""
+    digest = hashlib.md5(str(node_id).encode(), usedforsecurity=False).hexdigest().upper()
+    return f"{digest}/{namespace}/{node_id}/"
+
+
+def wal_object_key(namespace: str, node_id: int, epoch: int, start: int, end: int) -> str:
+    """The key of the WAL object of node ``node_id`` written at node epoch ``epoch`` holding
+    WAL offsets ``[start, end)``: ``<prefix><epoch>/wal/<start>-<end>``.
+
+    Written by: the object WAL when it uploads a batch of records
+    (:mod:`automq_ref.io.storage.wal_object`). Read by: the object WAL's recovery (its own
+    node's after a restart, or a survivor's in a takeover), which finds the keys by listing
+    :func:`wal_objects_prefix` and reads offsets and epochs back with
+    :func:`parse_wal_object_key`; deleted by its trims."""
+    return f"{wal_objects_prefix(namespace, node_id)}{epoch}/wal/{start}-{end}"
+
+
+_WAL_OBJECT_SUFFIX = re.compile(r"(\d+)/wal/(\d+)-(\d+)")
+
+
+def parse_wal_object_key(prefix: str, key: str) -> tuple[int, int, int] | None:
+    """``(epoch, start, end)`` of a key :func:`wal_object_key` made under ``prefix``, or None
+    for any other key."""
+    if not key.startswith(prefix):
+        return None
+    match = _WAL_OBJECT_SUFFIX.fullmatch(key, len(prefix))
+    if match is None:
+        return None
+    epoch, start, end = (int(group) for group in match.groups())
+    return (epoch, start, end) if start < end else None
+
+
+def wal_reservation_key(namespace: str, node_id: int) -> str:
+    """The key of node ``node_id``'s WAL reservation object: ``reservation/<namespace>/<id>``.
+
+    Written by: the object WAL when it opens the node's WAL (the node itself, or a survivor
+    taking it over, which overwrites it). Read by: the object WAL after every group of uploads,
+    to check that the WAL is still its own."""
+    return f"reservation/{namespace}/{node_id}"
 
 
 # ---------------------------------------------------------------------- controller KV

@@ -1,10 +1,12 @@
-"""S3Storage: durable, readable streams over the block WAL, LogCache, objects and controller.
+"""S3Storage: durable, readable streams over a WAL, LogCache, objects and controller.
 
-Append: the stream's next offset is assigned first, the StreamRecordBatch goes to the WAL, and
-once the WAL has synced it the record enters the LogCache machine (in WAL completion order) and
-the stream's confirm offset moves; only then does the caller get its offset. Reads never pass the
-confirm offset: they take the LogCache's contiguous run when it holds the start, else read objects
-(found through the metadata view's image) up to where the cache takes over.
+The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object
+WAL; the node picks one). Append: the stream's next offset is assigned first, the
+StreamRecordBatch goes to the WAL, and once the WAL has made it durable the record enters the
+LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
+the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
+contiguous run when it holds the start, else read objects (found through the metadata view's
+image) up to where the cache takes over.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -64,7 +66,7 @@ from automq_ref.io.storage.stream_objects import (
     read_from_objects,
     upload_layout,
 )
-from automq_ref.io.storage.wal_block import AppendResult, BlockWal, WalOverCapacityError
+from automq_ref.io.storage.wal import AppendResult, WalOverCapacityError, WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -155,7 +157,7 @@ class S3Storage:
     def __init__(
         self,
         *,
-        wal: BlockWal,
+        wal: WriteAheadLog,
         store: ObjectStore,
         client: ControllerClient,
         view: MetadataView,
@@ -217,7 +219,7 @@ class S3Storage:
     async def start(
         cls,
         *,
-        wal: BlockWal,
+        wal: WriteAheadLog,
         store: ObjectStore,
         client: ControllerClient,
         view: MetadataView,
