@@ -10,8 +10,9 @@ controller election, this node's replica of the image, the controller RPC).
 It binds the listener's address (accepting nothing yet), registers the node through the client
 with that address (proposing the clock's time as the node epoch; the controller grants one above
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
-then the topic registry (the partitions placed on this broker opened), the group coordinator,
-the producer-id allocator, the retention and cleaner tasks and the Kafka front end
+then the group coordinator and the topic registry (the partitions placed on this broker opened;
+the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
+producer-id allocator, the retention and cleaner tasks and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;

@@ -22,12 +22,13 @@ its own shard, and a group coordinated elsewhere gets its own ``NOT_COORDINATOR`
 lists the groups of every shard here (Kafka's admin client asks every broker);
 ``COORDINATOR_LOAD_IN_PROGRESS`` while one of them loads.
 
-The topic is created by every broker at start (:meth:`start`), through the controller like any
-topic: ``CreateTopic`` is put-if-absent, so the first broker creates it and the others find it.
-At start rather than at the first FindCoordinator (Kafka's moment) because a single node then
-serves groups at once, as it did when it kept one offsets stream (:func:`ready`: the node waits
-for the topic and its shards before it serves), and because the offsets of earlier versions
-(:mod:`automq_ref.kafka.group_import`) are imported when the shards first load. It has
+The topic is created through the controller like any topic, by the first group request a
+broker receives (FindCoordinator, as in Kafka, or any other; ``CreateTopic`` is put-if-absent,
+so any broker may): :meth:`topic_created` creates it and waits until it exists and the shards
+placed here have loaded, so the first consumer is answered rather than told to retry. Not at
+start, so a node that never serves a group never has it, except when an earlier version's
+offsets stream is there to import (:mod:`automq_ref.kafka.group_import`): then at start
+(:meth:`start`; a single node waits for it, :meth:`ready`). It has
 ``offsets.topic.num.partitions`` partitions (Kafka's setting and default, 50) and
 ``cleanup.policy=compact``: the shards write one key per committed offset, so compaction keeps
 each offset's latest value and drops deleted groups' tombstones after ``delete.retention.ms``.
@@ -146,9 +147,13 @@ class GroupCoordinator:
         ``COORDINATOR_LOAD_IN_PROGRESS`` meanwhile)."""
         try:
             async with asyncio.timeout(READY_WAIT_S):
+                # asyncio.wait: a task cancelled meanwhile (a shard stopped) ends the wait for
+                # it without cancelling this caller.
                 if self._creating is not None:
-                    await asyncio.shield(self._creating)
-                await asyncio.gather(*(asyncio.shield(task) for task in self._loads.values()))
+                    await asyncio.wait([self._creating])
+                loads = list(self._loads.values())
+                if loads:
+                    await asyncio.wait(loads)
         except TimeoutError:
             log.warning(
                 "group coordinator not ready %s",

@@ -133,9 +133,10 @@ CONSUMER_OFFSETS_TOPIC: Final = "__consumer_offsets"
 to partition ``abs(hash(group id)) % partitions``
 (:func:`automq_ref.kafka.groups.coordinator_partition`), whose broker is its coordinator.
 
-Written by: the group coordinator (created by any broker, at start; records appended by the
-broker leading each partition). Read by: the same partition's broker when it takes the
-partition (the coordinator's state is replayed from it), and Metadata (listed as internal)."""
+Written by: the group coordinator (created by any broker, at its first group request; records
+appended by the broker leading each partition). Read by: the same partition's broker when it
+takes the partition (the coordinator's state is replayed from it), and Metadata (listed as
+internal)."""
 
 _INTERNAL_TOPICS: Final = frozenset({CONSUMER_OFFSETS_TOPIC})
 
