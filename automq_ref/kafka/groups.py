@@ -72,6 +72,9 @@ TICK_MIN_S = 0.001
 LOAD_RETRY_S = 1.0  # a shard whose load failed (storage, controller) tries again after this
 CREATE_RETRY_S = 1.0  # creating the topic failed (no live broker yet, no controller)
 READY_WAIT_S = 30.0  # the longest a single node waits for its shards before it serves anyway
+# The longest a group request waits for the topic it made a broker create: well under clients'
+# request timeouts (30 s and more), well over a creation (about a second on three brokers).
+CREATE_WAIT_S = 10.0
 # The topic's configs (Kafka's own for it: compacted, so each offset's latest value stays).
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
@@ -141,12 +144,12 @@ class GroupCoordinator:
         if group_import.old_streams(self._view.image):
             self.ensure_topic()
 
-    async def ready(self) -> None:
+    async def ready(self, timeout_s: float = READY_WAIT_S) -> None:
         """Until the topic exists, if it is being created, and every shard held here has
-        loaded (at most :data:`READY_WAIT_S`: a shard that cannot load answers
+        loaded (at most ``timeout_s``: a shard that cannot load answers
         ``COORDINATOR_LOAD_IN_PROGRESS`` meanwhile)."""
         try:
-            async with asyncio.timeout(READY_WAIT_S):
+            async with asyncio.timeout(timeout_s):
                 # asyncio.wait: a task cancelled meanwhile (a shard stopped) ends the wait for
                 # it without cancelling this caller.
                 if self._creating is not None:
@@ -294,9 +297,9 @@ class GroupCoordinator:
         """Until ``__consumer_offsets`` exists (created here or elsewhere) and the shards then
         placed here have loaded: a group request (FindCoordinator included) that finds no topic
         creates it and waits, as Metadata waits for a topic it creates, so that the first
-        consumer is served without retrying; at most :data:`READY_WAIT_S`."""
+        consumer is served without retrying; at most :data:`CREATE_WAIT_S`."""
         self.ensure_topic()
-        await self.ready()
+        await self.ready(CREATE_WAIT_S)
 
     async def _create_topic(self) -> None:
         registry = self._registry
