@@ -44,9 +44,11 @@ from automq_ref.io.metadata.client import register_node
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.kafka import groups as groups_module
 from automq_ref.kafka.compaction import clean_partition
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.group_import import encode_record
+from automq_ref.kafka.group_shard import GroupShard
 from automq_ref.kafka.groups import (
     GroupCoordinator,
     coordinator_partition,
@@ -655,4 +657,56 @@ async def test_old_offsets_streams_are_imported_once_and_deleted(tmp_path: Path)
             for p in t.partitions
         ] == [("read", 0, 11, "m"), ("read", 1, 12, "m")]
     finally:
+        await node.shutdown()
+
+
+async def test_requests_wait_for_nothing_while_a_shard_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard loading answers COORDINATOR_LOAD_IN_PROGRESS (clients retry), FindCoordinator
+    names its broker meanwhile, and an empty group id is INVALID_GROUP_ID wherever it is sent."""
+    released = asyncio.Event()
+    replay = GroupShard.replay
+
+    async def slow_replay(shard: GroupShard) -> None:
+        await released.wait()
+        await replay(shard)
+
+    monkeypatch.setattr(GroupShard, "replay", slow_replay)
+    monkeypatch.setattr(groups_module, "CREATE_WAIT_S", 0.2)
+    node = await start_node(config(tmp_path))
+    admit = node.front_end.admit
+    try:
+        await node.topics.create_topic("read", 1, {})
+        me = (node.config.node_id, *node.advertised_address, KafkaErrorCode.NONE)
+        assert await find(admit, "loading") == [me]
+        v1 = await call(admit, PEER, FIND_COORDINATOR, 1, key="loading", key_type=i16(0))
+        assert (v1.error_code, v1.node_id) == (0, node.config.node_id)
+        assert await commit(admit, "loading", 1) is KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        listed = await call(admit, PEER, 16, 4, states_filter=())
+        assert listed.error_code == KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS.value
+        joined = await call(
+            admit,
+            PEER,
+            JOIN,
+            5,
+            group_id="",
+            session_timeout=datetime.timedelta(seconds=10),
+            rebalance_timeout=datetime.timedelta(seconds=30),
+            member_id="",
+            group_instance_id=None,
+            protocol_type="consumer",
+            protocols=(JoinGroupRequestProtocol(name="range", metadata=b""),),
+        )
+        assert joined.error_code == KafkaErrorCode.INVALID_GROUP_ID.value
+        released.set()
+
+        async def loaded() -> None:
+            while await commit(admit, "loading", 1) is not KafkaErrorCode.NONE:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(loaded(), 20)
+        assert await fetched(admit, "loading") == [(KafkaErrorCode.NONE, 1)]
+    finally:
+        released.set()
         await node.shutdown()
