@@ -660,7 +660,7 @@ async def test_old_offsets_streams_are_imported_once_and_deleted(tmp_path: Path)
         await node.shutdown()
 
 
-async def test_requests_wait_for_nothing_while_a_shard_loads(
+async def test_a_loading_shard_answers_load_in_progress(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A shard loading answers COORDINATOR_LOAD_IN_PROGRESS (clients retry), FindCoordinator
