@@ -178,6 +178,9 @@ class BrokerConfig(BaseModel):
     # A JoinGroup's session timeout outside these bounds is answered INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_ms: int = Field(6000, alias="group.min.session.timeout.ms", ge=0)
     group_max_session_timeout_ms: int = Field(1_800_000, alias="group.max.session.timeout.ms", ge=0)
+    # The partitions of __consumer_offsets when a broker creates it (Kafka's name and default):
+    # groups are spread over them, and each is coordinated by the broker leading its partition.
+    offsets_topic_num_partitions: int = Field(50, alias="offsets.topic.num.partitions", ge=1)
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
     log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
     log_retention_check_interval_ms: int = Field(

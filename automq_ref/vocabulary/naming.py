@@ -11,10 +11,15 @@ Object keys
 
 Controller KV keys
     :func:`topic_key` (a topic's record), :func:`partition_key` (a partition's MetaStream),
-    :data:`OFFSETS_STREAM_KEY` (the group coordinator's offsets stream; in a cluster, each
-    broker's under :func:`node_offsets_stream_key`) and
+    :data:`OFFSETS_STREAM_KEY` and :func:`node_offsets_stream_key` (the offsets streams of
+    earlier versions, imported once into ``__consumer_offsets``; :func:`offsets_imported_key`
+    marks each partition done) and
     :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far). The values under them
     are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``).
+
+Topics
+    :data:`CONSUMER_OFFSETS_TOPIC`, the internal topic that holds the groups' committed
+    offsets, and :func:`is_internal_topic`.
 
 Pure: nothing here does I/O; ``uuid`` is needed only for a type.
 """
@@ -129,20 +134,40 @@ def partition_key(topic_id: uuid.UUID, index: int) -> str:
 
 
 OFFSETS_STREAM_KEY: Final = "groups/offsets-stream"
-"""The KV key holding the id of the group coordinator's offsets stream.
+"""The KV key holding the id of a single node's offsets stream, from before the groups' offsets
+moved to ``__consumer_offsets``.
 
-Written by: the group coordinator when it first starts (it creates the stream). Read by: the
-group coordinator at every later start, to replay the committed offsets."""
+Written by: earlier versions' group coordinator when it first started (it created the stream).
+Read by: the group coordinator's import (:mod:`automq_ref.kafka.group_import`), which copies the
+offsets into ``__consumer_offsets`` once, then deletes the stream and this key."""
 
 
 def node_offsets_stream_key(node_id: int) -> str:
-    """The KV key holding the id of node ``node_id``'s own offsets stream, in a cluster.
+    """The KV key holding the id of node ``node_id``'s own offsets stream, written by a broker
+    of a cluster of an earlier version (each broker then kept the offsets of the groups it was
+    asked about).
 
-    Written by: a broker of a cluster when its group coordinator first starts (until groups are
-    placed on brokers, each broker coordinates the groups it is asked about, with offsets of
-    its own; one stream shared by all would be fenced by every broker that opened it). Read
-    by: that broker's group coordinator at every later start."""
+    Written by: nothing any more. Read by: the group coordinator's import, as
+    :data:`OFFSETS_STREAM_KEY`."""
     return f"{OFFSETS_STREAM_KEY}/node-{node_id}"
+
+
+def is_offsets_stream_key(key: str) -> bool:
+    """Whether ``key`` is :data:`OFFSETS_STREAM_KEY` or a :func:`node_offsets_stream_key`."""
+    return key == OFFSETS_STREAM_KEY or key.startswith(f"{OFFSETS_STREAM_KEY}/node-")
+
+
+OFFSETS_IMPORTED_PREFIX: Final = "groups/offsets-imported/"
+
+
+def offsets_imported_key(stream_id: int, partition: int) -> str:
+    """The KV key saying that partition ``partition`` of ``__consumer_offsets`` has imported the
+    offsets of old offsets stream ``stream_id`` (its value is empty).
+
+    Written by: the group coordinator partition's broker once the imported offsets are durable
+    in the partition. Read by: the same import, to import each stream into each partition once
+    and to delete the stream once every partition has; deleted with the stream."""
+    return f"{OFFSETS_IMPORTED_PREFIX}{stream_id}/{partition}"
 
 
 PRODUCER_ID_KEY: Final = "producer-ids/next"
@@ -151,3 +176,24 @@ PRODUCER_ID_KEY: Final = "producer-ids/next"
 Written by: the controller, when a node's producer-id allocator asks for a new block (the
 StreamMetadata machine's ``AllocateProducerIds`` reads and advances it in one decision). Read by:
 that same decision, to learn where the next block starts."""
+
+
+# ----------------------------------------------------------------------------- topics
+
+CONSUMER_OFFSETS_TOPIC: Final = "__consumer_offsets"
+"""The internal topic holding the groups' committed offsets (Kafka's name): a group's records go
+to partition ``abs(hash(group id)) % partitions``
+(:func:`automq_ref.kafka.groups.coordinator_partition`), whose broker is its coordinator.
+
+Written by: the group coordinator (created by any broker, at its first group request; records
+appended by the broker leading each partition). Read by: the same partition's broker when it
+takes the partition (the coordinator's state is replayed from it), and Metadata (listed as
+internal)."""
+
+_INTERNAL_TOPICS: Final = frozenset({CONSUMER_OFFSETS_TOPIC})
+
+
+def is_internal_topic(name: str | None) -> bool:
+    """Whether ``name`` is an internal topic: clients may not produce to it, delete it or grow
+    it."""
+    return name in _INTERNAL_TOPICS
