@@ -84,7 +84,6 @@ class Environment:
     etcd: EtcdProcess | None = None
     session_timeout_s: float = 0.0  # a cluster's broker.session.timeout.ms
     lease_ttl_s: float = 0.0  # a cluster's controller lease, in the whole seconds etcd counts
-    broken_broker: int | None = None  # the node id of the broker in --broken modes (cluster)
     _closers: list[Any] = field(default_factory=list)
     metadata_path: Path | None = None  # where close writes a cluster's metadata log as text
 
@@ -231,7 +230,6 @@ class Environment:
             etcd,
             session_timeout_s,
             lease_ttl_s,
-            1 if brokers > 1 and broken else None,
             closers,
             metadata_path,
         )
