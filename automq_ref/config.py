@@ -13,8 +13,10 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 from pydantic import (
     BaseModel,
@@ -26,6 +28,87 @@ from pydantic import (
 )
 
 MIB = 1024 * 1024
+
+# The object WAL's query parameters in ``s3.wal.path`` (AutoMQ's names) and their defaults.
+OBJECT_WAL_PARAMETERS: Mapping[str, int] = {
+    "batchInterval": 250,
+    "maxBytesInBatch": 8 * MIB,
+    "maxUnflushedBytes": 1024 * MIB,
+    "maxInflightUploadCount": 50,
+    "readaheadDataSize": 100 * MIB,
+}
+# Query parameters of the bucket itself, passed on to the object store.
+_BUCKET_PARAMETERS = frozenset({"region", "endpoint", "pathStyle", "accessKey", "secretKey"})
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectWalSettings:
+    """The object WAL ``s3.wal.path`` names: where its objects go (an object store URI, S3 or a
+    local directory) and AutoMQ's batching parameters."""
+
+    store_uri: str
+    batch_interval_ms: int
+    max_bytes_in_batch: int
+    max_unflushed_bytes: int
+    max_inflight_uploads: int
+    readahead_bytes: int
+
+
+def _split_wal_path(raw: str) -> tuple[str, str, str]:
+    """``(scheme, location, query)`` of ``s3.wal.path``: AutoMQ's ``<id>@<scheme>://...``, or a
+    plain path (scheme ``""``)."""
+    raw = raw.strip()
+    head = raw.split("/", 1)[0]
+    if "@" in head:
+        raw = raw.split("@", 1)[1]
+    scheme, separator, rest = raw.partition("://")
+    if not separator:
+        return "", raw, ""
+    location, _, query = rest.partition("?")
+    return scheme, location, query
+
+
+def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
+    """The object WAL of an ``s3://`` or ``dir://`` path (None for the block WAL's forms);
+    raises ValueError naming what is wrong."""
+    scheme, location, query = _split_wal_path(raw)
+    if scheme in ("", "file"):
+        return None
+    if scheme not in ("s3", "dir"):
+        raise ValueError(
+            f"unknown WAL scheme {scheme!r}: expected a file path, 0@file://PATH (block WAL), "
+            "0@s3://BUCKET?... or 0@dir://PATH (object WAL)"
+        )
+    parameters = {name: values[-1] for name, values in parse_qs(query).items()}
+    known = set(OBJECT_WAL_PARAMETERS) | (_BUCKET_PARAMETERS if scheme == "s3" else set())
+    for name in parameters:
+        if name not in known:
+            raise ValueError(f"unknown WAL parameter {name!r}{did_you_mean(name, known)}")
+    numbers: dict[str, int] = {}
+    for name, default in OBJECT_WAL_PARAMETERS.items():
+        text = parameters.get(name, str(default))
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"the WAL parameter {name}={text!r} must be a positive integer")
+        numbers[name] = int(text)
+    if scheme == "s3":
+        if not location:
+            raise ValueError("an s3:// WAL needs a bucket: 0@s3://BUCKET?region=R&endpoint=URL")
+        bucket_query = urlencode(
+            [(name, parameters[name]) for name in sorted(_BUCKET_PARAMETERS) if name in parameters]
+        )
+        store_uri = f"s3://{location}" + (f"?{bucket_query}" if bucket_query else "")
+    else:
+        if not location:
+            raise ValueError("a dir:// WAL needs a directory: 0@dir:///PATH")
+        store_uri = Path(location).resolve().as_uri()
+    return ObjectWalSettings(
+        store_uri=store_uri,
+        batch_interval_ms=numbers["batchInterval"],
+        max_bytes_in_batch=numbers["maxBytesInBatch"],
+        max_unflushed_bytes=numbers["maxUnflushedBytes"],
+        max_inflight_uploads=numbers["maxInflightUploadCount"],
+        readahead_bytes=numbers["readaheadDataSize"],
+    )
 
 
 class ConfigError(ValueError):
@@ -71,7 +154,10 @@ class BrokerConfig(BaseModel):
     log_dirs: str = Field("./data", alias="log.dirs")
     # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
     s3_data_buckets: str = Field("", alias="s3.data.buckets")
-    # The WAL: a file path (created and preallocated) or AutoMQ's 0@file://PATH form.
+    # The WAL: the block WAL file (a path, created and preallocated, or AutoMQ's 0@file://PATH
+    # form), or the object WAL: 0@s3://BUCKET?region=..&endpoint=..&batchInterval=..&
+    # maxBytesInBatch=.. (AutoMQ's form), or 0@dir://PATH for its objects in a directory (of a
+    # shared file system: NFS, EFS).
     s3_wal_path: str = Field("", alias="s3.wal.path")
     s3_wal_capacity: int = Field(1024 * MIB, alias="s3.wal.capacity", ge=4 * MIB)
     s3_wal_cache_size: int = Field(512 * MIB, alias="s3.wal.cache.size", ge=MIB)
@@ -92,6 +178,9 @@ class BrokerConfig(BaseModel):
     # A JoinGroup's session timeout outside these bounds is answered INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_ms: int = Field(6000, alias="group.min.session.timeout.ms", ge=0)
     group_max_session_timeout_ms: int = Field(1_800_000, alias="group.max.session.timeout.ms", ge=0)
+    # The partitions of __consumer_offsets when a broker creates it (Kafka's name and default):
+    # groups are spread over them, and each is coordinated by the broker leading its partition.
+    offsets_topic_num_partitions: int = Field(50, alias="offsets.topic.num.partitions", ge=1)
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
     log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
     log_retention_check_interval_ms: int = Field(
@@ -175,6 +264,12 @@ class BrokerConfig(BaseModel):
             raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
         return value
 
+    @field_validator("s3_wal_path")
+    @classmethod
+    def _wal_path(cls, value: str) -> str:
+        _object_wal_settings(value)
+        return value
+
     @field_validator("metadata_etcd_endpoints")
     @classmethod
     def _etcd_endpoints(cls, value: str) -> str:
@@ -236,12 +331,18 @@ class BrokerConfig(BaseModel):
 
     @property
     def wal_file(self) -> Path:
+        """The block WAL's file (where it would be, when ``object_wal`` is set instead)."""
         raw = self.s3_wal_path
-        if not raw:
+        if not raw or self.object_wal is not None:
             return self.data_dir / "wal"
         raw = raw.split("@", 1)[1] if "@" in raw.split("/", 1)[0] else raw
         raw = raw.removeprefix("file://").split("?", 1)[0]
         return Path(raw)
+
+    @property
+    def object_wal(self) -> ObjectWalSettings | None:
+        """The object WAL ``s3.wal.path`` names, or None for the block WAL."""
+        return _object_wal_settings(self.s3_wal_path)
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:

@@ -10,8 +10,9 @@ controller election, this node's replica of the image, the controller RPC).
 It binds the listener's address (accepting nothing yet), registers the node through the client
 with that address (proposing the clock's time as the node epoch; the controller grants one above
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
-then the topic registry (the partitions placed on this broker opened), the group coordinator,
-the producer-id allocator, the retention and cleaner tasks and the Kafka front end
+then the group coordinator and the topic registry (the partitions placed on this broker opened;
+the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
+producer-id allocator, the retention and cleaner tasks and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
@@ -55,7 +56,9 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -67,7 +70,7 @@ from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.placement import BalanceParams
-from automq_ref.vocabulary.naming import NAMESPACE, OFFSETS_STREAM_KEY, node_offsets_stream_key
+from automq_ref.vocabulary.naming import NAMESPACE
 
 if TYPE_CHECKING:
     from automq_ref.io.metadata.cluster import ClusterSettings
@@ -78,7 +81,7 @@ log = logging.getLogger(__name__)
 UPLOAD_LOG_INTERVAL_S = 60.0
 
 # (config, granted node epoch) -> the opened WAL.
-WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
+WalOpener = Callable[[BrokerConfig, int], Awaitable[WriteAheadLog]]
 
 
 @dataclass(frozen=True)
@@ -230,13 +233,30 @@ def check_listener_free(config: BrokerConfig) -> None:
                 raise ListenerUnavailable(host, port, reason) from error
 
 
-async def open_wal(config: BrokerConfig, node_epoch: int) -> BlockWal:
-    """The WAL file at ``s3.wal.path``."""
-    return await BlockWal.open_file(
-        config.wal_file,
+async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
+    """The WAL ``s3.wal.path`` names, by its scheme: the block WAL file (a path or
+    ``0@file://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a directory)."""
+    settings = config.object_wal
+    if settings is None:
+        return await BlockWal.open_file(
+            config.wal_file,
+            node_id=config.node_id,
+            node_epoch=node_epoch,
+            capacity_bytes=config.s3_wal_capacity,
+        )
+    return await ObjectWal.open(
+        open_object_store(settings.store_uri),
+        namespace=NAMESPACE,
         node_id=config.node_id,
         node_epoch=node_epoch,
-        capacity_bytes=config.s3_wal_capacity,
+        config=ObjectWalConfig(
+            batch_interval_ms=settings.batch_interval_ms,
+            max_bytes_in_batch=settings.max_bytes_in_batch,
+            max_unflushed_bytes=settings.max_unflushed_bytes,
+            max_inflight_uploads=settings.max_inflight_uploads,
+            readahead_bytes=settings.readahead_bytes,
+        ),
+        owns_store=True,
     )
 
 
@@ -355,11 +375,11 @@ class Node:
         for partition in partitions:
             partition.wake_waiters()
         try:
+            # The group shards stop first: nothing appends to their partitions any more.
+            await self.groups.close()
             # Together: the first close seals the block holding everyone's data, the others
             # wait for that same upload.
-            closing = [partition.close() for partition in partitions]
-            closing.append(self.groups.close())
-            await asyncio.gather(*closing)
+            await asyncio.gather(*(partition.close() for partition in partitions))
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
@@ -437,6 +457,7 @@ async def _start_bound(
         params=params,
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
+        runs_lifecycle=metadata.is_active,
     )
     recovered = storage.recovered
     log.info(
@@ -470,21 +491,14 @@ async def _start_bound(
         ),
     )
     await session.heartbeat()
-    topics = await TopicRegistry.open(storage, client, view, config)
+    groups = GroupCoordinator(storage, client, view, config, seams.clock)
+    topics = await TopicRegistry.open(storage, client, view, config, listeners=(groups,))
     session.report_loads(topics.loads)
-    groups = await GroupCoordinator.open(
-        storage,
-        client,
-        view,
-        initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
-        min_session_timeout_ms=config.group_min_session_timeout_ms,
-        max_session_timeout_ms=config.group_max_session_timeout_ms,
-        clock=seams.clock,
-        # In a cluster each broker keeps its groups' offsets in a stream of its own.
-        offsets_stream_key=(
-            node_offsets_stream_key(config.node_id) if config.etcd_endpoints else OFFSETS_STREAM_KEY
-        ),
-    )
+    groups.start(topics)
+    if not config.etcd_endpoints:
+        # A single node coordinates every group: it serves them from its first request, as
+        # it did when its groups' offsets were one stream of its own.
+        await groups.ready()
     log.info(
         "node started %s",
         fields(

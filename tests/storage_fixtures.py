@@ -21,7 +21,7 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import ObjectStore
 from automq_ref.io.storage.s3stream import S3Storage
-from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 
 NODE_ID = 1
@@ -48,7 +48,7 @@ class RunningStorage:
 
 async def start_storage(
     directory: Path,
-    wal: BlockWal,
+    wal: WriteAheadLog,
     store: ObjectStore,
     *,
     params: lc.LogCacheParams,
@@ -58,6 +58,7 @@ async def start_storage(
     block_size_threshold_bytes: int | None = None,
     clock: Clock | None = None,
     block_cache_bytes: int | None = None,
+    runs_lifecycle: Callable[[], bool] | None = None,
 ) -> RunningStorage:
     """Open ``<directory>/meta`` and its controller, register node ``NODE_ID`` proposing
     ``node_epoch`` (the tests' epochs grow, so that is the epoch granted), then start it over
@@ -70,6 +71,7 @@ async def start_storage(
             ("block_size_threshold_bytes", block_size_threshold_bytes),
             ("clock", clock),
             ("block_cache_bytes", block_cache_bytes),
+            ("runs_lifecycle", runs_lifecycle),
         )
         if value is not None
     }

@@ -1,8 +1,11 @@
-"""Records of the group coordinator's offsets stream: committed offsets and group deletions.
+"""Records of the offsets streams of earlier versions: committed offsets and group deletions.
 
-The coordinator appends one record per durable effect of the Group machine, in emission order,
-to its offsets stream (found under :data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`),
-and replays them all at start-up. Each record is JSON:
+Before groups moved to ``__consumer_offsets`` (:mod:`automq_ref.formats.offsets_record`), the
+coordinator appended one record per durable effect of the Group machine, in emission order, to
+an offsets stream (found under :data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`, or a
+node's :func:`~automq_ref.vocabulary.naming.node_offsets_stream_key`) and replayed them all at
+start-up; such a stream is now read once, to import it
+(:mod:`automq_ref.kafka.group_import`). Each record is JSON:
 
 ``{"type": "offsets", "group": id, "offsets": [[topic, partition, offset, leader epoch,
 metadata, commit timestamp ms], ...]}``
@@ -11,8 +14,7 @@ metadata, commit timestamp ms], ...]}``
     a tombstone for each group's offsets (DeleteGroups, or an expired group).
 
 The types here are the codec's own, so that ``formats`` needs nothing from the machines: the
-coordinator's shell (:mod:`automq_ref.kafka.groups`) converts to and from the Group machine's
-records.
+import converts to and from the Group machine's records.
 """
 
 from __future__ import annotations

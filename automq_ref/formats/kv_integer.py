@@ -1,7 +1,8 @@
 """Integers in the controller's KV store: a stream id or a producer id as decimal ASCII.
 
 The values under :func:`~automq_ref.vocabulary.naming.partition_key` (a MetaStream id),
-:data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY` (the offsets stream's id) and
+:data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY` (an earlier version's offsets stream's
+id) and
 :data:`~automq_ref.vocabulary.naming.PRODUCER_ID_KEY` (the next producer-id block) are written
 this way (the last by the controller's StreamMetadata machine, the others by the broker) and read
 back by their writers and by the Spark source. Decoding accepts exactly

@@ -1,31 +1,40 @@
-"""The group coordinator's shell: the pure Group machine, its clock, and its offsets stream.
+"""The group coordinator: groups spread over the partitions of ``__consumer_offsets``, one shard
+per partition this broker leads.
 
-Every group request becomes an event with a fresh request id; the caller awaits the answer,
-which the machine may give later (a JoinGroup waits for the rebalance). The machine runs under
-the shell's one driver (:mod:`automq_ref.io.driver`), whose executors are synchronous: a
-``Respond`` resolves the caller's future; ``PersistOffsets`` and ``PersistGroupDeletion`` are
-appended, in emission order, to one *offsets stream* (found in the controller's KV under
-:data:`~automq_ref.vocabulary.naming.OFFSETS_STREAM_KEY`; records encoded by
-:mod:`automq_ref.formats.group_record`); when an append is durable the machine hears
-``OffsetsPersisted`` and only then answers the commit and shows the offsets (so offsets are
-persisted before the commit is answered). An append the storage refuses at once is answered
-``OffsetsPersistFailed`` (stepped after the transition that asked for it). A ``Rejected`` means
-this shell broke its side of the contract and raises ``CoordinatorError``.
-At start the stream is replayed (``recover``): groups come back Empty with their offsets, and
-members rejoin. Time is the injected clock's wall-clock milliseconds (the node's ``Clock``),
-stamped on every request and fed as ``Tick``: at the machine's next deadline
-(``next_deadline_ms``, checked at least every 100 ms), and before any request once a deadline
-has passed, so that a request sees every timer due at its time fired (a static member that
-stopped heartbeating is gone for the DeleteGroups sent one session timeout after it closed, as
-in Kafka, where timers fire on their own). The offsets stream's id is read from the metadata
-view and written through the controller client.
+A group's *coordinator partition* is ``abs(hashCode(group id)) % partitions`` of the internal
+topic ``__consumer_offsets`` (:func:`coordinator_partition`, Kafka's own formula, so a group
+lands where Kafka would put it), and its coordinator is the broker placement assigns that
+partition. This broker runs one :class:`~automq_ref.kafka.group_shard.GroupShard` per coordinator
+partition it holds: the topic registry tells it when it takes one (:meth:`partition_taken`: the
+shard loads from the partition's log, then serves) and when it gives one up
+(:meth:`partition_given_up`, before the partition closes: the shard stops and its waiting
+requests are answered ``NOT_COORDINATOR``). So a group's offsets move with its partition: no
+byte is copied, the next broker replays the same log.
 
-The stream only grows here; compacting it (rewriting the live offsets and trimming) is left for
-later, as AutoMQ does for its MetaStreams.
+Routing (:meth:`GroupCoordinator.request` and the many-group requests): a request for a group
+whose partition is led here and loaded goes to its shard; while the shard loads, or while the
+partition is placed here but not taken yet, the answer is ``COORDINATOR_LOAD_IN_PROGRESS``; a
+group this broker does not coordinate (or any group before the topic exists) is answered
+``NOT_COORDINATOR``, and the client asks FindCoordinator again (:meth:`coordinator`: the
+partition's broker, ``COORDINATOR_NOT_AVAILABLE`` while the topic does not exist or the partition
+has no broker). OffsetFetch v8+, DescribeGroups and DeleteGroups name many groups: each goes to
+its own shard, and a group coordinated elsewhere gets its own ``NOT_COORDINATOR``. ListGroups
+lists the groups of every shard here (Kafka's admin client asks every broker);
+``COORDINATOR_LOAD_IN_PROGRESS`` while one of them loads.
 
-Each new generation of a group is logged at INFO (``group rebalanced``: the group, generation,
-member count, protocol and leader; ``group empty`` when the last member left), and so is a group
-removed (deleted, or expired once empty without offsets).
+The topic is created through the controller like any topic, by the first group request a
+broker receives (FindCoordinator, as in Kafka, or any other; ``CreateTopic`` is put-if-absent,
+so any broker may): :meth:`topic_created` creates it and waits until it exists and the shards
+placed here have loaded, so the first consumer is answered rather than told to retry. Not at
+start, so a node that never serves a group never has it, except when an earlier version's
+offsets stream is there to import (:mod:`automq_ref.kafka.group_import`): then at start
+(:meth:`start`; a single node waits for it, :meth:`ready`). It has
+``offsets.topic.num.partitions`` partitions (Kafka's setting and default, 50) and
+``cleanup.policy=compact``: the shards write one key per committed offset, so compaction keeps
+each offset's latest value and drops deleted groups' tombstones after ``delete.retention.ms``.
+
+One ticker feeds every shard's timers: it wakes at the earliest deadline of any shard (at least
+every 100 ms) and ticks each shard that holds groups.
 """
 
 from __future__ import annotations
@@ -33,240 +42,465 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
+from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.formats import group_record as gr
-from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
-from automq_ref.io.clock import Clock, SystemClock
-from automq_ref.io.driver import Driver
+from automq_ref.io.clock import Clock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.s3stream import S3Storage, StorageError
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.kafka import group_import
+from automq_ref.kafka.group_import import Offsets
+from automq_ref.kafka.group_shard import GroupShard, ShardGone
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.topics import TopicError
 from automq_ref.state_machines import group as gc
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.vocabulary.naming import OFFSETS_STREAM_KEY
+from automq_ref.vocabulary.naming import CONSUMER_OFFSETS_TOPIC
+
+if TYPE_CHECKING:
+    from automq_ref.kafka.topic_registry import TopicRegistry
 
 log = logging.getLogger(__name__)
 
 TICK_INTERVAL_S = 0.1  # the longest the ticker sleeps; it wakes earlier for a known deadline
 TICK_MIN_S = 0.001
-READ_CHUNK_BYTES = 4 * 1024 * 1024
+LOAD_RETRY_S = 1.0  # a shard whose load failed (storage, controller) tries again after this
+CREATE_RETRY_S = 1.0  # creating the topic failed (no live broker yet, no controller)
+READY_WAIT_S = 30.0  # the longest a single node waits for its shards before it serves anyway
+# The longest a group request waits for the topic it made a broker create: well under clients'
+# request timeouts (30 s and more), well over a creation (about a second on three brokers).
+CREATE_WAIT_S = 10.0
+# The topic's configs (Kafka's own for it: compacted, so each offset's latest value stays).
+TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+
+INT32_MIN = -(2**31)
+R = TypeVar("R")
 
 
-def encode_record(record: gc.DurableRecord) -> bytes:
-    """The offsets-stream record of one of the Group machine's durable effects."""
-    if isinstance(record, gc.PersistOffsets):
-        offsets = tuple(
-            gr.StoredOffset(
-                o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms
-            )
-            for o in record.offsets
-        )
-        return gr.encode_group_record(gr.OffsetsCommitted(record.group_id, offsets))
-    return gr.encode_group_record(gr.GroupsDeleted(record.group_ids))
+def java_string_hashcode(text: str) -> int:
+    """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over the UTF-16 code units,
+    in 32-bit two's complement arithmetic."""
+    encoded = text.encode("utf-16-be", "surrogatepass")
+    value = 0
+    for position in range(0, len(encoded), 2):
+        unit = (encoded[position] << 8) | encoded[position + 1]
+        value = (31 * value + unit) & 0xFFFFFFFF
+    return value - 2**32 if value >= 2**31 else value
 
 
-def decode_record(payload: bytes | memoryview) -> gc.DurableRecord:
-    """The Group machine's record for one offsets-stream record (request id -1: replayed)."""
-    record = gr.decode_group_record(payload)
-    if isinstance(record, gr.OffsetsCommitted):
-        offsets = tuple(
-            gc.OffsetRecord(
-                o.topic, o.partition, o.offset, o.leader_epoch, o.metadata, o.commit_timestamp_ms
-            )
-            for o in record.offsets
-        )
-        return gc.PersistOffsets(-1, record.group_id, offsets)
-    return gc.PersistGroupDeletion(-1, record.group_ids)
-
-
-def _log_generations(before: Mapping[str, gc.Group], after: Mapping[str, gc.Group]) -> None:
-    """One line per group whose generation moved, or that is gone."""
-    for group_id, group in after.items():
-        old = before.get(group_id)
-        if group is old or group.generation_id == (0 if old is None else old.generation_id):
-            continue  # unchanged, or a group just created: its first rebalance is logged
-        if group.members:
-            log.info(
-                "group rebalanced %s",
-                fields(
-                    group=group_id,
-                    generation=group.generation_id,
-                    members=len(group.members),
-                    protocol_type=group.protocol_type or "",
-                    protocol=group.protocol_name or "",
-                    leader=group.leader_id or "",
-                ),
-            )
-        else:
-            log.info("group empty %s", fields(group=group_id, generation=group.generation_id))
-    # Linear, as the machine's own copy of the mapping on every change is.
-    for group_id in sorted(before.keys() - after.keys()):
-        log.info("group removed %s", fields(group=group_id))
-
-
-class CoordinatorError(RuntimeError):
-    """The machine refused an event this shell made: the shell broke its side of the contract."""
+def coordinator_partition(group_id: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition of ``group_id``: Kafka's
+    ``Utils.abs(groupId.hashCode) % partitions``, where ``Utils.abs`` maps ``Integer.MIN_VALUE``
+    to 0."""
+    hashed = java_string_hashcode(group_id)
+    return (0 if hashed == INT32_MIN else abs(hashed)) % partitions
 
 
 class GroupCoordinator:
+    """The shards of the coordinator partitions held here, and the routing of group requests to
+    them. A listener of the topic registry (:meth:`partition_taken`,
+    :meth:`partition_given_up`)."""
+
     def __init__(
         self,
         storage: S3Storage,
-        stream_id: int,
-        epoch: int,
-        params: gc.GroupParams,
-        state: gc.CoordinatorState,
+        client: ControllerClient,
+        view: MetadataView,
+        config: BrokerConfig,
         clock: Clock,
     ) -> None:
         self._storage = storage
+        self._client = client
+        self._view = view
+        self._config = config
         self._clock = clock
-        self._stream_id = stream_id
-        self._epoch = epoch
-        self._driver: Driver[gc.CoordinatorState, gc.GroupEvent, gc.GroupEffect] = Driver(
-            lambda state, event: gc.step(state, event, params),
-            state,
-            {
-                gc.Respond: self._answer,
-                gc.PersistOffsets: self._persist,
-                gc.PersistGroupDeletion: self._persist,
-                gc.Rejected: self._refused,
-            },
+        self._params = gc.GroupParams(
+            group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            group_min_session_timeout_ms=config.group_min_session_timeout_ms,
+            group_max_session_timeout_ms=config.group_max_session_timeout_ms,
         )
-        self._next_request_id = 0
-        self._answers: dict[int, asyncio.Future[gc.Response]] = {}
+        self._shards: dict[int, GroupShard] = {}
+        self._loads: dict[GroupShard, asyncio.Task[None]] = {}
+        # Each old offsets stream, read once for every shard that imports it.
+        self._old: dict[int, asyncio.Task[Offsets | None]] = {}
+        self._registry: TopicRegistry | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._creating: asyncio.Task[None] | None = None
+        self._placed_image: sm.StreamMetadataImage | None = None
+        self._placed: sm.TopicPlacement | None = None
 
-    @classmethod
-    async def open(
-        cls,
-        storage: S3Storage,
-        client: ControllerClient,
-        view: MetadataView,
-        *,
-        initial_rebalance_delay_ms: int,
-        min_session_timeout_ms: int,
-        max_session_timeout_ms: int,
-        clock: Clock | None = None,
-        offsets_stream_key: str = OFFSETS_STREAM_KEY,
-    ) -> GroupCoordinator:
-        raw = view.image.kv.get(offsets_stream_key)
-        records: list[gc.DurableRecord] = []
-        if raw is None:
-            stream_id = await storage.create_stream()
-            epoch = 0
-            await storage.open_stream(stream_id, epoch)
-            response = await client.submit(
-                sm.PutKV(offsets_stream_key, encode_kv_integer(stream_id), False)
+    # ------------------------------------------------------------------------- lifecycle
+
+    def start(self, topics: TopicRegistry) -> None:
+        """Run the ticker; create ``__consumer_offsets`` now if an earlier version's offsets
+        stream is there to import (else at the first group request)."""
+        self._registry = topics
+        self._ticker = asyncio.create_task(self._tick_forever(), name="group-ticker")
+        if group_import.old_streams(self._view.image):
+            self.ensure_topic()
+
+    async def ready(self, timeout_s: float = READY_WAIT_S) -> None:
+        """Until the topic exists, if it is being created, and every shard held here has
+        loaded (at most ``timeout_s``: a shard that cannot load answers
+        ``COORDINATOR_LOAD_IN_PROGRESS`` meanwhile)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                # asyncio.wait: a task cancelled meanwhile (a shard stopped) ends the wait for
+                # it without cancelling this caller.
+                if self._creating is not None:
+                    await asyncio.wait([self._creating])
+                loads = list(self._loads.values())
+                if loads:
+                    await asyncio.wait(loads)
+        except TimeoutError:
+            log.warning(
+                "group coordinator not ready %s",
+                fields(loading=sorted(s.index for s in self._shards.values() if not s.serving)),
             )
-            if not response.ok:
-                raise StorageError(f"offsets stream: {response.message}")
-        else:
-            stream_id = decode_kv_integer(raw, "offsets stream id")
-            metadata = view.image.streams[stream_id]
-            epoch = max(metadata.epoch, 0) + 1
-            start, end = await storage.open_stream(stream_id, epoch)
-            cursor = start
-            while cursor < end:
-                found = await storage.read(stream_id, cursor, end, READ_CHUNK_BYTES)
-                if not found:
-                    raise StorageError(f"offsets stream {stream_id}: nothing at {cursor}")
-                records.extend(decode_record(bytes(batch.payload)) for batch in found)
-                cursor = found[-1].last_offset
-        params = gc.GroupParams(
-            group_initial_rebalance_delay_ms=initial_rebalance_delay_ms,
-            group_min_session_timeout_ms=min_session_timeout_ms,
-            group_max_session_timeout_ms=max_session_timeout_ms,
-            member_id_token=secrets.token_hex(4),
-        )
-        coordinator = cls(
-            storage, stream_id, epoch, params, gc.recover(records), clock or SystemClock()
-        )
-        coordinator._ticker = asyncio.create_task(coordinator._tick_forever())
-        return coordinator
 
     async def close(self) -> None:
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(BaseException):
-                await self._ticker
-        for answer in self._answers.values():
-            answer.cancel()
-        await self._storage.close_stream(self._stream_id, self._epoch)
+        """Stop every shard (their waiting requests answered ``NOT_COORDINATOR``) and the
+        tasks; the partitions are closed by their owner, the topic registry."""
+        for task in (self._ticker, self._creating, *self._old.values()):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        for shard in list(self._shards.values()):
+            await self._stop(shard, moved=False)
+        self._shards.clear()
 
     async def abandon(self) -> None:
-        """Stop without closing the offsets stream (this broker was fenced: the controller
-        refuses it; the next start recovers the stream)."""
-        if self._ticker is not None:
-            self._ticker.cancel()
+        """Stop at once (this broker was fenced): as :meth:`close`."""
+        await self.close()
+
+    # --------------------------------------------------------- the topic registry's listener
+
+    def partition_taken(self, partition: Partition) -> None:
+        """A partition was taken here: a coordinator partition's shard starts loading."""
+        if partition.topic != CONSUMER_OFFSETS_TOPIC:
+            return
+        shard = GroupShard(partition, self._clock)
+        self._shards[partition.index] = shard
+        self._loads[shard] = asyncio.create_task(
+            self._load(shard), name=f"group-shard-load-{partition.index}"
+        )
+
+    async def partition_given_up(self, partition: Partition) -> None:
+        """A partition is given up (before it closes): a coordinator partition's shard stops."""
+        if partition.topic != CONSUMER_OFFSETS_TOPIC:
+            return
+        shard = self._shards.get(partition.index)
+        if shard is None or shard.partition is not partition:
+            return
+        del self._shards[partition.index]
+        await self._stop(shard)
+
+    async def _stop(self, shard: GroupShard, *, moved: bool = True) -> None:
+        shard.stop()
+        task = self._loads.pop(shard, None)
+        if task is not None and not task.done():
+            task.cancel()
             with contextlib.suppress(BaseException):
-                await self._ticker
-        for answer in self._answers.values():
-            answer.cancel()
+                await task
+        # Every shard stops at shutdown: only a partition given up is worth a line each.
+        log.log(
+            logging.INFO if moved else logging.DEBUG,
+            "group coordinator partition unloaded %s",
+            fields(partition=shard.index),
+        )
 
-    async def request(self, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
-        """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
-        self._next_request_id += 1
-        request_id = self._next_request_id
-        answer: asyncio.Future[gc.Response] = asyncio.get_running_loop().create_future()
-        self._answers[request_id] = answer
-        now_ms = self._clock.now_ms()
-        self._fire_due_timers(now_ms)
-        self._step(make_event(request_id, now_ms))
-        return await answer
-
-    def _fire_due_timers(self, now_ms: int) -> None:
-        deadline = gc.next_deadline_ms(self._driver.state)
-        if deadline is not None and deadline <= now_ms:
-            self._step(gc.Tick(now_ms))
-
-    def _step(self, event: gc.GroupEvent) -> None:
-        before = self._driver.state.groups
-        self._driver.apply(event)
-        after = self._driver.state.groups
-        if after is not before and log.isEnabledFor(logging.INFO):
-            _log_generations(before, after)
-
-    def _answer(self, effect: gc.Respond) -> None:
-        answer = self._answers.pop(effect.request_id, None)
-        if answer is not None and not answer.done():
-            answer.set_result(effect.response)
-
-    def _refused(self, effect: gc.Rejected[KafkaErrorCode]) -> None:
-        raise CoordinatorError(f"{effect.error.name}: {effect.message}")
-
-    def _persist(self, record: gc.DurableRecord) -> None:
-        request_id = record.request_id
-        try:
-            _, durable = self._storage.append_nowait(
-                self._stream_id, self._epoch, encode_record(record), 1
+    async def _load(self, shard: GroupShard) -> None:
+        while True:
+            started_s = time.monotonic()
+            try:
+                await shard.replay()
+                imported = await self._import_old(shard)
+                shard.start(self._params)
+            except Exception:
+                log.exception("group coordinator partition %d not loaded", shard.index)
+                await asyncio.sleep(LOAD_RETRY_S)
+                continue
+            state = shard.state
+            # A start loads every partition placed here, most of them empty: those at DEBUG.
+            log.log(
+                logging.INFO if state.offsets or imported else logging.DEBUG,
+                "group coordinator partition loaded %s",
+                fields(
+                    partition=shard.index,
+                    groups=len(state.groups),
+                    offsets=sum(len(o) for o in state.offsets.values()),
+                    imported=imported,
+                    seconds=round(time.monotonic() - started_s, 3),
+                ),
             )
-        except StorageError as error:
-            log.error("offsets stream: append refused: %s", error)
-            self._step(gc.OffsetsPersistFailed(request_id))
             return
 
-        def done(future: asyncio.Future[None]) -> None:
-            if future.cancelled() or future.exception() is not None:
-                # The append may or may not be in the WAL: the storage has failed, the node
-                # restarts from what is durable.
-                log.error("offsets stream: append failed: %s", future.exception())
-                return
-            self._step(gc.OffsetsPersisted(request_id))
+    async def _import_old(self, shard: GroupShard) -> int:
+        """Import the offsets of earlier versions' offsets streams into ``shard`` (each stream
+        once per partition); how many offsets were appended."""
+        appended = 0
+        for old in group_import.old_streams(self._view.image):
+            partitions = self._partition_count()
+            if partitions is None:
+                break
+            if group_import.imported(self._view.image, old, shard.index):
+                await group_import.delete_if_imported(
+                    self._client, self._storage, self._view, old, partitions
+                )
+                continue
+            offsets = await asyncio.shield(self._old_offsets(old.stream_id))
+            if offsets is None:
+                log.info(
+                    "old offsets stream still open: imported later %s",
+                    fields(stream=old.stream_id, partition=shard.index),
+                )
+                continue
+            mine = {
+                group_id: committed
+                for group_id, committed in offsets.items()
+                if coordinator_partition(group_id, partitions) == shard.index
+            }
+            appended += await shard.import_offsets(mine)
+            await group_import.mark_imported(
+                self._client, self._storage, self._view, old, shard.index, partitions
+            )
+        return appended
 
-        durable.add_done_callback(done)
+    def _old_offsets(self, stream_id: int) -> asyncio.Task[Offsets | None]:
+        task = self._old.get(stream_id)
+        if task is None or (
+            task.done() and (task.cancelled() or task.exception() or task.result() is None)
+        ):
+            task = asyncio.create_task(
+                group_import.read_old_stream(self._storage, self._view.image, stream_id)
+            )
+            self._old[stream_id] = task
+        return task
+
+    # ------------------------------------------------------------------------------ topic
+
+    def ensure_topic(self) -> None:
+        """Create ``__consumer_offsets`` in the background unless it exists or is being
+        created."""
+        if self._registry is None or self._placement() is not None:
+            return
+        if self._creating is None or self._creating.done():
+            self._creating = asyncio.create_task(self._create_topic(), name="consumer-offsets")
+
+    async def topic_created(self) -> None:
+        """Until ``__consumer_offsets`` exists (created here or elsewhere) and the shards then
+        placed here have loaded: a group request (FindCoordinator included) that finds no topic
+        creates it and waits, as Metadata waits for a topic it creates, so that the first
+        consumer is served without retrying; at most :data:`CREATE_WAIT_S`."""
+        self.ensure_topic()
+        await self.ready(CREATE_WAIT_S)
+
+    async def _create_topic(self) -> None:
+        registry = self._registry
+        assert registry is not None
+        partitions = self._config.offsets_topic_num_partitions
+        while self._placement() is None:
+            try:
+                await registry.create_topic(CONSUMER_OFFSETS_TOPIC, partitions, TOPIC_CONFIGS)
+            except TopicError as error:
+                if error.code is KafkaErrorCode.TOPIC_ALREADY_EXISTS:
+                    return  # another broker's: this broker's image shows it soon
+                log.warning("%s not created yet: %s", CONSUMER_OFFSETS_TOPIC, error)
+            except Exception as error:  # the controller unreachable: try again
+                log.warning("%s not created yet: %r", CONSUMER_OFFSETS_TOPIC, error)
+            else:
+                return
+            await asyncio.sleep(CREATE_RETRY_S)
+
+    def _placement(self) -> sm.TopicPlacement | None:
+        """The topic's placement in the current image (looked up once per image)."""
+        image = self._view.image
+        if image is not self._placed_image:
+            self._placed_image = image
+            self._placed = sm.placed_topic(image, CONSUMER_OFFSETS_TOPIC)
+        return self._placed
+
+    def _partition_count(self) -> int | None:
+        placed = self._placement()
+        return None if placed is None or not placed.partitions else len(placed.partitions)
+
+    # --------------------------------------------------------------------------- routing
+
+    async def _existing(self) -> None:
+        if self._placement() is None:
+            await self.topic_created()
+
+    async def coordinator(self, group_id: str) -> int | KafkaErrorCode:
+        """The broker coordinating ``group_id`` (FindCoordinator): the broker its partition is
+        assigned to, whether or not that broker has loaded it yet."""
+        await self._existing()
+        placed = self._placement()
+        partitions = self._partition_count()
+        if placed is None or partitions is None:
+            return KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+        assignment = placed.partitions.get(coordinator_partition(group_id, partitions))
+        if assignment is None or assignment.leader < 0:
+            return KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+        return assignment.leader
+
+    def _route(self, group_id: str) -> GroupShard | KafkaErrorCode:
+        placed = self._placement()
+        partitions = self._partition_count()
+        if placed is None or partitions is None:
+            return KafkaErrorCode.NOT_COORDINATOR
+        index = coordinator_partition(group_id, partitions)
+        shard = self._shards.get(index)
+        if shard is not None:
+            return shard if shard.serving else KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        assignment = placed.partitions.get(index)
+        if assignment is not None and assignment.leader == self._config.node_id:
+            return KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # placed here, not taken yet
+        return KafkaErrorCode.NOT_COORDINATOR
+
+    async def request(
+        self,
+        group_id: str,
+        make_event: Callable[[int, int], gc.GroupEvent],
+        refused: Callable[[KafkaErrorCode], gc.Response],
+    ) -> gc.Response:
+        """Step ``make_event(request_id, now_ms)`` in ``group_id``'s shard and await the
+        machine's answer; ``refused(error)`` when this broker does not serve the group now."""
+        await self._existing()
+        routed = self._route(group_id)
+        if isinstance(routed, KafkaErrorCode):
+            return refused(routed)
+        try:
+            return await routed.request(make_event)
+        except ShardGone:
+            return refused(KafkaErrorCode.NOT_COORDINATOR)
+
+    async def _per_shard(
+        self,
+        group_ids: Sequence[str],
+        ask: Callable[[GroupShard, list[int]], Awaitable[Sequence[R]]],
+        refused: Callable[[int, KafkaErrorCode], R],
+    ) -> list[R]:
+        """One answer per group of ``group_ids``, in order: ``ask(shard, positions)`` answers
+        the groups at ``positions`` that ``shard`` serves (in order), ``refused(position,
+        error)`` each one this broker does not serve."""
+        await self._existing()
+        results: list[R | None] = [None] * len(group_ids)
+        by_shard: dict[GroupShard, list[int]] = {}
+        for position, group_id in enumerate(group_ids):
+            routed = self._route(group_id)
+            if isinstance(routed, KafkaErrorCode):
+                results[position] = refused(position, routed)
+            else:
+                by_shard.setdefault(routed, []).append(position)
+
+        async def one(shard: GroupShard, positions: list[int]) -> None:
+            try:
+                answered = await ask(shard, positions)
+            except ShardGone:
+                answered = [refused(p, KafkaErrorCode.NOT_COORDINATOR) for p in positions]
+            for position, result in zip(positions, answered, strict=True):
+                results[position] = result
+
+        await asyncio.gather(*(one(shard, positions) for shard, positions in by_shard.items()))
+        found = [result for result in results if result is not None]
+        assert len(found) == len(results)
+        return found
+
+    async def offset_fetch(self, groups: Sequence[gc.OffsetFetchGroup]) -> gc.OffsetFetchResponse:
+        async def ask(
+            shard: GroupShard, positions: list[int]
+        ) -> Sequence[gc.OffsetFetchGroupResult]:
+            wanted = tuple(groups[p] for p in positions)
+            response = await shard.request(
+                lambda request_id, now: gc.OffsetFetch(request_id, now, wanted)
+            )
+            assert isinstance(response, gc.OffsetFetchResponse)
+            return response.groups
+
+        results = await self._per_shard(
+            [g.group_id for g in groups],
+            ask,
+            lambda p, error: gc.OffsetFetchGroupResult(groups[p].group_id, error, ()),
+        )
+        return gc.OffsetFetchResponse(tuple(results))
+
+    async def describe_groups(self, group_ids: Sequence[str]) -> gc.DescribeGroupsResponse:
+        async def ask(shard: GroupShard, positions: list[int]) -> Sequence[gc.DescribedGroup]:
+            wanted = tuple(group_ids[p] for p in positions)
+            response = await shard.request(
+                lambda request_id, now: gc.DescribeGroups(request_id, now, wanted)
+            )
+            assert isinstance(response, gc.DescribeGroupsResponse)
+            return response.groups
+
+        results = await self._per_shard(
+            group_ids,
+            ask,
+            lambda p, error: gc.DescribedGroup(group_ids[p], error, "", "", "", ()),
+        )
+        return gc.DescribeGroupsResponse(tuple(results))
+
+    async def delete_groups(self, group_ids: Sequence[str]) -> gc.DeleteGroupsResponse:
+        distinct = list(dict.fromkeys(group_ids))  # one result per group, as the machine gives
+
+        async def ask(shard: GroupShard, positions: list[int]) -> Sequence[gc.DeletedGroupResult]:
+            wanted = tuple(distinct[p] for p in positions)
+            response = await shard.request(
+                lambda request_id, now: gc.DeleteGroups(request_id, now, wanted)
+            )
+            assert isinstance(response, gc.DeleteGroupsResponse)
+            return response.results
+
+        results = await self._per_shard(
+            distinct, ask, lambda p, error: gc.DeletedGroupResult(distinct[p], error)
+        )
+        return gc.DeleteGroupsResponse(tuple(results))
+
+    async def list_groups(
+        self, states: tuple[str, ...], types: tuple[str, ...]
+    ) -> gc.ListGroupsResponse:
+        """The groups of every shard here (``COORDINATOR_LOAD_IN_PROGRESS`` while one loads;
+        none before the topic exists, which listing does not create)."""
+        shards = list(self._shards.values())
+        if any(not shard.serving for shard in shards):
+            return gc.ListGroupsResponse(KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS, ())
+
+        async def one(shard: GroupShard) -> tuple[gc.ListedGroup, ...]:
+            try:
+                response = await shard.request(
+                    lambda request_id, now: gc.ListGroups(request_id, now, states, types)
+                )
+            except ShardGone:
+                return ()  # moved away meanwhile: its new broker lists them
+            assert isinstance(response, gc.ListGroupsResponse)
+            return response.groups
+
+        found = await asyncio.gather(*(one(shard) for shard in shards))
+        listed = sorted((g for groups in found for g in groups), key=lambda g: g.group_id)
+        return gc.ListGroupsResponse(KafkaErrorCode.NONE, tuple(listed))
+
+    # ------------------------------------------------------------------------------ time
 
     async def _tick_forever(self) -> None:
         while True:
             await asyncio.sleep(self._until_next_tick_s())
-            self._step(gc.Tick(self._clock.now_ms()))
+            now_ms = self._clock.now_ms()
+            for shard in list(self._shards.values()):
+                shard.tick(now_ms)
 
     def _until_next_tick_s(self) -> float:
-        deadline = gc.next_deadline_ms(self._driver.state)
-        if deadline is None:
+        deadlines = [
+            deadline
+            for shard in self._shards.values()
+            if (deadline := shard.next_deadline_ms()) is not None
+        ]
+        if not deadlines:
             return TICK_INTERVAL_S
-        wait_s = (deadline - self._clock.now_ms()) / 1000
+        wait_s = (min(deadlines) - self._clock.now_ms()) / 1000
         return min(max(wait_s, TICK_MIN_S), TICK_INTERVAL_S)

@@ -33,6 +33,10 @@ their leader epochs:
 - a topic deleted (here or by another broker) has the partitions held here deleted: streams
   and KV entries.
 
+Listeners (:class:`PartitionListener`, given to :meth:`TopicRegistry.open`; the group
+coordinator is one) hear each partition taken, once it is open and in :attr:`partitions`, and
+each one given up or deleted, after it left :attr:`partitions` and before its streams close.
+
 The view's changes drive it: :meth:`follow` runs a task that takes in topic changes and
 reconciles partitions at each new image. Admin changes made through this broker reconcile at
 once, and creating or growing a topic waits (up to :data:`READY_WAIT_S`) until every new
@@ -57,6 +61,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
@@ -82,6 +87,17 @@ from automq_ref.vocabulary.naming import partition_key, topic_key
 log = logging.getLogger(__name__)
 
 
+class PartitionListener(Protocol):
+    """Told when this broker takes a partition and when it gives one up."""
+
+    def partition_taken(self, partition: Partition) -> None:
+        """``partition`` is open here and in :attr:`TopicRegistry.partitions`."""
+
+    async def partition_given_up(self, partition: Partition) -> None:
+        """``partition`` left :attr:`TopicRegistry.partitions`; its streams close (or are
+        deleted) once this returns."""
+
+
 class TopicRegistry:
     def __init__(
         self,
@@ -89,8 +105,10 @@ class TopicRegistry:
         client: ControllerClient,
         view: MetadataView,
         config: BrokerConfig,
+        listeners: Sequence[PartitionListener] = (),
     ) -> None:
         self._storage = storage
+        self._listeners = tuple(listeners)
         self._client = client
         self._view = view
         self._config = config
@@ -130,10 +148,12 @@ class TopicRegistry:
         client: ControllerClient,
         view: MetadataView,
         config: BrokerConfig,
+        listeners: Sequence[PartitionListener] = (),
     ) -> TopicRegistry:
         """The registry of the topics in the controller's KV, the partitions placed on this
-        broker opened (those it cannot take yet are left to :meth:`follow`)."""
-        registry = cls(storage, client, view, config)
+        broker opened (those it cannot take yet are left to :meth:`follow`); ``listeners``
+        hear of every partition taken and given up from the first on."""
+        registry = cls(storage, client, view, config, listeners)
         kv = view.image.kv
         for name, topic in sorted(topics_in(kv).items()):
             registry.topics[name] = topic
@@ -279,6 +299,8 @@ class TopicRegistry:
                 log_end=partition.log_end_offset,
             ),
         )
+        for listener in self._listeners:
+            listener.partition_taken(partition)
         return raw is None
 
     async def _give_up(self, key: tuple[str, int], now_at: int | None) -> None:
@@ -287,6 +309,7 @@ class TopicRegistry:
         partition = self.partitions.pop(key)
         del self._led_at[key]
         partition.wake_waiters()
+        await self._tell_given_up(partition)
         log_end = partition.log_end_offset
         try:
             await partition.close()
@@ -309,6 +332,10 @@ class TopicRegistry:
                 here_again_at=now_at,
             ),
         )
+
+    async def _tell_given_up(self, partition: Partition) -> None:
+        for listener in self._listeners:
+            await listener.partition_given_up(partition)
 
     async def _place_unplaced(self, name: str, topic: Topic) -> None:
         """A topic written before the controller placed partitions (its KV record only), or
@@ -623,6 +650,7 @@ class TopicRegistry:
                 continue
             del self._led_at[(name, index)]
             partition.wake_waiters()
+            await self._tell_given_up(partition)
             await partition.delete()
 
     async def _drop_held(self, topic: Topic) -> None:

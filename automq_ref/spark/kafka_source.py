@@ -32,7 +32,8 @@ kafka.bootstrap.servers     required   ``host:port[,host:port...]``
 subscribe                   none       comma-separated topic names (exactly one of
                                        subscribe, subscribePattern, assign is required)
 subscribePattern            none       a regular expression matched against the whole
-                                       topic name (``re.fullmatch``)
+                                       topic name (``re.fullmatch``); internal topics
+                                       (``__consumer_offsets``) never match
 assign                      none       JSON ``{"topic": [0, 1]}``: exactly these partitions
 startingOffsets             earliest   ``earliest``, ``latest``, or JSON
                             (batch),   ``{"topic": {"0": 23, "1": -2}}`` (-2 = earliest,
@@ -115,6 +116,7 @@ from automq_ref.spark.kafka_client import (
     OffsetOutOfRangeError,
     parse_bootstrap,
 )
+from automq_ref.vocabulary.naming import is_internal_topic
 
 __all__ = [
     "AutoMQDataLossError",
@@ -425,7 +427,8 @@ def discover(client: KafkaClient, options: SourceOptions, *, strict: bool) -> li
     if options.pattern is not None:
         regex = re.compile(options.pattern)
         for name, listed in topics.items():
-            if regex.fullmatch(name):
+            # As Kafka's consumers (exclude.internal.topics): never __consumer_offsets.
+            if regex.fullmatch(name) and not is_internal_topic(name):
                 found += [(name, p.partition) for p in listed.partitions]
     elif options.assign is not None:
         for name, wanted in options.assign.items():

@@ -5,20 +5,29 @@ One module for the names that are written by one part of the project and found a
 says who writes under the name and who reads it; a change here is a change of the on-disk layout.
 
 Object keys
-    :data:`NAMESPACE` and :func:`object_key` name the objects in the object store.
+    :data:`NAMESPACE` and :func:`object_key` name the objects in the object store;
+    :func:`wal_object_key` (with :func:`wal_objects_prefix` and :func:`parse_wal_object_key`)
+    the object WAL's objects and :func:`wal_reservation_key` its reservation object.
 
 Controller KV keys
     :func:`topic_key` (a topic's record), :func:`partition_key` (a partition's MetaStream),
-    :data:`OFFSETS_STREAM_KEY` (the group coordinator's offsets stream; in a cluster, each
-    broker's under :func:`node_offsets_stream_key`) and
+    :data:`OFFSETS_STREAM_KEY` and :func:`node_offsets_stream_key` (the offsets streams of
+    earlier versions, imported once into ``__consumer_offsets``; :func:`offsets_imported_key`
+    marks each partition done) and
     :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far). The values under them
     are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``).
+
+Topics
+    :data:`CONSUMER_OFFSETS_TOPIC`, the internal topic that holds the groups' committed
+    offsets, and :func:`is_internal_topic`.
 
 Pure: nothing here does I/O; ``uuid`` is needed only for a type.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -43,6 +52,54 @@ def object_key(namespace: str, object_id: int) -> str:
     Read by: every read from objects (the broker's and the Spark source's) and the controller's
     object lifecycle (deletes)."""
     return f"{f'{object_id:08x}'[::-1]}/{namespace}/{object_id}"
+
+
+def wal_objects_prefix(namespace: str, node_id: int) -> str:
+    """The key prefix of every WAL object of node ``node_id``, all epochs:
+    ``MD5HEX(str(node_id)).upper() + "/" + namespace + "/" + node_id + "/"``, AutoMQ's layout
+    with the namespace in place of ``_kafka_<clusterId>``; the hash spreads nodes over S3
+    prefixes.
+
+    Written by: nobody (a prefix). Read by: the object WAL when it opens a node's WAL (its own,
+    or a failed node's in a takeover) and lists the node's objects."""
+    digest = hashlib.md5(str(node_id).encode(), usedforsecurity=False).hexdigest().upper()
+    return f"{digest}/{namespace}/{node_id}/"
+
+
+def wal_object_key(namespace: str, node_id: int, epoch: int, start: int, end: int) -> str:
+    """The key of the WAL object of node ``node_id`` written at node epoch ``epoch`` holding
+    WAL offsets ``[start, end)``: ``<prefix><epoch>/wal/<start>-<end>``.
+
+    Written by: the object WAL when it uploads a batch of records
+    (:mod:`automq_ref.io.storage.wal_object`). Read by: the object WAL's recovery (its own
+    node's after a restart, or a survivor's in a takeover), which finds the keys by listing
+    :func:`wal_objects_prefix` and reads offsets and epochs back with
+    :func:`parse_wal_object_key`; deleted by its trims."""
+    return f"{wal_objects_prefix(namespace, node_id)}{epoch}/wal/{start}-{end}"
+
+
+_WAL_OBJECT_SUFFIX = re.compile(r"(\d+)/wal/(\d+)-(\d+)")
+
+
+def parse_wal_object_key(prefix: str, key: str) -> tuple[int, int, int] | None:
+    """``(epoch, start, end)`` of a key :func:`wal_object_key` made under ``prefix``, or None
+    for any other key."""
+    if not key.startswith(prefix):
+        return None
+    match = _WAL_OBJECT_SUFFIX.fullmatch(key, len(prefix))
+    if match is None:
+        return None
+    epoch, start, end = (int(group) for group in match.groups())
+    return (epoch, start, end) if start < end else None
+
+
+def wal_reservation_key(namespace: str, node_id: int) -> str:
+    """The key of node ``node_id``'s WAL reservation object: ``reservation/<namespace>/<id>``.
+
+    Written by: the object WAL when it opens the node's WAL (the node itself, or a survivor
+    taking it over, which overwrites it). Read by: the object WAL after every group of uploads,
+    to check that the WAL is still its own."""
+    return f"reservation/{namespace}/{node_id}"
 
 
 # ---------------------------------------------------------------------- controller KV
@@ -77,20 +134,40 @@ def partition_key(topic_id: uuid.UUID, index: int) -> str:
 
 
 OFFSETS_STREAM_KEY: Final = "groups/offsets-stream"
-"""The KV key holding the id of the group coordinator's offsets stream.
+"""The KV key holding the id of a single node's offsets stream, from before the groups' offsets
+moved to ``__consumer_offsets``.
 
-Written by: the group coordinator when it first starts (it creates the stream). Read by: the
-group coordinator at every later start, to replay the committed offsets."""
+Written by: earlier versions' group coordinator when it first started (it created the stream).
+Read by: the group coordinator's import (:mod:`automq_ref.kafka.group_import`), which copies the
+offsets into ``__consumer_offsets`` once, then deletes the stream and this key."""
 
 
 def node_offsets_stream_key(node_id: int) -> str:
-    """The KV key holding the id of node ``node_id``'s own offsets stream, in a cluster.
+    """The KV key holding the id of node ``node_id``'s own offsets stream, written by a broker
+    of a cluster of an earlier version (each broker then kept the offsets of the groups it was
+    asked about).
 
-    Written by: a broker of a cluster when its group coordinator first starts (until groups are
-    placed on brokers, each broker coordinates the groups it is asked about, with offsets of
-    its own; one stream shared by all would be fenced by every broker that opened it). Read
-    by: that broker's group coordinator at every later start."""
+    Written by: nothing any more. Read by: the group coordinator's import, as
+    :data:`OFFSETS_STREAM_KEY`."""
     return f"{OFFSETS_STREAM_KEY}/node-{node_id}"
+
+
+def is_offsets_stream_key(key: str) -> bool:
+    """Whether ``key`` is :data:`OFFSETS_STREAM_KEY` or a :func:`node_offsets_stream_key`."""
+    return key == OFFSETS_STREAM_KEY or key.startswith(f"{OFFSETS_STREAM_KEY}/node-")
+
+
+OFFSETS_IMPORTED_PREFIX: Final = "groups/offsets-imported/"
+
+
+def offsets_imported_key(stream_id: int, partition: int) -> str:
+    """The KV key saying that partition ``partition`` of ``__consumer_offsets`` has imported the
+    offsets of old offsets stream ``stream_id`` (its value is empty).
+
+    Written by: the group coordinator partition's broker once the imported offsets are durable
+    in the partition. Read by: the same import, to import each stream into each partition once
+    and to delete the stream once every partition has; deleted with the stream."""
+    return f"{OFFSETS_IMPORTED_PREFIX}{stream_id}/{partition}"
 
 
 PRODUCER_ID_KEY: Final = "producer-ids/next"
@@ -99,3 +176,24 @@ PRODUCER_ID_KEY: Final = "producer-ids/next"
 Written by: the controller, when a node's producer-id allocator asks for a new block (the
 StreamMetadata machine's ``AllocateProducerIds`` reads and advances it in one decision). Read by:
 that same decision, to learn where the next block starts."""
+
+
+# ----------------------------------------------------------------------------- topics
+
+CONSUMER_OFFSETS_TOPIC: Final = "__consumer_offsets"
+"""The internal topic holding the groups' committed offsets (Kafka's name): a group's records go
+to partition ``abs(hash(group id)) % partitions``
+(:func:`automq_ref.kafka.groups.coordinator_partition`), whose broker is its coordinator.
+
+Written by: the group coordinator (created by any broker, at its first group request; records
+appended by the broker leading each partition). Read by: the same partition's broker when it
+takes the partition (the coordinator's state is replayed from it), and Metadata (listed as
+internal)."""
+
+_INTERNAL_TOPICS: Final = frozenset({CONSUMER_OFFSETS_TOPIC})
+
+
+def is_internal_topic(name: str | None) -> bool:
+    """Whether ``name`` is an internal topic: clients may not produce to it, delete it or grow
+    it."""
+    return name in _INTERNAL_TOPICS

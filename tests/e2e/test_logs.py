@@ -93,7 +93,12 @@ def test_a_session_reads_as_one_line_per_event(tmp_path: Path) -> None:
         if broker.alive():
             assert broker.stop() == 0
 
-    (created,) = info_lines(broker, "topic created")
+    # The topic, then the groups' internal topic, created by the first group request.
+    created, internal = info_lines(broker, "topic created")
+    assert (internal["topic"], internal["configs"]) == (
+        "__consumer_offsets",
+        "cleanup.policy=compact",
+    )
     assert (created["topic"], created["partitions"], created["configs"]) == (
         topic,
         "3",

@@ -3,11 +3,13 @@
 A producer (acks=all, idempotent) writes while the broker is stopped gracefully or killed with
 SIGKILL and started again on the same data directory; every value whose delivery was
 acknowledged must be read back afterwards, at most once per acknowledgement and in order per
-partition.
+partition. The WAL is the block WAL file (the default), or the object WAL on S3 (moto) or in a
+directory (``s3.wal.path=0@s3://...`` / ``0@dir://...``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -17,7 +19,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from tests.conftest import MotoS3
 from tests.e2e.conftest import BrokerProcess
+from tests.unit.test_object_store import fresh_bucket, moto_store
 from tests.waiting import PATIENCE_S, wait_until
 
 PARTITIONS = 3
@@ -56,9 +60,42 @@ def read_everything(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
     return values
 
 
-@pytest.mark.parametrize("how", ["graceful", "sigkill"])
-def test_no_acknowledged_record_is_lost_across_a_restart(tmp_path: Path, how: str) -> None:
-    broker = BrokerProcess(tmp_path / "data")
+def wal_broker(tmp_path: Path, wal: str, request: pytest.FixtureRequest) -> BrokerProcess:
+    """A broker on the block WAL file, or on the object WAL on S3 (moto) or in a directory."""
+    if wal == "block":
+        return BrokerProcess(tmp_path / "data")
+    if wal == "dir":
+        return BrokerProcess(tmp_path / "data", f"s3.wal.path=0@dir://{tmp_path / 'wal'}")
+    moto: MotoS3 = request.getfixturevalue("moto_s3")
+    bucket = fresh_bucket()
+
+    async def create() -> None:
+        store = await moto_store(moto, bucket)
+        await store.close()
+
+    asyncio.run(create())
+    path = f"0@s3://{bucket}?region={moto.region}&endpoint={moto.endpoint_url}&batchInterval=250"
+    credentials = {
+        "AWS_ACCESS_KEY_ID": moto.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": moto.secret_access_key,
+    }
+    return BrokerProcess(tmp_path / "data", f"s3.wal.path={path}", env=credentials)
+
+
+@pytest.mark.parametrize(
+    ("how", "wal"),
+    [
+        ("graceful", "block"),
+        ("sigkill", "block"),
+        ("graceful", "s3"),
+        ("sigkill", "s3"),
+        ("sigkill", "dir"),
+    ],
+)
+def test_no_acknowledged_record_is_lost_across_a_restart(
+    tmp_path: Path, how: str, wal: str, request: pytest.FixtureRequest
+) -> None:
+    broker = wal_broker(tmp_path, wal, request)
     broker.start()
     topic = f"restart-{how}"
     try:

@@ -6,6 +6,11 @@ upload and its commit), and the WAL device keeps a random subset of what it had 
 After every restart, each acknowledged append must be readable exactly once, in order, at its
 offset from the stream's start; no read may return a record that was not acknowledged or that lies
 past the stream's end, and a read below the start is refused.
+
+``S3StorageOnObjectWalMachine`` runs the same rules over the object WAL (its objects in a
+directory behind :class:`FaultyObjectStore`, which dies with the process), plus a crash between a
+WAL upload and the reservation check that would have acknowledged it: that append is in doubt,
+and after the restart it is either absent or, once recovery replayed it, there for good.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from automq_ref.checker.faults import MemoryBlockDevice
+from automq_ref.checker.object_faults import FaultyObjectStore
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
@@ -35,7 +41,9 @@ from automq_ref.io.storage.s3stream import (
     StorageError,
 )
 from automq_ref.io.storage.stream_objects import object_key
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from tests.storage_fixtures import NODE_ID, start_storage
@@ -88,6 +96,8 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.stream_epoch = -1
         self.serial = 0
         self.acknowledged: dict[int, list[tuple[int, bytes]]] = {}
+        # Appends whose outcome a crash left unknown, per stream, in order.
+        self.in_doubt: dict[int, list[bytes]] = {}
         self.start_offsets: dict[int, int] = {}
         self.storage: S3Storage | None = None
         self.client: HoldingClient | None = None
@@ -103,12 +113,23 @@ class S3StorageMachine(RuleBasedStateMachine):
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
 
+    async def _open_wal(self) -> WriteAheadLog:
+        return await BlockWal.open(
+            self.device, node_id=NODE_ID, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
+        )
+
+    def _cut_wal_power(self) -> None:
+        """The process dies: its WAL writes nothing more."""
+        self.device.crash_after_operations = 0
+
+    def _reboot_wal(self, seed: int) -> None:
+        """What the WAL's storage holds after the crash."""
+        self.device = self.device.crash(random.Random(seed))
+
     async def _start(self) -> None:
         self.appended_since_upload = False
         self.node_epoch += 1
-        wal = await BlockWal.open(
-            self.device, node_id=NODE_ID, node_epoch=self.node_epoch, max_write_bytes=16 * 1024
-        )
+        wal = await self._open_wal()
         running = await start_storage(
             self.directory,
             wal,
@@ -124,9 +145,15 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.storage, self.client, self.view = running.storage, running.client, running.view
         self.metadata_log = running.metadata_log
         self.stream_epoch += 1
-        for stream_id in self.acknowledged:
+        for stream_id, acknowledged in self.acknowledged.items():
             start, next_offset = await self.storage.open_stream(stream_id, self.stream_epoch)
-            assert next_offset == len(self.acknowledged[stream_id])
+            # Appends in doubt are either gone or, replayed by recovery, there for good.
+            doubt = self.in_doubt.pop(stream_id, [])
+            recovered = next_offset - len(acknowledged)
+            assert 0 <= recovered <= len(doubt), (next_offset, len(acknowledged), len(doubt))
+            if recovered:
+                event("an append in doubt was recovered")
+            acknowledged += [(len(acknowledged) + i, doubt[i]) for i in range(recovered)]
             assert start == self.start_offsets[stream_id]
 
     @initialize()
@@ -205,7 +232,7 @@ class S3StorageMachine(RuleBasedStateMachine):
             self.run(asyncio.sleep(0.01))  # let some effects run part of the way
         self.run(self._kill(self.storage))
         self.run(self.metadata_log.close())
-        self.device = self.device.crash(random.Random(seed))
+        self._reboot_wal(seed)
         self.run(self._start())
 
     @precondition(lambda self: self.storage is not None)
@@ -258,7 +285,7 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.run(upload_until_stored())
         self.run(self._kill(storage))
         self.run(self.metadata_log.close())
-        self.device = self.device.crash(random.Random(seed))
+        self._reboot_wal(seed)
         self.run(self._start())
 
     async def _kill(self, storage: S3Storage) -> None:
@@ -268,7 +295,7 @@ class S3StorageMachine(RuleBasedStateMachine):
         for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
-        self.device.crash_after_operations = 0
+        self._cut_wal_power()
         with contextlib.suppress(BaseException):
             await storage._wal.close()
 
@@ -297,3 +324,60 @@ S3StorageMachine.TestCase.settings = settings(
     S3StorageMachine.TestCase.settings, max_examples=30, stateful_step_count=25
 )
 TestS3StorageMachine = S3StorageMachine.TestCase
+
+
+class S3StorageOnObjectWalMachine(S3StorageMachine):
+    """The same rules over the object WAL, plus a crash between a WAL upload and its check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wal_objects = LocalDirectoryObjectStore(self.directory / "wal", fsync=False)
+        self.wal_store = FaultyObjectStore(self.wal_objects)
+
+    async def _open_wal(self) -> WriteAheadLog:
+        self.wal_store = FaultyObjectStore(self.wal_objects, seed=self.node_epoch)
+        return await ObjectWal.open(
+            self.wal_store,
+            namespace=NAMESPACE,
+            node_id=NODE_ID,
+            node_epoch=self.node_epoch,
+            config=ObjectWalConfig(batch_interval_ms=5, max_bytes_in_batch=2000),
+        )
+
+    def _cut_wal_power(self) -> None:
+        self.wal_store.crash()
+
+    def _reboot_wal(self, seed: int) -> None:
+        pass  # what landed in the WAL's objects stays there
+
+    @precondition(lambda self: self.storage is not None)
+    @rule(
+        stream_id=st.integers(min_value=0, max_value=STREAMS - 1),
+        size=st.integers(min_value=1, max_value=700),
+    )
+    def crash_between_wal_upload_and_check(self, stream_id: int, size: int) -> None:
+        """The WAL object of an append lands, the process dies before the reservation check:
+        the append fails (never acknowledged) and is in doubt until the restart."""
+        assert self.storage is not None and self.metadata_log is not None
+        storage = self.storage
+        self.serial += 1
+        data = (self.serial.to_bytes(4, "big") * (size // 4 + 1))[:size]
+        self.wal_store.crash_after_operations = 1
+        with pytest.raises(StorageError):
+            self.run(storage.append(stream_id, self.stream_epoch, data, 1))
+        self.in_doubt.setdefault(stream_id, []).append(data)
+        self.run(self._kill(storage))
+        self.run(self.metadata_log.close())
+        self.run(self._start())
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            asyncio.run(self.wal_objects.close())
+
+
+S3StorageOnObjectWalMachine.TestCase.settings = settings(
+    S3StorageOnObjectWalMachine.TestCase.settings, max_examples=30, stateful_step_count=25
+)
+TestS3StorageOnObjectWalMachine = S3StorageOnObjectWalMachine.TestCase

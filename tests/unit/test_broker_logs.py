@@ -221,8 +221,10 @@ async def test_node_logs_topics_groups_and_uploads(
     assert len(lines(caplog, "WAL recovered")) == 1
     assert parse_fields(lines(caplog, "WAL recovered")[0])["records"] == "0"
     assert len(lines(caplog, "node started")) == 1
+    # The test's topic, then the groups' internal one, created by the first group request.
     created = lines(caplog, "topic created")
-    assert len(created) == 1
+    assert [parse_fields(line)["topic"] for line in created] == ["logged", "__consumer_offsets"]
+    assert parse_fields(created[1])["configs"] == "cleanup.policy=compact"
     assert {key: parse_fields(created[0])[key] for key in ("topic", "partitions", "configs")} == {
         "topic": "logged",
         "partitions": "2",

@@ -15,7 +15,7 @@ from kio.schema.join_group.v3.request import JoinGroupRequestProtocol
 from kio.serial import entity_reader, entity_writer
 
 from automq_ref.config import BrokerConfig, load_config
-from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Seams, open_wal, start_node
 
@@ -114,7 +114,7 @@ async def test_seams_reach_the_parts(tmp_path: Path) -> None:
     def before_open(given: BrokerConfig) -> None:
         seen.append(("before_open", given is config, (tmp_path / "metadata").exists()))
 
-    async def opener(given: BrokerConfig, node_epoch: int) -> BlockWal:
+    async def opener(given: BrokerConfig, node_epoch: int) -> WriteAheadLog:
         seen.append(("open_wal", given is config, node_epoch))
         return await open_wal(given, node_epoch)
 

@@ -5,15 +5,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from automq_ref.checker.faults import MemoryBlockDevice
 from automq_ref.io.metadata.client import connect_in_process
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
+from automq_ref.io.storage import s3stream
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import StreamErrorCode
 from automq_ref.vocabulary.naming import object_key
+from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_controller import write_some
+from tests.waiting import wait_until_async
 
 
 async def test_orphaned_objects_expire_and_are_deleted(tmp_path: Path) -> None:
@@ -45,3 +53,41 @@ async def test_orphaned_objects_expire_and_are_deleted(tmp_path: Path) -> None:
         # Committed objects are untouched by the lifecycle.
         assert view.image.streams[stream_id].end_offset == 10
         assert view.image == controller.image
+
+
+async def test_the_storage_runs_the_lifecycle_only_while_its_broker_is_the_active_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a cluster only the active controller's broker reclaims objects (``runs_lifecycle``
+    is asked before each round); the others' ticks skip it."""
+    rounds: list[int] = []
+    asked: list[bool] = []
+    active = False
+
+    async def counted(*args: object, **kwargs: object) -> tuple[int, int]:
+        rounds.append(1)
+        return 0, 0
+
+    def runs_lifecycle() -> bool:
+        asked.append(active)
+        return active
+
+    monkeypatch.setattr(s3stream, "run_object_lifecycle", counted)
+    wal = await BlockWal.open(
+        MemoryBlockDevice(1 << 20), node_id=NODE_ID, node_epoch=1, max_write_bytes=64 * 1024
+    )
+    params = lc.LogCacheParams(upload_threshold_bytes=1 << 20)
+    running = await start_storage(
+        tmp_path,
+        wal,
+        LocalDirectoryObjectStore(tmp_path / "objects"),
+        params=params,
+        runs_lifecycle=runs_lifecycle,
+    )
+    try:
+        await wait_until_async(lambda: len(asked) >= 2, "two lifecycle ticks")
+        assert not rounds
+        active = True
+        await wait_until_async(lambda: bool(rounds), "a lifecycle round once active")
+    finally:
+        await running.stop(close_store=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from automq_ref.checker.faults import MemoryBlockDevice
+from automq_ref.checker.object_faults import FaultyObjectStore
 from automq_ref.formats.object_file import DataBlockIndex
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import (
@@ -19,7 +20,9 @@ from automq_ref.io.storage.object_store import (
 )
 from automq_ref.io.storage.s3stream import S3Storage, StreamFencedError
 from automq_ref.io.storage.stream_objects import DataBlockCache, ReadAhead, object_key
+from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.state_machines import log_cache as lc
 from tests.storage_fixtures import NODE_ID, start_storage
 from tests.unit.test_object_store import fresh_bucket, moto_store
@@ -49,12 +52,57 @@ def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
     return local if request.param == "local" else s3
 
 
+class WalMedium:
+    """Where the WAL lives, across the crashes of the processes that write it: a memory device
+    for the block WAL, a directory of objects for the object WAL."""
+
+    def __init__(self, kind: str, tmp_path: Path, *, max_unflushed_bytes: int = 1 << 30) -> None:
+        self.kind = kind
+        self.device = MemoryBlockDevice(1 << 20)
+        self.objects = LocalDirectoryObjectStore(tmp_path / "wal", fsync=False)
+        self.view = FaultyObjectStore(self.objects)
+        self.wal: WriteAheadLog | None = None
+        self.config = ObjectWalConfig(batch_interval_ms=5, max_unflushed_bytes=max_unflushed_bytes)
+
+    async def open(self, node_epoch: int) -> WriteAheadLog:
+        if self.kind == "block":
+            self.wal = await BlockWal.open(
+                self.device, node_id=NODE_ID, node_epoch=node_epoch, max_write_bytes=64 * 1024
+            )
+        else:
+            self.view = FaultyObjectStore(self.objects)
+            self.wal = await ObjectWal.open(
+                self.view,
+                namespace="_kafka_test",
+                node_id=NODE_ID,
+                node_epoch=node_epoch,
+                config=self.config,
+            )
+        return self.wal
+
+    async def crash(self) -> None:
+        """The writing process dies: the device keeps what it synced (and some of the rest),
+        the directory what landed."""
+        if self.kind == "block":
+            self.device = self.device.crash(random.Random(1))
+        else:
+            self.view.crash()
+            assert self.wal is not None
+            await self.wal.close()  # releases the dead process's tasks; writes nothing
+
+    async def close(self) -> None:
+        await self.objects.close()
+
+
+@pytest.fixture(params=["block", "object"])
+def wal_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 async def start(
-    device: MemoryBlockDevice, tmp_path: Path, node_epoch: int, open_store: StoreFactory
+    medium: WalMedium, tmp_path: Path, node_epoch: int, open_store: StoreFactory
 ) -> tuple[S3Storage, FileMetadataLog]:
-    wal = await BlockWal.open(
-        device, node_id=NODE_ID, node_epoch=node_epoch, max_write_bytes=64 * 1024
-    )
+    wal = await medium.open(node_epoch)
     running = await start_storage(
         tmp_path,
         wal,
@@ -71,10 +119,10 @@ def payload(stream_id: int, offset: int) -> bytes:
 
 
 async def test_appends_survive_a_crash_and_read_back_from_objects(
-    tmp_path: Path, open_store: StoreFactory
+    tmp_path: Path, open_store: StoreFactory, wal_kind: str
 ) -> None:
-    device = MemoryBlockDevice(1 << 20)
-    storage, metadata_log = await start(device, tmp_path, 1, open_store)
+    medium = WalMedium(wal_kind, tmp_path)
+    storage, metadata_log = await start(medium, tmp_path, 1, open_store)
     streams = [await storage.create_stream() for _ in range(2)]
     for stream_id in streams:
         assert await storage.open_stream(stream_id, 0) == (0, 0)
@@ -96,8 +144,8 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
         storage._ticker.cancel()
     await metadata_log.close()
     crashed_store = storage._store
-    crashed = device.crash(random.Random(1))
-    storage, metadata_log = await start(crashed, tmp_path, 2, open_store)
+    await medium.crash()
+    storage, metadata_log = await start(medium, tmp_path, 2, open_store)
     for stream_id in streams:
         # Recovery committed the WAL tail and closed the stream: reopen at a newer epoch.
         start_offset, next_offset = await storage.open_stream(stream_id, 1)
@@ -117,22 +165,28 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     await storage._store.close()
 
     # A graceful shutdown uploaded everything: the next start recovers nothing from the WAL.
-    storage, metadata_log = await start(crashed, tmp_path, 3, open_store)
+    storage, metadata_log = await start(medium, tmp_path, 3, open_store)
+    assert storage.recovered.records == 0
     for stream_id in streams:
         assert await storage.open_stream(stream_id, 2) == (0, 61 if stream_id == streams[0] else 60)
     await storage.shutdown()
     await metadata_log.close()
     await storage._store.close()
+    await medium.close()
 
 
-async def test_concurrent_appends_into_a_full_wal_keep_offset_order(tmp_path: Path) -> None:
-    """Appends issued together overflow a small WAL: they queue behind an upload, in order."""
+async def test_concurrent_appends_into_a_full_wal_keep_offset_order(
+    tmp_path: Path, wal_kind: str
+) -> None:
+    """Appends issued together overflow a small WAL (a small ring; little room for data not
+    yet uploaded): they queue behind an upload, in order."""
 
     async def local() -> ObjectStore:
         return LocalDirectoryObjectStore(tmp_path / "objects")
 
-    device = MemoryBlockDevice(256 * 1024)
-    storage, metadata_log = await start(device, tmp_path, 1, local)
+    medium = WalMedium(wal_kind, tmp_path, max_unflushed_bytes=64 * 1024)
+    medium.device = MemoryBlockDevice(256 * 1024)
+    storage, metadata_log = await start(medium, tmp_path, 1, local)
     streams = [await storage.create_stream() for _ in range(2)]
     for stream_id in streams:
         await storage.open_stream(stream_id, 0)
@@ -151,6 +205,7 @@ async def test_concurrent_appends_into_a_full_wal_keep_offset_order(tmp_path: Pa
         ]
     await storage.shutdown()
     await metadata_log.close()
+    await medium.close()
 
 
 # ------------------------------------------------------------------------ readahead (read path)
@@ -291,8 +346,8 @@ async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path
     async def same_store() -> ObjectStore:
         return store
 
-    device = MemoryBlockDevice(1 << 20)
-    storage, metadata_log = await start(device, tmp_path, 1, same_store)
+    medium = WalMedium("block", tmp_path)
+    storage, metadata_log = await start(medium, tmp_path, 1, same_store)
     stream_id = await storage.create_stream()
     await storage.open_stream(stream_id, 0)
     written = [payload(stream_id, index) for index in range(300)]
@@ -301,7 +356,7 @@ async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path
     await storage.close_stream(stream_id, 0)
     await storage.shutdown()
     await metadata_log.close()
-    storage, metadata_log = await start(device, tmp_path, 2, same_store)
+    storage, metadata_log = await start(medium, tmp_path, 2, same_store)
     await storage.open_stream(stream_id, 1)
     got: list[bytes] = []
     while len(got) < len(written):
@@ -312,3 +367,4 @@ async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path
     await storage.shutdown()
     await metadata_log.close()
     await store.close()
+    await medium.close()

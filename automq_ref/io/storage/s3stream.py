@@ -1,10 +1,12 @@
-"""S3Storage: durable, readable streams over the block WAL, LogCache, objects and controller.
+"""S3Storage: durable, readable streams over a WAL, LogCache, objects and controller.
 
-Append: the stream's next offset is assigned first, the StreamRecordBatch goes to the WAL, and
-once the WAL has synced it the record enters the LogCache machine (in WAL completion order) and
-the stream's confirm offset moves; only then does the caller get its offset. Reads never pass the
-confirm offset: they take the LogCache's contiguous run when it holds the start, else read objects
-(found through the metadata view's image) up to where the cache takes over.
+The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object
+WAL; the node picks one). Append: the stream's next offset is assigned first, the
+StreamRecordBatch goes to the WAL, and once the WAL has made it durable the record enters the
+LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
+the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
+contiguous run when it holds the start, else read objects (found through the metadata view's
+image) up to where the cache takes over.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -44,7 +46,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +66,7 @@ from automq_ref.io.storage.stream_objects import (
     read_from_objects,
     upload_layout,
 )
-from automq_ref.io.storage.wal_block import AppendResult, BlockWal, WalOverCapacityError
+from automq_ref.io.storage.wal import AppendResult, WalOverCapacityError, WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -155,7 +157,7 @@ class S3Storage:
     def __init__(
         self,
         *,
-        wal: BlockWal,
+        wal: WriteAheadLog,
         store: ObjectStore,
         client: ControllerClient,
         view: MetadataView,
@@ -166,6 +168,7 @@ class S3Storage:
         block_size_threshold_bytes: int = 512 * 1024,
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
+        runs_lifecycle: Callable[[], bool] = lambda: True,
     ) -> None:
         self._wal = wal
         self._store = store
@@ -178,6 +181,9 @@ class S3Storage:
         # Wall-clock milliseconds: object deadlines, upload intervals, lifecycle. Tests inject
         # their own clock to move time past a deadline.
         self._clock = clock or SystemClock()
+        # Whether this broker runs the object lifecycle now: in a cluster only the active
+        # controller's broker does, so three brokers do not race for the same objects.
+        self._runs_lifecycle = runs_lifecycle
         self._cache: Driver[lc.LogCacheState, lc.LogCacheEvent, lc.LogCacheEffect] = Driver(
             lambda state, event: lc.step(state, event, params),
             lc.LogCacheState(),
@@ -213,7 +219,7 @@ class S3Storage:
     async def start(
         cls,
         *,
-        wal: BlockWal,
+        wal: WriteAheadLog,
         store: ObjectStore,
         client: ControllerClient,
         view: MetadataView,
@@ -223,6 +229,7 @@ class S3Storage:
         block_size_threshold_bytes: int = 512 * 1024,
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
+        runs_lifecycle: Callable[[], bool] = lambda: True,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams."""
@@ -239,6 +246,7 @@ class S3Storage:
             block_size_threshold_bytes=block_size_threshold_bytes,
             clock=clock,
             block_cache_bytes=block_cache_bytes,
+            runs_lifecycle=runs_lifecycle,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -724,6 +732,8 @@ class S3Storage:
         while True:
             await asyncio.sleep(1)
             self._apply(lc.Tick(self._clock.now_ms()))
+            if not self._runs_lifecycle():
+                continue
             try:
                 await self.run_object_lifecycle()
             except Exception as error:  # the next round retries; nothing is lost meanwhile

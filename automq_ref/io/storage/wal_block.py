@@ -85,6 +85,16 @@ from automq_ref.formats.wal_record import (
 )
 from automq_ref.io.storage.block_device import BlockDevice, Buffer, FileBlockDevice
 
+# The values and errors every WAL shares, re-exported for the block WAL's callers.
+from automq_ref.io.storage.wal import AppendResult as AppendResult
+from automq_ref.io.storage.wal import RecoveredRecord as RecoveredRecord
+from automq_ref.io.storage.wal import WalError as WalError
+from automq_ref.io.storage.wal import WalFencedError as WalFencedError
+from automq_ref.io.storage.wal import WalIOError as WalIOError
+from automq_ref.io.storage.wal import WalOverCapacityError as WalOverCapacityError
+from automq_ref.io.storage.wal import WalRecordTooLargeError as WalRecordTooLargeError
+from automq_ref.io.storage.wal import WalStateError as WalStateError
+
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE_BYTES: Final = 4096
@@ -110,32 +120,8 @@ class ShutdownType(enum.IntEnum):
     GRACEFUL = 1
 
 
-class WalError(Exception):
-    """Base class of the block WAL's errors."""
-
-
-class WalOverCapacityError(WalError):
-    """The ring holds no room for this record until the WAL is trimmed."""
-
-
-class WalRecordTooLargeError(WalError, ValueError):
-    """A single record larger than one write may be."""
-
-
-class WalStateError(WalError):
-    """An operation out of order (append before reset, reset before recover, use after close)."""
-
-
-class WalFencedError(WalError):
-    """The device belongs to another node, or to a newer epoch of this one."""
-
-
 class WalHeaderCorruptError(WalError):
     """Neither header slot holds a valid header, and the device is not blank."""
-
-
-class WalIOError(WalError):
-    """The device failed; the WAL accepts nothing more until it is reopened and recovered."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,19 +163,6 @@ class WalHeader:
         return cls(
             capacity, start, sequence, max_write, ShutdownType(shutdown), node_id, node_epoch
         )
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    record_offset: int
-    next_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveredRecord:
-    record_offset: int
-    next_offset: int
-    body: bytes
 
 
 class SyncPolicy(Protocol):

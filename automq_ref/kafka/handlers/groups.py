@@ -3,10 +3,19 @@ OffsetFetch, ListGroups, DescribeGroups, DeleteGroups) and FindCoordinator.
 
 Each group request is translated into an event of the Group machine
 (:mod:`automq_ref.state_machines.group`), stamped with the injected clock's time, and handed to
-the coordinator (:mod:`automq_ref.kafka.groups`); its response is translated back into the
-request's version. Requests the machine may answer later (a JoinGroup waits for the rebalance, a
-commit for durability) are answered in the awaitable returned, so that they do not hold up the
-connection's later requests. This node coordinates every group; there is no transaction
+the coordinator (:mod:`automq_ref.kafka.groups`), which routes it to the shard of the group's
+coordinator partition; its response is translated back into the request's version. A group this
+broker does not coordinate now is answered ``NOT_COORDINATOR`` (``COORDINATOR_LOAD_IN_PROGRESS``
+while its shard loads) in the request's own shape, and the client asks FindCoordinator again.
+Requests the machine may answer later (a JoinGroup waits for the rebalance, a commit for
+durability) are answered in the awaitable returned, so that they do not hold up the
+connection's later requests.
+
+FindCoordinator answers, for each group, the broker placement assigns its coordinator partition,
+at the listener that broker registered (this broker: what it advertises);
+``COORDINATOR_NOT_AVAILABLE`` while the partition has no live broker, or while
+``__consumer_offsets`` does not exist yet (the first group request creates it and waits for it,
+:meth:`~automq_ref.kafka.groups.GroupCoordinator.topic_created`). There is no transaction
 coordinator (FindCoordinator for a transactional id is refused as
 :mod:`automq_ref.kafka.handlers.unsupported` explains).
 """
@@ -27,11 +36,17 @@ from automq_ref.state_machines import group as gc
 GROUP_KEY_TYPE = 0
 
 
-async def _group(context: Context, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
-    """Step ``make_event(request_id, now_ms)`` in the coordinator and await the machine's answer."""
+async def _group(
+    context: Context,
+    group_id: str,
+    make_event: Callable[[int, int], gc.GroupEvent],
+    refused: Callable[[KafkaErrorCode], gc.Response],
+) -> gc.Response:
+    """Step ``make_event(request_id, now_ms)`` in ``group_id``'s shard and await the machine's
+    answer; ``refused(error)`` when this broker does not serve the group now."""
     clock = context.clock
     return await context.groups.request(
-        lambda request_id, _: make_event(request_id, clock.now_ms())
+        group_id, lambda request_id, _: make_event(request_id, clock.now_ms()), refused
     )
 
 
@@ -42,27 +57,49 @@ def client_host(peer: Peer) -> str:
 
 async def handle_find_coordinator(context: Context, request: Request) -> Reply:
     body = request.body
-    host, port = context.advertised_host, context.advertised_port
-    node_id = context.config.node_id
     key_type = int(body.key_type) if request.api_version >= 1 else GROUP_KEY_TYPE
-    error = KafkaErrorCode.NONE
-    message = None
-    if key_type != GROUP_KEY_TYPE:
-        error = refuse_transactions(context, request, "FindCoordinator")
-        message = TRANSACTIONS_MESSAGE
-    if request.api_version >= 4:
-        coordinators = [
-            r.Coordinator(key, node_id, host, port, error, message) for key in body.coordinator_keys
-        ]
-        return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
-    if error is not KafkaErrorCode.NONE:
-        node_id, host, port = -1, "", -1
-    return r.respond(
-        request,
-        r.FindCoordinatorResponse(
-            node_id=node_id, host=host, port=port, error_code=error, error_message=message
-        ),
-    )
+    transactions = key_type != GROUP_KEY_TYPE
+    refused = refuse_transactions(context, request, "FindCoordinator") if transactions else None
+
+    async def answer() -> Chunks:
+        if request.api_version >= 4:
+            coordinators = []
+            for key in body.coordinator_keys:
+                if refused is not None:
+                    coordinators.append(
+                        r.Coordinator(key, -1, "", -1, refused, TRANSACTIONS_MESSAGE)
+                    )
+                    continue
+                node_id, host, port, error = await _coordinator(context, key)
+                coordinators.append(r.Coordinator(key, node_id, host, port, error))
+            return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
+        if refused is not None:
+            return r.respond(
+                request,
+                r.FindCoordinatorResponse(error_code=refused, error_message=TRANSACTIONS_MESSAGE),
+            )
+        node_id, host, port, error = await _coordinator(context, body.key)
+        return r.respond(
+            request,
+            r.FindCoordinatorResponse(node_id=node_id, host=host, port=port, error_code=error),
+        )
+
+    # Answered in the awaitable: the first one may wait for __consumer_offsets to be created.
+    return answer()
+
+
+async def _coordinator(context: Context, group_id: str) -> tuple[int, str, int, KafkaErrorCode]:
+    """(node id, host, port, error) of ``group_id``'s coordinator as FindCoordinator answers."""
+    found = await context.groups.coordinator(group_id)
+    if isinstance(found, KafkaErrorCode):
+        return -1, "", -1, found
+    if found == context.config.node_id:
+        return found, context.advertised_host, context.advertised_port, KafkaErrorCode.NONE
+    broker = context.view.image.brokers.get(found)
+    if broker is None or not broker.live or not broker.listeners:
+        return -1, "", -1, KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+    endpoint = broker.listeners[0]
+    return found, endpoint.host, endpoint.port, KafkaErrorCode.NONE
 
 
 async def handle_join_group(context: Context, request: Request) -> Reply:
@@ -78,6 +115,7 @@ async def handle_join_group(context: Context, request: Request) -> Reply:
     async def answer() -> Chunks:
         response = await _group(
             context,
+            body.group_id,
             lambda request_id, now: gc.JoinGroup(
                 request_id,
                 now,
@@ -92,6 +130,7 @@ async def handle_join_group(context: Context, request: Request) -> Reply:
                 protocols,
                 version >= 4,
             ),
+            _valid_group(body.group_id, gc.JoinGroupResponse),
         )
         assert isinstance(response, gc.JoinGroupResponse)
         return r.respond(
@@ -122,6 +161,7 @@ async def handle_sync_group(context: Context, request: Request) -> Reply:
     async def answer() -> Chunks:
         response = await _group(
             context,
+            body.group_id,
             lambda request_id, now: gc.SyncGroup(
                 request_id,
                 now,
@@ -133,6 +173,7 @@ async def handle_sync_group(context: Context, request: Request) -> Reply:
                 getattr(body, "protocol_type", None),
                 getattr(body, "protocol_name", None),
             ),
+            _valid_group(body.group_id, gc.SyncGroupResponse),
         )
         assert isinstance(response, gc.SyncGroupResponse)
         return r.respond(
@@ -152,6 +193,7 @@ async def handle_heartbeat(context: Context, request: Request) -> Reply:
     body = request.body
     response = await _group(
         context,
+        body.group_id,
         lambda request_id, now: gc.Heartbeat(
             request_id,
             now,
@@ -160,6 +202,7 @@ async def handle_heartbeat(context: Context, request: Request) -> Reply:
             body.member_id,
             getattr(body, "group_instance_id", None),
         ),
+        _valid_group(body.group_id, gc.HeartbeatResponse),
     )
     assert isinstance(response, gc.HeartbeatResponse)
     return r.respond(request, r.HeartbeatResponse(response.error_code))
@@ -172,7 +215,10 @@ async def handle_leave_group(context: Context, request: Request) -> Reply:
     else:
         members = (gc.LeavingMember(body.member_id),)
     response = await _group(
-        context, lambda request_id, now: gc.LeaveGroup(request_id, now, body.group_id, members)
+        context,
+        body.group_id,
+        lambda request_id, now: gc.LeaveGroup(request_id, now, body.group_id, members),
+        _valid_group(body.group_id, gc.LeaveGroupResponse),
     )
     assert isinstance(response, gc.LeaveGroupResponse)
     error = response.error_code
@@ -192,13 +238,16 @@ async def handle_leave_group(context: Context, request: Request) -> Reply:
 
 async def handle_offset_commit(context: Context, request: Request) -> Reply:
     body = request.body
-    known = context.topics.partitions
+    # Any partition of the cluster's topics (led here or not: the coordinator of a group is
+    # rarely the leader of what it consumes), as Kafka checks its metadata cache.
+    known = context.topics.topics
     unknown: list[tuple[str, int]] = []
     entries: list[gc.OffsetCommitEntry] = []
     for topic in body.topics:
         for p in topic.partitions:
             index = int(p.partition_index)
-            if (topic.name, index) not in known:
+            found = known.get(topic.name)
+            if found is None or not 0 <= index < found.partitions:
                 unknown.append((topic.name, index))
                 continue
             entries.append(
@@ -218,6 +267,7 @@ async def handle_offset_commit(context: Context, request: Request) -> Reply:
         if entries:
             response = await _group(
                 context,
+                body.group_id,
                 lambda request_id, now: gc.OffsetCommit(
                     request_id,
                     now,
@@ -226,6 +276,12 @@ async def handle_offset_commit(context: Context, request: Request) -> Reply:
                     body.member_id,
                     getattr(body, "group_instance_id", None),
                     tuple(entries),
+                ),
+                lambda error: gc.OffsetCommitResponse(
+                    tuple(
+                        gc.OffsetCommitPartitionResult(t, p, error)
+                        for t, p in dict.fromkeys((e.topic, e.partition) for e in entries)
+                    )
                 ),
             )
             assert isinstance(response, gc.OffsetCommitResponse)
@@ -251,10 +307,7 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
         groups = tuple(gc.OffsetFetchGroup(g.group_id, wanted(g.topics)) for g in body.groups)
     else:
         groups = (gc.OffsetFetchGroup(body.group_id, wanted(body.topics)),)
-    response = await _group(
-        context, lambda request_id, now: gc.OffsetFetch(request_id, now, groups)
-    )
-    assert isinstance(response, gc.OffsetFetchResponse)
+    response = await context.groups.offset_fetch(groups)
     if request.api_version >= 8:
         return r.respond(
             request,
@@ -266,9 +319,22 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
             ),
         )
     first = response.groups[0]
-    return r.respond(
-        request, r.OffsetFetchResponse(topics=_fetched_topics(first), error_code=first.error_code)
-    )
+    topics = _fetched_topics(first)
+    if request.api_version < 2 and first.error_code is not KafkaErrorCode.NONE:
+        # v0 and v1 have no top-level error: each partition asked for carries it.
+        topics = [
+            r.OffsetFetchTopic(
+                t.name,
+                [
+                    r.OffsetFetchPartition(
+                        int(i), gc.NO_OFFSET, gc.NO_LEADER_EPOCH, "", first.error_code
+                    )
+                    for i in t.partition_indexes
+                ],
+            )
+            for t in body.topics or ()
+        ]
+    return r.respond(request, r.OffsetFetchResponse(topics=topics, error_code=first.error_code))
 
 
 def _fetched_topics(result: gc.OffsetFetchGroupResult) -> list[r.OffsetFetchTopic]:
@@ -284,10 +350,7 @@ async def handle_list_groups(context: Context, request: Request) -> Reply:
     body = request.body
     states = tuple(getattr(body, "states_filter", ()) or ())
     types = tuple(getattr(body, "types_filter", ()) or ())
-    response = await _group(
-        context, lambda request_id, now: gc.ListGroups(request_id, now, states, types)
-    )
-    assert isinstance(response, gc.ListGroupsResponse)
+    response = await context.groups.list_groups(states, types)
     listed = [
         r.ListedGroup(g.group_id, g.protocol_type, g.group_state, g.group_type)
         for g in response.groups
@@ -297,10 +360,7 @@ async def handle_list_groups(context: Context, request: Request) -> Reply:
 
 async def handle_describe_groups(context: Context, request: Request) -> Reply:
     group_ids = tuple(request.body.groups)
-    response = await _group(
-        context, lambda request_id, now: gc.DescribeGroups(request_id, now, group_ids)
-    )
-    assert isinstance(response, gc.DescribeGroupsResponse)
+    response = await context.groups.describe_groups(group_ids)
     # No authorizer: every group's operations are all a group supports.
     operations = (
         GROUP_OPERATIONS
@@ -341,11 +401,21 @@ async def handle_delete_groups(context: Context, request: Request) -> Reply:
     group_ids = tuple(request.body.groups_names)
 
     async def answer() -> Chunks:
-        response = await _group(
-            context, lambda request_id, now: gc.DeleteGroups(request_id, now, group_ids)
-        )
-        assert isinstance(response, gc.DeleteGroupsResponse)
+        response = await context.groups.delete_groups(group_ids)
         results = [r.DeletableGroupResult(g.group_id, g.error_code) for g in response.results]
         return r.respond(request, r.DeleteGroupsResponse(results))
 
     return answer()
+
+
+def _valid_group(
+    group_id: str, response: Callable[[KafkaErrorCode], gc.Response]
+) -> Callable[[KafkaErrorCode], gc.Response]:
+    """The answer of a membership request this broker does not serve: an empty group id is
+    ``INVALID_GROUP_ID`` wherever it is sent (Kafka checks it before the coordinator), any other
+    gets the routing's error."""
+
+    def refused(error: KafkaErrorCode) -> gc.Response:
+        return response(KafkaErrorCode.INVALID_GROUP_ID if not group_id else error)
+
+    return refused

@@ -9,8 +9,9 @@ retried. The controller named is the active controller's broker (this one, embed
 
 Metadata creates an unknown topic (``num.partitions`` partitions) when
 ``auto.create.topics.enable`` is on and the client allows it (v4+ asks; older versions always
-allow). Authorized operations, when asked, are every operation (no authorizer:
-:mod:`automq_ref.kafka.acl_operations`).
+allow); ``__consumer_offsets`` is created as the group coordinator creates it (its partitions
+and configs). Internal topics are listed with ``is_internal``. Authorized operations, when asked,
+are every operation (no authorizer: :mod:`automq_ref.kafka.acl_operations`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from automq_ref.kafka.responses import (
 from automq_ref.kafka.server import Reply
 from automq_ref.kafka.topics import TopicError
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.vocabulary.naming import is_internal_topic
 
 
 async def handle_metadata(context: Context, request: Request) -> Reply:
@@ -62,7 +64,10 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             topic = registry.topic_by_id(topic_id)
         elif name is not None:
             topic = registry.topics.get(name)
-            if topic is None and auto_create:
+            if topic is None and auto_create and is_internal_topic(name):
+                await context.groups.topic_created()
+                topic = registry.topics.get(name)
+            elif topic is None and auto_create:
                 try:
                     topic = await registry.create_topic(name, config.num_partitions, {})
                 except TopicError as error:
@@ -151,6 +156,7 @@ def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
         name=topic.name,
         topic_id=topic.topic_id,
         partitions=partitions,
+        is_internal=is_internal_topic(topic.name),
         topic_authorized_operations=operations,
     )
 

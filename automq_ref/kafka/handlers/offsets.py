@@ -3,7 +3,8 @@ partition's offsets.
 
 ListOffsets answers the earliest (-2, and -4/-5: local and tiered are the same here), the latest
 (-1), the record with the largest timestamp (-3), or the first record at or after a timestamp.
-DeleteRecords moves a partition's log start forward (-1: to the high watermark).
+DeleteRecords moves a partition's log start forward (-1: to the high watermark); an internal
+topic's is refused ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
+from automq_ref.vocabulary.naming import is_internal_topic
 
 
 async def handle_list_offsets(context: Context, request: Request) -> Reply:
@@ -113,6 +115,11 @@ async def handle_delete_records(context: Context, request: Request) -> Reply:
         for asked in topic.partitions:
             index = int(asked.partition_index)
             partition = partitions_by_key.get((topic.name, index))
+            if is_internal_topic(topic.name):
+                # Kafka: "Cannot delete records of internal topic" (its log is a coordinator's).
+                code = KafkaErrorCode.INVALID_TOPIC_EXCEPTION
+                partitions.append(DeleteRecordsPartition(index, error_code=code))
+                continue
             if partition is None:
                 code = context.topics.not_here(topic.name, index)
                 partitions.append(DeleteRecordsPartition(index, error_code=code))

@@ -3,8 +3,9 @@
 Admission (in request order) validates each partition's batches and assigns their offsets
 (:meth:`Partition.append_nowait`); the answer waits for the WAL writes to be durable, in the
 awaitable returned, so that a connection pipelines many produces into one fsync. With
-``acks=0`` there is no answer. The request is decoded and the response encoded by hand
-(:mod:`automq_ref.protocol`): this is the busiest path.
+``acks=0`` there is no answer. Internal topics (``__consumer_offsets``) are refused
+``INVALID_TOPIC_EXCEPTION``, as Kafka refuses clients' appends to them. The request is decoded
+and the response encoded by hand (:mod:`automq_ref.protocol`): this is the busiest path.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from automq_ref.protocol.produce_response import (
     ProducePartitionAnswer,
     encode_produce_response,
 )
+from automq_ref.vocabulary.naming import is_internal_topic
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,9 @@ async def handle_produce(context: Context, request: Request) -> Reply:
             partition = registry.partitions.get((topic_data.name, partition_data.index))
             if acks not in (-1, 0, 1):
                 results.append((partition_data.index, KafkaErrorCode.INVALID_REQUIRED_ACKS))
+            elif is_internal_topic(topic_data.name):
+                # Kafka: "Cannot append to internal topic" (only its coordinators write there).
+                results.append((partition_data.index, KafkaErrorCode.INVALID_TOPIC_EXCEPTION))
             elif partition is None:
                 code = registry.not_here(topic_data.name, partition_data.index)
                 results.append((partition_data.index, code))

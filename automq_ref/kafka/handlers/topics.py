@@ -4,8 +4,15 @@ its own (one topic's error does not fail the others).
 Replication is shared storage's: a topic has one copy, so a replication factor other than 1 (or
 -1, the default) is refused, and a manual replica assignment must give each partition exactly one
 replica, a live broker (:func:`automq_ref.kafka.topics.check_replica_assignment`), where the
-controller then places it. The changes
-themselves, and their ordering against the controller's KV, are the registry's
+controller then places it.
+
+``__consumer_offsets`` may be created like any topic (it exists once a broker has started:
+``TOPIC_ALREADY_EXISTS``), but not deleted nor grown: its partitions are the groups'
+coordinators, and a group's partition is its id's hash modulo their count, so either would lose
+every group's offsets. Both are answered ``INVALID_REQUEST`` in the words of Kafka's topic tool,
+which refuses both (Kafka's broker leaves them to authorization; this one has no authorizer).
+
+The changes themselves, and their ordering against the controller's KV, are the registry's
 (:mod:`automq_ref.kafka.topic_registry`).
 """
 
@@ -33,6 +40,7 @@ from automq_ref.kafka.responses import (
 from automq_ref.kafka.server import Reply
 from automq_ref.kafka.topic_configs import TOPIC_CONFIGS
 from automq_ref.kafka.topics import TopicError, check_replica_assignment
+from automq_ref.vocabulary.naming import is_internal_topic
 
 
 async def handle_create_topics(context: Context, request: Request) -> Reply:
@@ -114,6 +122,12 @@ async def handle_delete_topics(context: Context, request: Request) -> Reply:
         try:
             if name_or_none is None:
                 raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_ID, f"no topic {topic_id}")
+            if is_internal_topic(name_or_none):
+                raise TopicError(
+                    KafkaErrorCode.INVALID_REQUEST,
+                    f"Topic {name_or_none} is a kafka internal topic and is not allowed to be "
+                    "marked for deletion.",
+                )
             topic = await registry.delete_topic(name_or_none)
         except TopicError as error:
             results.append(
@@ -134,6 +148,11 @@ async def handle_create_partitions(context: Context, request: Request) -> Reply:
     results = []
     for asked in body.topics:
         try:
+            if is_internal_topic(asked.name):
+                raise TopicError(
+                    KafkaErrorCode.INVALID_REQUEST,
+                    "The number of partitions for the offsets topic cannot be changed.",
+                )
             assignments = asked.assignments
             await context.topics.add_partitions(
                 asked.name,
