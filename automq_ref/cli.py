@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from automq_ref.config import ConfigError, did_you_mean, load_config
 # How long the broker's address may take to accept a connection before a command gives up.
 PROBE_TIMEOUT_S = 3.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The checked topic's partitions in a cluster: two led by each of three brokers.
+CLUSTER_PARTITIONS = 6
 
 log = logging.getLogger("automq_ref")
 
@@ -73,16 +76,30 @@ def main(argv: list[str] | None = None) -> int:
         help="where etcd, the brokers and every log live; emptied at start (default data/cluster)",
     )
     check = commands.add_parser(
-        "check", help="run real clients against a broker process under faults and check them"
+        "check",
+        help="run real clients against a broker process (or a cluster) under faults and check them",
     )
     check.add_argument(
         "--nemesis",
-        default="kill,pause",
-        help=f"comma-separated, any of: {', '.join(NEMESES)} (default: kill,pause)",
+        default=None,
+        help=f"comma-separated, any of: {', '.join(NEMESES)} (default: kill,pause; with "
+        "--brokers above 1: kill,pause,etcd-pause)",
+    )
+    check.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="1 (default): one broker process; more: a cluster of that many on an etcd member "
+        "the check starts, one shared object store, node ids 1..N in racks az1..azN",
     )
     check.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
     check.add_argument("--seed", type=int, default=None, help="fault schedule seed")
-    check.add_argument("--partitions", type=int, default=3)
+    check.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="of the checked topic (default 3; 6 in a cluster)",
+    )
     check.add_argument("--out", type=Path, default=Path("check-out"), help="report directory")
     check.add_argument(
         "--broker-override",
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="MODE",
         help="run a deliberately broken broker, for the checker to catch: ack-before-fsync, "
-        "discard-wal-at-start (test only; repeatable)",
+        "discard-wal-at-start (test only; repeatable; in a cluster broker 1 alone)",
     )
     _add_spark_commands(commands)
     arguments = parser.parse_args(argv)
@@ -210,7 +227,18 @@ def _check(arguments: argparse.Namespace) -> int:
         print(_needs_extras("check", error), file=sys.stderr)
         return 2
 
-    requested = [name for name in arguments.nemesis.split(",") if name]
+    if arguments.brokers < 1:
+        print(
+            f"automq-ref check: --brokers must be at least 1, not {arguments.brokers}; 1 checks "
+            "one broker, 3 a cluster",
+            file=sys.stderr,
+        )
+        return 2
+    cluster = arguments.brokers > 1
+    nemesis = arguments.nemesis
+    if nemesis is None:
+        nemesis = "kill,pause,etcd-pause" if cluster else "kill,pause"
+    requested = [name for name in nemesis.split(",") if name]
     for name in requested:
         if name not in NEMESES:
             print(
@@ -219,6 +247,20 @@ def _check(arguments: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+        if NEMESES[name].needs_cluster and not cluster:
+            print(
+                f"automq-ref check: the {name} nemesis needs a cluster (one broker runs without "
+                "etcd); add --brokers 3, or leave it out of --nemesis",
+                file=sys.stderr,
+            )
+            return 2
+    if cluster and shutil.which("etcd") is None:
+        print(
+            "automq-ref check: etcd is not on PATH; a cluster check (--brokers above 1) runs "
+            "Debian's etcd: apt-get install -y etcd-server",
+            file=sys.stderr,
+        )
+        return 2
     for mode in arguments.broken:
         if mode not in BROKEN_MODES:
             print(
@@ -230,14 +272,21 @@ def _check(arguments: argparse.Namespace) -> int:
     logging.basicConfig(level="WARNING")
     seed = arguments.seed if arguments.seed is not None else random.randrange(2**31)
     nemeses = tuple(requested)
+    partitions = arguments.partitions
+    if partitions is None:
+        partitions = CLUSTER_PARTITIONS if cluster else WorkloadSettings.partitions
     settings = WorkloadSettings(
-        partitions=arguments.partitions,
+        partitions=partitions,
         duration_s=arguments.duration,
         nemeses=nemeses,
         seed=seed,
     )
     outcome = run_check(
-        arguments.out, settings, tuple(arguments.broker_override), broken=tuple(arguments.broken)
+        arguments.out,
+        settings,
+        tuple(arguments.broker_override),
+        broken=tuple(arguments.broken),
+        brokers=arguments.brokers,
     )
     return 0 if outcome.valid else 1
 

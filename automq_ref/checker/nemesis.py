@@ -1,36 +1,53 @@
 """Faults for checked runs: what each nemesis breaks, how it heals, and the setup it needs.
 
-A checked run happens in an :class:`Environment`: one broker process, and, when a nemesis needs
-them, an S3 endpoint (moto's server) behind a fault proxy holding the broker's objects, and a TCP
-proxy that the clients go through (the broker advertises the proxy's address, so clients never
+A checked run happens in an :class:`Environment`: one broker process, or a cluster of them
+(``brokers`` > 1: an etcd member the run starts, one object store shared by every broker, node
+ids 1..N in racks az1..azN, clients bootstrapped to all); and, when a nemesis needs them, an S3
+endpoint (moto's server) behind a fault proxy holding the brokers' objects, and a TCP proxy per
+broker that the clients go through (each broker advertises its proxy's address, so clients never
 bypass it). The nemesis thread picks a nemesis at random (seeded), calls ``inject``, waits the
-fault's length, and calls ``heal``; the window between is recorded and shaded in the plot.
+fault's length, and calls the :class:`Injected` fault's ``heal``; the window between is recorded
+with what the fault hit (``target``: "broker 2 (active controller)", "etcd") and shaded in the
+plot.
 
-=============  =============================================================================
-``kill``       SIGKILL the broker; heal: start it again on the same data and port.
-``pause``      SIGSTOP the broker; heal: SIGCONT.
-``wal-loss``   SIGKILL, then undo what the WAL wrote since its last fsync (an arbitrary subset
-               of the sectors of each such write, as a power cut may leave them), as if the
-               machine had lost power; heal: start again. Needs the broker's undo journal
-               (a test-only setting switched on automatically).
-``s3``         the object store misbehaves: 503 SlowDown answers, added latency, or ambiguous
-               success (the write lands, the caller sees an error); heal: transparent again.
-``net``        the clients' connections are delayed, partitioned (bytes held back), black-holed
-               (bytes discarded: a connection is useless afterwards) or reset; heal:
-               transparent.
-=============  =============================================================================
+In a cluster a fault that hits a broker hits one, chosen at random each time (the same seed
+chooses the same ones); with one broker nothing is drawn for the choice, so a seed gives the
+schedule it always gave.
+
+==============  ============================================================================
+``kill``        SIGKILL a broker; heal: start it again on the same data and port.
+``pause``       SIGSTOP a broker; heal: SIGCONT. In a cluster every other pause (at random)
+                lasts longer than ``broker.session.timeout.ms`` (and the controller's lease,
+                when it hits the active controller), so the controller fences the broker and,
+                once resumed, it starts itself again in its process.
+``wal-loss``    SIGKILL a broker, then undo what its WAL wrote since its last fsync (an
+                arbitrary subset of the sectors of each such write, as a power cut may leave
+                them), as if the machine had lost power; heal: start again. Needs the broker's
+                undo journal (a test-only setting switched on automatically).
+``s3``          the object store misbehaves: 503 SlowDown answers, added latency, or ambiguous
+                success (the write lands, the caller sees an error); heal: transparent again.
+``net``         a broker's client connections are delayed, partitioned (bytes held back),
+                black-holed (bytes discarded: a connection is useless afterwards) or reset;
+                heal: transparent.
+``etcd-pause``  (a cluster only) SIGSTOP the etcd member for 1.5 to 4.5 s, some pauses longer
+                than the controller's lease; heal: SIGCONT.
+==============  ============================================================================
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from automq_ref.checker.cluster import BrokerProcess, free_port
+from automq_ref.checker.cluster import BrokerProcess, EtcdProcess, free_port
+from automq_ref.config import load_config
 
 if TYPE_CHECKING:
     from automq_ref.checker.proxies import S3FaultProxy, TcpProxy
@@ -43,23 +60,76 @@ S3_CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+CLUSTER_ID = "automq-ref-check"
+# A checked cluster's sessions: short, so that a pause can outlast one within a short run, yet
+# several heartbeats long, so that a loaded machine does not fence brokers nobody paused.
+CLUSTER_BROKER_SETTINGS = (
+    "broker.heartbeat.interval.ms=1000",
+    "broker.session.timeout.ms=5000",
+)
+# How much longer than the session a long pause lasts: the controller's expiry runs about once
+# a second, so the broker is fenced before it resumes.
+LONG_PAUSE_MARGIN_S = 2.5
+ETCD_PAUSE_S = (1.5, 4.5)
 
 
 @dataclass
 class Environment:
-    """The broker under test and the proxies around it; ``close`` stops everything."""
+    """The brokers under test, etcd for a cluster, and the proxies around them; ``close``
+    stops everything (also after a failure)."""
 
-    broker: BrokerProcess
-    tcp_proxy: TcpProxy | None = None
+    brokers: list[BrokerProcess]
+    tcp_proxies: list[TcpProxy] = field(default_factory=list)  # one per broker, or none
     s3_proxy: S3FaultProxy | None = None
+    etcd: EtcdProcess | None = None
+    session_timeout_s: float = 0.0  # a cluster's broker.session.timeout.ms
+    lease_ttl_s: float = 0.0  # a cluster's controller lease, in the whole seconds etcd counts
     _closers: list[Any] = field(default_factory=list)
+    metadata_path: Path | None = None  # where close writes a cluster's metadata log as text
+
+    @property
+    def broker(self) -> BrokerProcess:
+        """The broker of a one-broker run (the first of a cluster)."""
+        return self.brokers[0]
+
+    @property
+    def cluster(self) -> bool:
+        return self.etcd is not None
 
     @property
     def bootstrap(self) -> str:
-        """Where clients connect: the TCP proxy when there is one, else the broker."""
-        if self.tcp_proxy is not None:
-            return f"127.0.0.1:{self.tcp_proxy.port}"
-        return self.broker.bootstrap
+        """Where clients connect: every broker's TCP proxy when there are proxies, else every
+        broker."""
+        if self.tcp_proxies:
+            return ",".join(f"127.0.0.1:{proxy.port}" for proxy in self.tcp_proxies)
+        return ",".join(broker.bootstrap for broker in self.brokers)
+
+    def pick(self, rng: random.Random) -> int:
+        """The index of the broker a fault hits: at random in a cluster; with one broker, that
+        one, without a draw (so a one-broker seed keeps its schedule)."""
+        return rng.randrange(len(self.brokers)) if len(self.brokers) > 1 else 0
+
+    def name(self, index: int, controller: int | None = None) -> str:
+        """How the report names broker ``index``: "" with one broker, else "broker N", with
+        "(active controller)" when it is ``controller`` (a node id)."""
+        if not self.cluster:
+            return ""
+        node_id = index + 1
+        return f"broker {node_id}" + (" (active controller)" if controller == node_id else "")
+
+    def controller(self) -> int | None:
+        """The node id of the active controller (etcd's election key), None when unknown."""
+        if self.etcd is None:
+            return None
+        # Imported here: the election module loads etcd's gRPC client, which the command line
+        # (it imports this module for the nemesis names) must not pay for.
+        from automq_ref.io.metadata.election import election_key
+
+        value = self.etcd.range_value(election_key(CLUSTER_ID))
+        try:
+            return None if value is None else int(json.loads(value)["node_id"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
     @classmethod
     def start(
@@ -70,20 +140,34 @@ class Environment:
         *,
         broken: tuple[str, ...] = (),
         seed: int = 0,
+        brokers: int = 1,
+        metadata_path: Path | None = None,
     ) -> Environment:
+        """Start what ``nemeses`` need and the brokers (``data_dir`` is the broker's data with
+        one broker; with more, ``data_dir`` holds ``broker-N``, ``etcd`` and ``objects``).
+        With a cluster the ``broken`` modes are given to broker 1 only, and ``close`` writes
+        the metadata log to ``metadata_path`` (when given) before etcd stops."""
         unknown = sorted(set(nemeses) - set(NEMESES))
         if unknown:
             raise ValueError(
                 f"unknown nemesis {', '.join(unknown)} (known: {', '.join(sorted(NEMESES))})"
             )
+        if brokers < 1:
+            raise ValueError(f"brokers must be at least 1, not {brokers}")
+        needs_cluster = sorted(name for name in nemeses if NEMESES[name].needs_cluster)
+        if needs_cluster and brokers == 1:
+            raise ValueError(f"nemesis {', '.join(needs_cluster)} needs a cluster (brokers > 1)")
         overrides = list(broker_overrides)
-        modes = list(broken)
+        modes: list[str] = []  # every broker's (what the nemeses need)
         env: dict[str, str] = {}
         closers: list[Any] = []
-        s3_proxy = tcp_proxy = None
+        s3_proxy = None
+        tcp_proxies: list[TcpProxy] = []
+        etcd = None
         for name in nemeses:
             overrides += NEMESES[name].broker_overrides
             modes += NEMESES[name].broken
+        started: list[BrokerProcess] = []
         try:
             if "s3" in nemeses:
                 s3_proxy, stop_moto = _start_s3(seed)
@@ -93,32 +177,95 @@ class Environment:
                     f"&endpoint={s3_proxy.url}&pathStyle=true",
                 ]
                 env.update(S3_CREDENTIALS)
-            port = 0
-            if "net" in nemeses:
-                from automq_ref.checker.proxies import TcpProxy
+            if brokers > 1:
+                data_dir.mkdir(parents=True, exist_ok=True)
+                etcd = EtcdProcess(data_dir / "etcd")
+                closers.append(etcd.stop)
+                etcd.start()
+                shared = [
+                    f"metadata.etcd.endpoints={etcd.endpoint}",
+                    f"cluster.id={CLUSTER_ID}",
+                    *CLUSTER_BROKER_SETTINGS,
+                ]
+                if s3_proxy is None:  # one object store for all: a directory they share
+                    shared.append(f"s3.data.buckets={(data_dir / 'objects').resolve().as_uri()}")
+                overrides = shared + overrides  # the user's and the nemeses' win
+            for index in range(brokers):
+                own = list(overrides)
+                if brokers > 1:
+                    own = [f"node.id={index + 1}", f"broker.rack=az{index + 1}", *own]
+                port = 0
+                if "net" in nemeses:
+                    from automq_ref.checker.proxies import TcpProxy
 
-                port = free_port()
-                tcp_proxy = TcpProxy("127.0.0.1", port)
-                tcp_proxy.start()
-                closers.append(tcp_proxy.stop)
-                overrides.append(f"advertised.listeners=PLAINTEXT://127.0.0.1:{tcp_proxy.port}")
-            broker = BrokerProcess(data_dir, *overrides, broken=modes, env=env, port=port)
-            broker.start()
+                    port = free_port()
+                    proxy = TcpProxy("127.0.0.1", port)
+                    proxy.start()
+                    closers.append(proxy.stop)
+                    tcp_proxies.append(proxy)
+                    own.append(f"advertised.listeners=PLAINTEXT://127.0.0.1:{proxy.port}")
+                broker_modes = modes + (list(broken) if index == 0 else [])
+                broker_dir = data_dir / f"broker-{index + 1}" if brokers > 1 else data_dir
+                started.append(
+                    BrokerProcess(broker_dir, *own, broken=broker_modes, env=env, port=port)
+                )
+            session_timeout_s = lease_ttl_s = 0.0
+            if brokers > 1:
+                config = load_config(None, started[0].overrides, environment={})
+                session_timeout_s = config.broker_session_timeout_ms / 1000
+                lease_ttl_s = max(2, math.ceil(config.controller_lease_ttl_ms / 1000))
+            for broker in started:
+                broker.spawn()
+            for broker in started:
+                broker.wait_serving()
         except BaseException:
+            _stop_brokers(started, None)
             for close in reversed(closers):
                 close()
             raise
-        return cls(broker, tcp_proxy, s3_proxy, closers)
+        return cls(
+            started,
+            tcp_proxies,
+            s3_proxy,
+            etcd,
+            session_timeout_s,
+            lease_ttl_s,
+            closers,
+            metadata_path,
+        )
 
     def close(self) -> None:
         try:
-            if self.broker.process is not None:
-                self.broker.resume()  # a stop while paused would wait forever
-            if self.broker.alive():
-                self.broker.stop()
+            if self.etcd is not None:
+                self.etcd.resume()  # brokers stopping need it
+            controller = self.controller() if self.cluster else None
+            _stop_brokers(self.brokers, controller)
+            if self.etcd is not None and self.metadata_path is not None:
+                from automq_ref.checker.metadata_dump import dump_metadata
+
+                dump_metadata(self.etcd.endpoint, CLUSTER_ID, self.metadata_path)
         finally:
             for close in reversed(self._closers):
                 close()
+
+
+def _stop_brokers(brokers: list[BrokerProcess], controller: int | None) -> None:
+    """Stop every running broker gracefully, the active controller (node id) last so the
+    others' controlled shutdowns find it; one that does not stop in time is killed."""
+    running = [
+        (index + 1, broker) for index, broker in enumerate(brokers) if broker.process is not None
+    ]
+    waves = [
+        [broker for node_id, broker in running if node_id != controller],
+        [broker for node_id, broker in running if node_id == controller],
+    ]
+    for wave in waves:
+        for broker in wave:
+            broker.resume()  # a stop while paused would wait forever
+            if broker.alive():
+                broker.terminate()
+        for broker in wave:
+            broker.wait_stopped()
 
 
 def _start_s3(seed: int) -> tuple[S3FaultProxy, Any]:
@@ -146,60 +293,86 @@ def _start_s3(seed: int) -> tuple[S3FaultProxy, Any]:
     return proxy, server.stop
 
 
+@dataclass(frozen=True)
+class Injected:
+    """A fault in force: what was done (``detail``), to what (``target``: "" with one broker),
+    how long it lasts (``length_s``; None: the schedule's length) and how to undo it."""
+
+    detail: str
+    heal: Callable[[], None]
+    target: str = ""
+    length_s: float | None = None
+
+
 class Nemesis(ABC):
-    """One kind of fault. ``inject`` breaks something and returns a short description of what;
-    ``heal`` undoes it. Both run on the nemesis thread, one fault at a time."""
+    """One kind of fault. ``inject`` breaks something and returns the :class:`Injected` fault,
+    whose ``heal`` undoes it. Both run on the nemesis thread, one fault at a time."""
 
     name: ClassVar[str]
     broker_overrides: ClassVar[tuple[str, ...]] = ()
     broken: ClassVar[tuple[str, ...]] = ()  # the checker's broker modes it needs
+    needs_cluster: ClassVar[bool] = False
 
     @abstractmethod
-    def inject(self, env: Environment, rng: random.Random) -> str: ...
-
-    @abstractmethod
-    def heal(self, env: Environment) -> None: ...
+    def inject(self, env: Environment, rng: random.Random) -> Injected: ...
 
 
 class Kill(Nemesis):
     name = "kill"
 
-    def inject(self, env: Environment, rng: random.Random) -> str:
-        env.broker.kill()
-        return "SIGKILL"
-
-    def heal(self, env: Environment) -> None:
-        env.broker.start()
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        index = env.pick(rng)
+        target = env.name(index, env.controller())
+        broker = env.brokers[index]
+        broker.kill()
+        return Injected("SIGKILL", broker.start, target)
 
 
 class Pause(Nemesis):
     name = "pause"
 
-    def inject(self, env: Environment, rng: random.Random) -> str:
-        env.broker.pause()
-        return "SIGSTOP"
-
-    def heal(self, env: Environment) -> None:
-        env.broker.resume()
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        index = env.pick(rng)
+        controller = env.controller()
+        target = env.name(index, controller)
+        broker = env.brokers[index]
+        length_s = None
+        if env.cluster and rng.random() < 0.5:
+            # Past the session; for the active controller also past its lease, since the
+            # broker that takes over gives every broker a whole session from then on.
+            length_s = env.session_timeout_s + LONG_PAUSE_MARGIN_S
+            if controller == index + 1:
+                length_s += env.lease_ttl_s
+        broker.pause()
+        if length_s is None:
+            return Injected("SIGSTOP", broker.resume, target)
+        return Injected(
+            f"SIGSTOP for {length_s:.1f} s, past the {env.session_timeout_s:.0f} s session "
+            "(fenced, restarts itself)",
+            broker.resume,
+            target,
+            length_s,
+        )
 
 
 class WalLoss(Nemesis):
     name = "wal-loss"
     broken = ("wal-undo-journal",)
 
-    def inject(self, env: Environment, rng: random.Random) -> str:
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
         from automq_ref.checker.faults import lose_unsynced_tail
 
-        env.broker.kill()
+        index = env.pick(rng)
+        target = env.name(index, env.controller())
+        broker = env.brokers[index]
+        broker.kill()
         # Its own generator: how many draws the loss takes depends on timing, and the schedule's
         # generator must not depend on timing (one seed, one schedule).
-        lost = lose_unsynced_tail(env.broker.wal_path, random.Random(rng.getrandbits(64)))
-        return "SIGKILL, unsynced WAL tail lost: " + ", ".join(
+        lost = lose_unsynced_tail(broker.wal_path, random.Random(rng.getrandbits(64)))
+        detail = "SIGKILL, unsynced WAL tail lost: " + ", ".join(
             f"{key} {value}" for key, value in sorted(lost.items())
         )
-
-    def heal(self, env: Environment) -> None:
-        env.broker.start()
+        return Injected(detail, broker.start, target)
 
 
 class S3Faults(Nemesis):
@@ -208,50 +381,61 @@ class S3Faults(Nemesis):
     broker_overrides = ("s3.wal.upload.interval.ms=1000", "s3.wal.upload.threshold=1048576")
     MODES = ("503", "latency", "ambiguous")
 
-    def inject(self, env: Environment, rng: random.Random) -> str:
-        assert env.s3_proxy is not None
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        proxy = env.s3_proxy
+        assert proxy is not None
+        target = "object store" if env.cluster else ""
         mode = rng.choice(self.MODES)
         if mode == "503":
             rate = rng.choice((0.5, 1.0))
-            env.s3_proxy.set_faults(error_rate=rate)
-            return f"503 SlowDown on {rate:.0%} of requests"
+            proxy.set_faults(error_rate=rate)
+            return Injected(f"503 SlowDown on {rate:.0%} of requests", proxy.heal, target)
         if mode == "latency":
             latency = rng.uniform(0.2, 1.0)
-            env.s3_proxy.set_faults(latency_s=latency)
-            return f"{latency * 1000:.0f} ms latency"
+            proxy.set_faults(latency_s=latency)
+            return Injected(f"{latency * 1000:.0f} ms latency", proxy.heal, target)
         rate = rng.choice((0.3, 1.0))
-        env.s3_proxy.set_faults(ambiguous_rate=rate)
-        return f"ambiguous success on {rate:.0%} of requests"
-
-    def heal(self, env: Environment) -> None:
-        assert env.s3_proxy is not None
-        env.s3_proxy.heal()
+        proxy.set_faults(ambiguous_rate=rate)
+        return Injected(f"ambiguous success on {rate:.0%} of requests", proxy.heal, target)
 
 
 class NetFaults(Nemesis):
     name = "net"
     MODES = ("delay", "partition", "drop", "reset")
 
-    def inject(self, env: Environment, rng: random.Random) -> str:
-        assert env.tcp_proxy is not None
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        index = env.pick(rng)
+        target = env.name(index, env.controller())
+        proxy = env.tcp_proxies[index]
         mode = rng.choice(self.MODES)
         if mode == "delay":
             delay = rng.uniform(0.05, 0.5)
-            env.tcp_proxy.set_delay(delay)
-            return f"{delay * 1000:.0f} ms delay"
+            proxy.set_delay(delay)
+            return Injected(f"{delay * 1000:.0f} ms delay", proxy.heal, target)
         if mode == "partition":
-            env.tcp_proxy.set_stall(True)
-            return "partition (bytes held until healed)"
+            proxy.set_stall(True)
+            return Injected("partition (bytes held until healed)", proxy.heal, target)
         if mode == "drop":
-            env.tcp_proxy.set_drop(True)
-            return "black hole (bytes discarded)"
-        return f"reset {env.tcp_proxy.reset_all()} connections"
+            proxy.set_drop(True)
+            return Injected("black hole (bytes discarded)", proxy.heal, target)
+        return Injected(f"reset {proxy.reset_all()} connections", proxy.heal, target)
 
-    def heal(self, env: Environment) -> None:
-        assert env.tcp_proxy is not None
-        env.tcp_proxy.heal()
+
+class EtcdPause(Nemesis):
+    name = "etcd-pause"
+    needs_cluster = True
+
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        etcd = env.etcd
+        assert etcd is not None
+        length_s = rng.uniform(*ETCD_PAUSE_S)
+        etcd.pause()
+        return Injected(f"SIGSTOP for {length_s:.1f} s", etcd.resume, "etcd", length_s)
 
 
 NEMESES: dict[str, Nemesis] = {
-    nemesis.name: nemesis for nemesis in (Kill(), Pause(), WalLoss(), S3Faults(), NetFaults())
+    nemesis.name: nemesis
+    for nemesis in (Kill(), Pause(), WalLoss(), S3Faults(), NetFaults(), EtcdPause())
 }
+# The nemeses a run against one broker can use (etcd-pause needs a cluster's etcd).
+ONE_BROKER_NEMESES = tuple(name for name, nemesis in NEMESES.items() if not nemesis.needs_cluster)

@@ -18,7 +18,9 @@ says what the run found without the report beside it. Every series is named in p
    with no sends has no p99: the line breaks there (NaN) rather than joining the seconds on
    either side, which would draw latencies nobody measured across a broker that was down.
 
-Every fault window is shaded in both panels, one colour per kind, and the legend names the kinds.
+Every fault window is shaded in both panels, one colour per kind, and the legend names the kinds;
+in a cluster each window also says what it hit ("broker 2 (active controller)", "etcd"),
+written up the window's left edge in the latency panel.
 Invocations are matched with completions by :func:`automq_ref.checker.history.pair`, so a
 history that breaks the format raises its ``HistoryError``. An empty history raises
 ``ValueError``: with no operation there is no time axis to draw. The figure is drawn on the Agg
@@ -43,8 +45,13 @@ from automq_ref.checker.workload import FaultWindow
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 # Fixed colours for the workload's own fault kinds; other kinds take the next free colour.
-FAULT_COLOURS = {"kill": "tab:red", "pause": "tab:orange", "wal-loss": "tab:purple"}
-_SPARE_COLOURS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+FAULT_COLOURS = {
+    "kill": "tab:red",
+    "pause": "tab:orange",
+    "wal-loss": "tab:purple",
+    "etcd-pause": "tab:cyan",
+}
+_SPARE_COLOURS = ("tab:brown", "tab:pink", "tab:olive", "tab:gray")
 OK_COLOUR = "tab:blue"
 INFO_COLOUR = "tab:orange"
 FAIL_COLOUR = "tab:red"
@@ -59,6 +66,7 @@ FAULT_WORDS = {
     "wal-loss": "power loss (unsynced WAL tail undone)",
     "s3": "object store errors and latency",
     "net": "network faults on client connections",
+    "etcd-pause": "pause etcd (the metadata quorum)",
 }
 # Anomaly kinds as the verdict says them; another kind is named as it is.
 ANOMALY_WORDS = {"lost-write": "lost", "duplicate": "duplicated"}
@@ -73,14 +81,21 @@ LATENCY_LABELS = {
 }
 
 
-def verdict_text(valid: bool, anomalies: dict[str, int], linearizable: str) -> str:
+def verdict_text(
+    valid: bool, anomalies: dict[str, int], linearizable: str, unreadable: int = 0
+) -> str:
     """The verdict in words: ``valid: no acknowledged record lost`` or, e.g., ``INVALID: 12
-    lost, 3 duplicated; not linearizable``."""
+    lost, 3 duplicated; not linearizable``; ``unreadable`` partitions the final read could
+    not read are said too."""
     if valid:
         return "valid: no acknowledged record lost, no anomaly, linearizable"
     found = [
         f"{count} {ANOMALY_WORDS.get(kind, kind)}" for kind, count in anomalies.items() if count
     ]
+    if unreadable:
+        found.append(
+            f"{unreadable} partition{'' if unreadable == 1 else 's'} unreadable at the end"
+        )
     if linearizable != "ok":
         found.append("not linearizable" if linearizable == "fail" else "linearizability unknown")
     return f"INVALID: {'; '.join(found) if found else 'see the report'}"
@@ -206,6 +221,20 @@ def history_figure(
                 color=colours[fault.kind],
                 alpha=0.2,
                 linewidth=0,
+            )
+    for fault in faults:
+        if fault.target:  # low in the latency panel: no send completes there while it lasts
+            latency_axes.text(
+                seconds(fault.start_ns),
+                0.02,
+                fault.target,
+                transform=latency_axes.get_xaxis_transform(),
+                rotation=90,
+                va="bottom",
+                ha="left",
+                fontsize="x-small",
+                color="dimgray",
+                bbox={"facecolor": "white", "alpha": 0.7, "linewidth": 0, "pad": 1},
             )
     fault_patches = [
         Patch(color=colour, alpha=0.2, label=f"fault injected: {FAULT_WORDS.get(kind, kind)}")

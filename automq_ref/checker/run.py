@@ -1,9 +1,13 @@
-"""``automq-ref check``: a broker process, the queue workload under faults, both checkers, a report.
+"""``automq-ref check``: a broker process (or a cluster: ``brokers`` > 1, on an etcd member of its
+own), the queue workload under faults, both checkers, a report.
 
 The report (``report.json`` and ``report.txt`` in the output directory, beside
 ``history.jsonl`` and ``plot.png``) gives the verdict, the count of every anomaly kind with
 examples, the linearizability verdict per partition, the operation counts and the fault windows;
-the plot shows throughput and latency over time with the fault windows shaded. The seed is
+the plot shows throughput and latency over time with the fault windows shaded. In a cluster
+each fault window names what it hit (a broker, and whether it was the active controller, or
+etcd), in the report and on the plot, and the report counts per broker how often it was fenced
+and started itself again. The seed is
 printed and recorded: the same seed gives the same fault schedule. While it runs, a progress
 line on stderr (:mod:`automq_ref.progress`: a bar on a terminal, a line every few seconds
 otherwise) shows the elapsed time, the stage, the sends acknowledged and the faults injected so
@@ -16,7 +20,7 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +29,7 @@ from automq_ref.checker.broken import MODES as BROKEN_MODES
 from automq_ref.checker.history import pair, write_history
 from automq_ref.checker.nemesis import Environment
 from automq_ref.checker.workload import (
+    FINAL_READ_TIMEOUT_S,
     CheckTally,
     WorkloadResult,
     WorkloadSettings,
@@ -49,6 +54,11 @@ class CheckOutcome:
     seed: int
     seconds: float
     report_dir: Path
+    brokers: int = 1
+    # per broker ("broker N"), how often it was fenced and restarted itself (a cluster only)
+    fenced_restarts: dict[str, int] | None = None
+    # partitions the final read could not read, every fault healed: the run is invalid
+    unreadable: list[int] = field(default_factory=list)
 
 
 def run_check(
@@ -57,32 +67,50 @@ def run_check(
     broker_overrides: tuple[str, ...] = (),
     *,
     broken: tuple[str, ...] = (),
+    brokers: int = 1,
 ) -> CheckOutcome:
-    """Run the workload against a broker under ``settings.nemeses``; ``broken`` names the
-    deliberately broken modes of :mod:`automq_ref.checker.broken` the broker runs in."""
+    """Run the workload against ``brokers`` brokers (more than one: a cluster) under
+    ``settings.nemeses``; ``broken`` names the deliberately broken modes of
+    :mod:`automq_ref.checker.broken` the broker runs in (in a cluster, broker 1 alone)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    where = f", {brokers} brokers on etcd" if brokers > 1 else ""
     print(
-        f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}",
+        f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}{where}",
         flush=True,
     )
+    if broken and brokers > 1:
+        print(f"automq-ref check: broker 1 runs broken: {', '.join(broken)}", flush=True)
     tally = CheckTally(settings.duration_s)
+    if brokers > 1:
+        tally.stage = "starting etcd and the brokers"
     with Progress("automq-ref check", tally.status):
         env = Environment.start(
-            out_dir / "data", settings.nemeses, broker_overrides, broken=broken, seed=settings.seed
+            out_dir / "data",
+            settings.nemeses,
+            broker_overrides,
+            broken=broken,
+            seed=settings.seed,
+            brokers=brokers,
+            metadata_path=out_dir / "metadata.txt",
         )
         try:
             result = run_workload(env, settings, tally)
         finally:
-            tally.stage = "stopping the broker"
+            tally.stage = "stopping the brokers" if brokers > 1 else "stopping the broker"
             env.close()
+        fenced = (
+            {f"broker {i + 1}": broker.fenced_restarts() for i, broker in enumerate(env.brokers)}
+            if brokers > 1
+            else None
+        )
         tally.stage = "checking the history"
         write_history(out_dir / "history.jsonl", result.ops)
         queue_report = queue.check_all(result.ops)
         linear = linearizability.check_history(result.ops)
         operations = Counter(f"{op.f}:{op.outcome}" for op in pair(result.ops))
         outcome = CheckOutcome(
-            valid=queue_report.valid and linear.verdict == "ok",
+            valid=queue_report.valid and linear.verdict == "ok" and not result.unreadable,
             anomalies={kind: count for kind, count in queue_report.counts.items() if count},
             linearizable=linear.verdict,
             operations=dict(operations),
@@ -90,6 +118,9 @@ def run_check(
             seed=settings.seed,
             seconds=round(time.monotonic() - started, 1),
             report_dir=out_dir,
+            brokers=brokers,
+            fenced_restarts=fenced,
+            unreadable=result.unreadable,
         )
         tally.stage = "drawing the plot"
         _plot(result, outcome, out_dir / "plot.png")
@@ -100,7 +131,12 @@ def run_check(
         if len(examples[anomaly.kind]) < 5:
             examples[anomaly.kind].append(asdict(anomaly))
     report = {
-        **{key: value for key, value in asdict(outcome).items() if key != "report_dir"},
+        **{
+            key: value
+            for key, value in asdict(outcome).items()
+            if key != "report_dir" and value is not None
+        },
+        **({"broken_broker": "broker 1"} if broken and brokers > 1 else {}),
         "topic": result.topic,
         "fault_windows_ns": [asdict(fault) for fault in result.faults],
         "anomaly_examples": examples,
@@ -113,13 +149,23 @@ def run_check(
         f"seed {outcome.seed}; faults: {', '.join(outcome.faults) or 'none'}",
         *(
             f"  {(fault.start_ns - first_ns) / 1e9:7.1f}s-{(fault.end_ns - first_ns) / 1e9:.1f}s "
-            f"{fault.kind}: {fault.detail}"
+            f"{' '.join(filter(None, (fault.kind, fault.target)))}: {fault.detail}"
             for fault in result.faults
         ),
         f"operations: {dict(sorted(outcome.operations.items()))}",
         f"queue anomalies: {outcome.anomalies or 'none'}",
         f"linearizable: {outcome.linearizable}",
     ]
+    if outcome.unreadable:
+        lines.append(
+            f"unreadable at the end: partition {', '.join(map(str, outcome.unreadable))} "
+            f"(no offsets within {FINAL_READ_TIMEOUT_S:.0f} s of the last heal)"
+        )
+    if outcome.fenced_restarts is not None:
+        lines.append(
+            f"{outcome.brokers} brokers; fenced and restarted themselves: "
+            + ", ".join(f"{name} {count}x" for name, count in outcome.fenced_restarts.items())
+        )
     (out_dir / "report.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return outcome
@@ -136,6 +182,9 @@ def _plot(result: WorkloadResult, outcome: CheckOutcome, path: Path) -> None:
         result.ops,
         result.faults,
         path,
-        f"automq-ref check, seed {outcome.seed}",
-        verdict=verdict_text(outcome.valid, outcome.anomalies, outcome.linearizable),
+        f"automq-ref check, seed {outcome.seed}"
+        + (f", {outcome.brokers} brokers" if outcome.brokers > 1 else ""),
+        verdict=verdict_text(
+            outcome.valid, outcome.anomalies, outcome.linearizable, len(outcome.unreadable)
+        ),
     )

@@ -1,14 +1,18 @@
-"""The Kafka queue workload: real clients against a broker process while faults are injected.
+"""The Kafka queue workload: real clients against a broker process, or a cluster of them, while
+faults are injected.
 
 Producers (confluent-kafka, idempotent, acks=all) send unique values round-robin over the
-partitions; consumers ``assign`` every partition from offset 0 and poll. Every operation is
-recorded (``automq_ref.checker.history``): a send is invoked when handed to the client and
-completes ``ok`` with its offset on a delivery report, ``info`` on any delivery error (a timeout
-or a broker that died may or may not have stored it: never ``fail``). The nemesis loop (this
-thread) injects faults on a seeded schedule and heals each one (``automq_ref.checker.nemesis``
-lists them). After the faults, producers flush, and a final phase reads every partition from its
-start to its end with a fresh consumer. A :class:`CheckTally` given to :func:`run_workload`
-counts acknowledged sends and injected faults as they happen, for the command's progress line.
+partitions; consumers ``assign`` every partition from offset 0 and poll. No consumer joins a
+group or commits an offset, so in a cluster nothing depends on where groups are coordinated:
+clients follow each partition's leader from Metadata and NOT_LEADER_OR_FOLLOWER answers.
+Every operation is recorded (``automq_ref.checker.history``): a send is invoked when handed to
+the client and completes ``ok`` with its offset on a delivery report, ``info`` on any delivery
+error (a timeout or a broker that died may or may not have stored it: never ``fail``). The
+nemesis loop (this thread) injects faults on a seeded schedule and heals each one
+(``automq_ref.checker.nemesis`` lists them). After the faults, producers flush, and a final
+phase reads every partition from its start to its end with a fresh consumer. A
+:class:`CheckTally` given to :func:`run_workload` counts acknowledged sends and injected faults
+as they happen, for the command's progress line.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 from confluent_kafka import (
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
@@ -41,6 +46,8 @@ log = logging.getLogger(__name__)
 # of stderr; the history records every outcome the clients saw. Lower the level to see them.
 CLIENT_LOG = logging.getLogger("automq_ref.checker.librdkafka")
 CLIENT_LOG.setLevel(logging.CRITICAL)
+# How long the final read waits for a partition's offsets (it may be moving between brokers).
+FINAL_READ_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -62,6 +69,7 @@ class FaultWindow:
     start_ns: int
     end_ns: int
     detail: str = ""
+    target: str = ""  # what the fault hit in a cluster ("broker 2", "etcd"); "" with one broker
 
 
 @dataclass
@@ -69,6 +77,8 @@ class WorkloadResult:
     ops: list[Op]
     faults: list[FaultWindow] = field(default_factory=list)
     topic: str = ""
+    # partitions whose offsets the final read could not get (after every fault healed)
+    unreadable: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -157,8 +167,8 @@ def run_workload(
         for thread in threads:
             thread.join()
     tally.stage = "final read"
-    _final_read(bootstrap, topic, settings, history)
-    return WorkloadResult(history.ops, faults, topic)
+    unreadable = _final_read(bootstrap, topic, settings, history)
+    return WorkloadResult(history.ops, faults, topic, unreadable)
 
 
 def _nemesis(
@@ -174,16 +184,18 @@ def _nemesis(
         time.sleep(wait)
         nemesis = NEMESES[rng.choice(settings.nemeses)]
         start = time.monotonic_ns()
-        detail = nemesis.inject(env, rng)
+        fault = nemesis.inject(env, rng)
         tally.faults += 1
-        tally.fault_now = nemesis.name
-        log.info("nemesis %s: %s", nemesis.name, detail)
+        tally.fault_now = f"{nemesis.name} {fault.target}".strip()
+        log.info("nemesis %s %s: %s", nemesis.name, fault.target, fault.detail)
         try:
-            time.sleep(settings.fault_length_s)
+            time.sleep(settings.fault_length_s if fault.length_s is None else fault.length_s)
         finally:
-            nemesis.heal(env)
+            fault.heal()
             tally.fault_now = ""
-        faults.append(FaultWindow(nemesis.name, start, time.monotonic_ns(), detail))
+        faults.append(
+            FaultWindow(nemesis.name, start, time.monotonic_ns(), fault.detail, fault.target)
+        )
 
 
 def _produce(
@@ -308,8 +320,12 @@ def _consume(
         consumer.close()
 
 
-def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history: _History) -> None:
-    """Every partition from its start to its end, recorded as one final poll per partition."""
+def _final_read(
+    bootstrap: str, topic: str, settings: WorkloadSettings, history: _History
+) -> list[int]:
+    """Every partition from its start to its end, recorded as one final poll per partition;
+    the partitions it could not read (their offsets not given within
+    :data:`FINAL_READ_TIMEOUT_S`: a partition that never came back) are returned."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -319,10 +335,18 @@ def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history:
         }
     )
     process = 1000
+    unreadable: list[int] = []
     try:
         for partition in range(settings.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 30)
             history.add(process, "invoke", "poll", {"partitions": [partition], "final": True})
+            try:
+                low, high = watermarks(consumer, topic, partition)
+            except KafkaException as error:  # the partition never came back: nothing observed
+                log.warning("final read of partition %d: %s", partition, error)
+                history.add(process, "info", "poll", {"error": str(error), "final": True})
+                process += 1  # an info operation ends its process
+                unreadable.append(partition)
+                continue
             read, position = read_partition(consumer, topic, partition, low, high)
             records = [[partition, offset, value] for offset, value in read]
             result: dict[str, object] = {
@@ -335,6 +359,24 @@ def _final_read(bootstrap: str, topic: str, settings: WorkloadSettings, history:
             history.add(process, "ok", "poll", result)
     finally:
         consumer.close()
+    return unreadable
+
+
+def watermarks(
+    consumer: Consumer, topic: str, partition: int, timeout_s: float = FINAL_READ_TIMEOUT_S
+) -> tuple[int, int]:
+    """The partition's (log start, high watermark), asked again after an error (in a cluster
+    a partition may be moving: NOT_LEADER_OR_FOLLOWER; every fault has healed, so any error is
+    taken for a passing one) until ``timeout_s``; the last error is raised then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), 10)
+            return int(low), int(high)
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def read_partition(

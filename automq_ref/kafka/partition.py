@@ -171,14 +171,22 @@ class Partition:
         deleted and :class:`PartitionExistsError` raised."""
         meta_stream_id = await storage.create_stream(str(topic_id), index)
         data_stream_id = await storage.create_stream(str(topic_id), index)
-        await storage.open_stream(meta_stream_id, epoch)
-        await storage.open_stream(data_stream_id, epoch)
-        partition = cls(
-            storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
-        )
-        await partition._put_meta(encode_log(data_stream_id))
-        partition.leader_epochs.append((epoch, 0))
-        await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+        opened: list[int] = []
+        try:
+            for stream_id in (meta_stream_id, data_stream_id):
+                await storage.open_stream(stream_id, epoch)
+                opened.append(stream_id)
+            partition = cls(
+                storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
+            )
+            await partition._put_meta(encode_log(data_stream_id))
+            partition.leader_epochs.append((epoch, 0))
+            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+        except Exception:
+            # Refused half way (the partition moved on meanwhile): streams this broker holds
+            # open would keep the partition's next broker from opening it, so they are closed.
+            await _close_opened(storage, opened, epoch, f"{topic}-{index}")
+            raise
         response = await client.submit(
             sm.PutKV(partition_key(topic_id, index), encode_kv_integer(meta_stream_id), False)
         )
@@ -216,25 +224,38 @@ class Partition:
             raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} is gone")
         if meta.partition_key is None or epoch is None:
             epoch = max(meta.epoch + 1, 0 if epoch is None else epoch, 1)
-        await storage.open_stream(meta_stream_id, epoch)
-        recorded = await _read_meta(storage, meta_stream_id)
-        data_stream_id = recorded.data_stream_id
-        if data_stream_id is None:
-            raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG")
-        await storage.open_stream(data_stream_id, epoch)
-        partition = cls(
-            storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
-        )
-        if recorded.cleaned is not None:
-            await storage.open_stream(recorded.cleaned.stream_id, epoch)
-            partition.cleaned_stream_id = recorded.cleaned.stream_id
-            partition.cleaned_end = recorded.cleaned.end
-        partition.leader_epochs = list(recorded.leader_epochs)
-        start_of_epoch = storage.next_offset(data_stream_id, epoch)
-        partition.leader_epochs.append((epoch, start_of_epoch))
-        await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
-        await partition._finish_cleans(view, recorded)
-        await partition._scan()
+        opened: list[int] = []
+        try:
+            await storage.open_stream(meta_stream_id, epoch)
+            opened.append(meta_stream_id)
+            recorded = await _read_meta(storage, meta_stream_id)
+            data_stream_id = recorded.data_stream_id
+            if data_stream_id is None:
+                raise LookupError(
+                    f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG"
+                )
+            await storage.open_stream(data_stream_id, epoch)
+            opened.append(data_stream_id)
+            partition = cls(
+                storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
+            )
+            if recorded.cleaned is not None:
+                await storage.open_stream(recorded.cleaned.stream_id, epoch)
+                opened.append(recorded.cleaned.stream_id)
+                partition.cleaned_stream_id = recorded.cleaned.stream_id
+                partition.cleaned_end = recorded.cleaned.end
+            partition.leader_epochs = list(recorded.leader_epochs)
+            start_of_epoch = storage.next_offset(data_stream_id, epoch)
+            partition.leader_epochs.append((epoch, start_of_epoch))
+            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._finish_cleans(view, recorded)
+            await partition._scan()
+        except Exception:
+            # Refused half way (in a cluster: the partition moved on between the opens of its
+            # streams) or failed: a stream left open here would keep every other broker from
+            # opening the partition (STREAM_NOT_CLOSED) for as long as this one runs.
+            await _close_opened(storage, opened, epoch, f"{topic}-{index}")
+            raise
         return partition
 
     async def _finish_cleans(self, view: MetadataView, recorded: PartitionMeta) -> None:
@@ -701,6 +722,16 @@ def stored_batches(payload: bytes | memoryview) -> Iterator[RecordBatchView]:
     """The Kafka batches of one stored stream record (CRC not checked again: it was at produce
     time, or the cleaner computed it); compacted batches are accepted."""
     return iter_batches(payload, verify_crc=False, compacted=True)
+
+
+async def _close_opened(storage: S3Storage, stream_ids: list[int], epoch: int, name: str) -> None:
+    """Close the streams a failed open or create opened, newest first; a close that fails is
+    logged, and the failure being handled is the one raised."""
+    for stream_id in reversed(stream_ids):
+        try:
+            await storage.close_stream(stream_id, epoch)
+        except Exception as error:
+            log.warning("%s: stream %d not closed after a failed open: %s", name, stream_id, error)
 
 
 async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:

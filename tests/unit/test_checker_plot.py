@@ -192,3 +192,25 @@ def test_an_unlinearizable_run_without_queue_anomalies_says_which() -> None:
     assert verdict_text(False, {"unseen": 2}, "unknown") == (
         "INVALID: 2 unseen; linearizability unknown"
     )
+
+
+def test_a_cluster_run_names_what_each_fault_hit() -> None:
+    ops, _ = synthetic_history()
+    faults = [
+        FaultWindow("kill", ORIGIN_NS + 3_000 * NS_PER_MS, ORIGIN_NS + 4_500 * NS_PER_MS),
+        FaultWindow("etcd-pause", ORIGIN_NS + 7_000 * NS_PER_MS, ORIGIN_NS + 9_000 * NS_PER_MS),
+    ]
+    faults[0].target = "broker 2 (active controller)"
+    faults[1].target = "etcd"
+    figure = history_figure(ops, faults, "cluster")
+    texts = {text.get_text() for axes in figure.axes for text in axes.texts}
+    assert {"broker 2 (active controller)", "etcd"} <= texts
+    # One broker: no target, no label.
+    single = history_figure(*synthetic_history(), "one broker")
+    assert not [text for axes in single.axes for text in axes.texts]
+
+
+def test_partitions_unreadable_at_the_end_are_in_the_verdict() -> None:
+    assert verdict_text(False, {}, "ok", unreadable=1) == (
+        "INVALID: 1 partition unreadable at the end"
+    )

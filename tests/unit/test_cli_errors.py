@@ -148,7 +148,7 @@ def test_an_unknown_nemesis_lists_the_known_ones(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert one_line(result) == (
         "automq-ref check: unknown nemesis 'explode'; --nemesis takes a comma-separated list "
-        "of kill, pause, wal-loss, s3, net"
+        "of kill, pause, wal-loss, s3, net, etcd-pause"
     )
     assert not (tmp_path / "out").exists()
 
@@ -173,7 +173,45 @@ def test_check_help_lists_every_nemesis(tmp_path: Path) -> None:
     assert result.returncode == 0
     help_text = " ".join(result.stdout.split())
     assert f"any of: {', '.join(NEMESES)}" in help_text
-    assert set(NEMESES) == {"kill", "pause", "wal-loss", "s3", "net"}
+    assert set(NEMESES) == {"kill", "pause", "wal-loss", "s3", "net", "etcd-pause"}
+
+
+def test_etcd_pause_needs_a_cluster(tmp_path: Path) -> None:
+    result = run_cli("check", "--nemesis", "kill,etcd-pause", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: the etcd-pause nemesis needs a cluster (one broker runs without etcd); "
+        "add --brokers 3, or leave it out of --nemesis"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_of_no_brokers_is_refused(tmp_path: Path) -> None:
+    result = run_cli("check", "--brokers", "0", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: --brokers must be at least 1, not 0; 1 checks one broker, 3 a cluster"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_check_without_etcd_says_what_to_install(tmp_path: Path) -> None:
+    """PATH without etcd (the interpreter is run by its full path)."""
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "automq_ref.cli", "check", "--brokers", "3", "--out", "out"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: etcd is not on PATH; a cluster check (--brokers above 1) runs "
+        "Debian's etcd: apt-get install -y etcd-server"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_produce_against_no_broker_names_the_address(tmp_path: Path, closed_port: int) -> None:

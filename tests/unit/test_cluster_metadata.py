@@ -148,6 +148,42 @@ async def test_a_deposed_controller_decides_nothing(cluster: StartNode, etcd: Et
     await until(lambda: first.election is not None and first.election.leader is not None)
 
 
+async def test_a_controller_elected_again_forgets_its_earlier_sessions(
+    cluster: StartNode,
+) -> None:
+    """Found by ``automq-ref check --brokers 3``: a broker that had been the controller, then
+    another took over (the heartbeats went there), then it was elected again, kept the session
+    deadlines of its first term, and its first ExpireSessions fenced every broker. Elected
+    again, it starts with no session: each live broker gets a whole one."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    epochs: dict[int, int] = {}
+    for node in (first, second):
+        node_id = node.settings.node_id
+        registered = await node.client.submit(sm.RegisterNode(node_id, 1))
+        assert registered.node_epoch is not None
+        epochs[node_id] = registered.node_epoch
+    timeout_ms = sm.DEFAULT_PARAMS.broker_session_timeout_ms
+    for node_id, epoch in epochs.items():
+        assert (await first.client.submit(sm.BrokerHeartbeat(node_id, epoch, 1_000))).ok
+    # The second broker takes over; the heartbeats of a later time go to it.
+    assert first.election is not None and first.election._lease is not None
+    await first.etcd.revoke_lease(first.election._lease)
+    await until(lambda: second.election is not None and second.election.is_leader)
+    later_ms = 1_000 + 10 * timeout_ms
+    for node_id, epoch in epochs.items():
+        assert (await second.client.submit(sm.BrokerHeartbeat(node_id, epoch, later_ms))).ok
+    # The first is elected again (the second resigns) and its clock ticks.
+    await second.close()
+    await until(lambda: first.election is not None and first.election.is_leader)
+    assert (await first.client.submit(sm.ExpireSessions(later_ms + 1))).ok
+    brokers = first.view.image.brokers
+    assert not brokers[1].fenced and not brokers[2].fenced
+    assert (await first.client.submit(sm.ExpireSessions(later_ms + timeout_ms + 2))).ok
+    assert first.view.image.brokers[1].fenced  # whole sessions from the take-over, then none
+
+
 async def test_a_new_broker_starts_from_the_snapshot(cluster: StartNode) -> None:
     first = await cluster(1, snapshot_bytes=1)
     await until(lambda: first.election is not None and first.election.is_leader)

@@ -213,6 +213,39 @@ async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
     assert failures and here.topics["moved"] == there.topics["moved"]
 
 
+async def test_a_partition_that_moves_on_while_half_opened_is_left_closed(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by ``automq-ref check --brokers 3``: a partition moved to this node, and moved on
+    again after its MetaStream opened here but before its data stream did. The data stream's
+    open is refused (another leader epoch), and the MetaStream, left open here, kept its next
+    broker from opening the partition (STREAM_NOT_CLOSED) for as long as this node ran."""
+    here, there = brokers.node.topics, brokers.other
+    me = brokers.node.config.node_id
+    client = brokers.node.client
+    await there.create_topic("restless", 1, {}, assignments=[OTHER])
+    await produce(there.partitions[("restless", 0)], 3)
+    storage = brokers.node.storage
+    opened = storage.open_stream
+    moved_on: list[sm.Response] = []
+
+    async def open_then_move_on(stream_id: int, epoch: int) -> tuple[int, int]:
+        result = await opened(stream_id, epoch)
+        if not moved_on:  # the first stream (the MetaStream) is open here: move on now
+            moved_on.append(await client.submit(sm.ReassignPartition("restless", 0, OTHER)))
+        return result
+
+    monkeypatch.setattr(storage, "open_stream", open_then_move_on)
+    assert (await client.submit(sm.ReassignPartition("restless", 0, me))).ok
+    await until(lambda: bool(moved_on))
+    assert moved_on[0].ok and moved_on[0].leader_epoch == 2
+    # Broker 2 opens it at epoch 2, with everything: nothing of it stayed open here.
+    await until(lambda: ("restless", 0) in there.partitions)
+    assert ("restless", 0) not in here.partitions
+    assert there.partitions[("restless", 0)].epoch == 2
+    assert there.partitions[("restless", 0)].log_end_offset == 3
+
+
 async def test_loads_report_the_bytes_produced_to_each_partition_led_here(
     brokers: Brokers,
 ) -> None:

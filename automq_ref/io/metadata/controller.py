@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Self
 
 from automq_ref.formats.metadata_record import (
@@ -126,6 +127,15 @@ class Controller:
         snapshot first when the records it needs were truncated); waits for the decision in
         progress, if any."""
         async with self._driver.between_decisions():
+            await self._replay_new_records()
+
+    async def take_over(self) -> None:
+        """This replica was just elected: forget the soft state (sessions, loads) an earlier
+        term of its own left behind, then catch up. A controller that takes over starts with
+        no session, and its first ``ExpireSessions`` gives every live broker a whole one; stale
+        deadlines kept from an earlier term would fence every broker at once."""
+        async with self._driver.between_decisions() as image:
+            self._driver.reset(replace(image, sessions={}, loads={}, reports={}))
             await self._replay_new_records()
 
     async def _replay_new_records(self) -> None:
