@@ -258,6 +258,7 @@ class TopicRegistry:
         ``epoch``; True if it was created."""
         name, index = key
         topic = self.topics[name]
+        began = time.monotonic()
         raw = self._view.image.kv.get(partition_key(topic.topic_id, index))
         if raw is None:
             partition = await Partition.create(
@@ -277,6 +278,9 @@ class TopicRegistry:
                 leader_epoch=partition.epoch,
                 created=raw is None,
                 log_end=partition.log_end_offset,
+                seconds=round(time.monotonic() - began, 3),
+                scanned_bytes=partition.scanned_bytes,
+                scan_seconds=round(partition.scan_seconds, 3),
             ),
         )
         return raw is None
@@ -288,6 +292,7 @@ class TopicRegistry:
         del self._led_at[key]
         partition.wake_waiters()
         log_end = partition.log_end_offset
+        began = time.monotonic()
         try:
             await partition.close()
         except StorageError as error:
@@ -307,6 +312,7 @@ class TopicRegistry:
                 to=sm.assigned_broker(image, key[0], key[1]),
                 log_end=log_end,
                 here_again_at=now_at,
+                close_seconds=round(time.monotonic() - began, 3),
             ),
         )
 
