@@ -1,40 +1,49 @@
 """Three brokers against one on the same machine, partition moves as a client sees them, and what
 a cluster costs etcd per GB produced.
 
-    python -m bench.cluster_bench [--sections throughput,moves] [--runs 3] [--mb 1024]
-                                  [--partitions 12] [--moves 20] [--rate 500]
-                                  [--move-interval 2] [--quick] [--dir DIR] [--out FILE]
+    python -m bench.cluster_bench [--sections throughput,moves] [--runs 3] [--mb 2048]
+                                  [--partitions 12] [--idle-seconds 5] [--move-runs 1]
+                                  [--moves 20] [--rate 500] [--move-interval 2]
+                                  [--prefill-mb 0] [--quick] [--keep] [--dir DIR] [--out FILE]
 
 Every cluster here is what ``automq-ref cluster`` starts (``automq_ref/launch.py``): one etcd
 member, an S3 server (moto, objects in memory) and N ``automq-ref serve`` brokers with the
 launcher's settings (a 256 MiB WAL each, racks az1..azN), on free loopback ports, fresh for each
-run, its data in a temporary directory that is removed afterwards.
+run, its data in a temporary directory that is removed afterwards (``--keep`` keeps it, logs
+included; a failed run always keeps it).
 
 1. **throughput**: the same producer (confluent-kafka, acks=all, linger.ms=5, batch.size=1000000,
    1 KiB records spread round-robin over ``--partitions`` partitions, ``--mb`` MB) against one
    broker and against three, the two alternating run by run (1, 3, then 3, 1, ...) so they see
-   the same background load; MB/s from the first ``produce`` to the end of ``flush``, the
-   median over ``--runs``, and the ratio three / one. Beside it, the CPU seconds each kind of
-   process (brokers, etcd, moto, this client) used per MB in the same window, read from
-   ``/proc``: on a machine with fewer cores than processes these say where the time went.
+   the same background load; MB/s from the first ``produce`` to the end of ``flush`` and over
+   the second half of the delivery reports, the median over ``--runs``, and the ratio three /
+   one. Beside it: the share of the bytes produced that are in objects at the end (what the
+   brokers uploaded in the window; the rest is still only in their WALs), librdkafka's count of
+   Produce requests (from its statistics), and the CPU seconds each kind of process (brokers,
+   etcd, moto, this client) used per MB in the window, read from ``/proc``: on a machine with
+   fewer cores than processes these say where the time went.
 2. **etcd operations per GB**, from the same runs: etcd's own counters (its ``/metrics`` on the
    client URL) read just before the first ``produce`` and just after ``flush``: gRPC requests by
    method (unary calls handled; messages received on the LeaseKeepAlive and Watch streams), the
-   MVCC operations (put, range, delete, multi-operation txn) and raft proposals committed and
-   WAL fsyncs; per GB produced. An idle window of ``--idle-seconds`` before the produce (topic
-   created, no traffic) gives each counter's rate without data (heartbeats, lease keepalives,
-   followers), and the report shows how much of the produce window's count that rate explains.
-3. **moves**: one producer sends ``--rate`` records a second (1 KiB, acks=all) to a 1-partition
-   topic on three brokers while the partition is moved ``--moves`` times, round-robin to the
-   next broker, with AlterPartitionReassignments (kafka-python's admin client: confluent-kafka
-   has no such call), one move every ``--move-interval`` seconds. A move's unavailability is
+   MVCC operations (put, range, delete, multi-operation txn), raft proposals committed and WAL
+   fsyncs; per GB produced. An idle window of ``--idle-seconds`` before the produce (topic
+   created and settled, no traffic) gives each counter's rate without data (lease keepalives,
+   what the brokers do on their own), and the report takes that rate times the produce's
+   duration off, leaving what the data cost.
+3. **moves**: one producer sends ``--rate`` records a second (1 KiB, acks=all, linger.ms=1) to
+   a 1-partition topic on three brokers while the partition is moved ``--moves`` times,
+   round-robin to the next broker, with AlterPartitionReassignments (kafka-python's admin
+   client: confluent-kafka has no such call). The next move comes ``--move-interval`` seconds
+   after one at the earliest, and only once acknowledgements have flowed for a second without
+   a gap above 0.1 s, so each move's gap falls in its own window. A move's unavailability is
    the longest gap between consecutive acknowledgements (delivery reports) that ends after the
-   move was asked for and before the next; p50, p99 (the largest of 20), mean and max, against
-   the same measure over a window without moves. The broker logs' ``partition given up`` and
-   ``partition led`` lines place each move's steps on the same clock. It runs once with
-   librdkafka's defaults and once with quicker metadata refresh and retry backoff
-   (``FAST_CLIENT``), on the same cluster, one topic each, in alternating order when
-   ``--runs`` > 1.
+   move was asked for and before the next was; p50, p99 (of 20: the largest), mean and max,
+   against the same measure over a window without moves. The brokers' ``partition given up``
+   and ``partition led`` log lines (with how long the close, the open and the open's scan of
+   the retained log took) place each move's steps on the same clock. It runs with librdkafka's
+   defaults and with quicker metadata refresh and retry backoff (``FAST_CLIENT``), one topic
+   each on the same cluster, ``--move-runs`` times, alternating the order. ``--prefill-mb``
+   writes that much into the partition first (the open's scan grows with it).
 
 ``--quick`` is a smoke run (2 MB, one move per client; ``tests/unit/test_cluster_bench.py``).
 """
@@ -223,6 +232,7 @@ _PLAIN = {
     "etcd_mvcc_txn_total": "mvcc txn (multi-op)",
     "etcd_server_proposals_committed_total": "raft proposals committed",
     "etcd_disk_wal_fsync_duration_seconds_count": "etcd WAL fsyncs",
+    "etcd_disk_wal_fsync_duration_seconds_sum": "etcd WAL fsync seconds",
 }
 _STREAMS = ("LeaseKeepAlive", "Watch")
 
@@ -467,7 +477,8 @@ def etcd_report(runs: dict[int, list[dict[str, Any]]]) -> list[str]:
                 count = r["etcd"].get(key, 0.0)
                 per_gb.append(count / gigabytes)
                 idle.append(rate)
-                net.append((count - rate * r["seconds"]) / gigabytes)
+                # Never below 0: a time-driven counter's count jitters around its rate.
+                net.append(max(0.0, count - rate * r["seconds"]) / gigabytes)
             cells += [fmt(statistics.median(v)) for v in (per_gb, idle, net)]
         if any(float(cell) != 0 for cell in cells):
             lines.append(f"| {key} | " + " | ".join(cells) + " |")
@@ -788,7 +799,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--runs", type=int, default=3, help="throughput runs of each size")
     parser.add_argument("--move-runs", type=int, default=1, help="move series per client")
-    parser.add_argument("--mb", type=float, default=1024.0, help="MB per produce run")
+    parser.add_argument("--mb", type=float, default=2048.0, help="MB per produce run")
     parser.add_argument("--max-seconds", type=float, default=120.0, help="cap per produce run")
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--idle-seconds", type=float, default=5.0)
