@@ -199,8 +199,8 @@ class Cluster:
             used[name] = 0.0 if child is None else cpu_seconds(child.process.pid)
         return used
 
-    def object_bytes(self) -> int:
-        """Bytes in the bucket's objects now (what the brokers have uploaded so far)."""
+    def objects(self) -> tuple[int, int]:
+        """The bucket's objects now (what the brokers have uploaded so far): count, bytes."""
         import botocore.session
 
         client = botocore.session.get_session().create_client(
@@ -210,10 +210,12 @@ class Cluster:
             aws_secret_access_key=S3_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             region_name=REGION,
         )
-        total = 0
+        count = total = 0
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET):
-            total += sum(int(item["Size"]) for item in page.get("Contents", ()))
-        return total
+            for item in page.get("Contents", ()):
+                count += 1
+                total += int(item["Size"])
+        return count, total
 
     def etcd_counters(self) -> dict[str, float]:
         """etcd's own counters now, from its ``/metrics`` (see :func:`parse_etcd_metrics`)."""
@@ -379,13 +381,14 @@ def throughput_run(
         produced = difference(cluster.etcd_counters(), before)
         cpu = difference(cluster.cpu(), cpu_before)
         cpu["client"] = client_cpu
-        in_objects = cluster.object_bytes()
+        objects, in_objects = cluster.objects()
     megabytes = delivered.records * RECORD_BYTES / MEGABYTE
     return {
         "mb_s": megabytes / delivered.seconds,
         "mb_s_second_half": delivered.second_half_mb_s,
         "megabytes": megabytes,
         "uploaded_share": in_objects / (delivered.records * RECORD_BYTES),
+        "objects_per_gb": objects / (megabytes * MEGABYTE / GIGABYTE),
         "seconds": delivered.seconds,
         "requests_per_mb": delivered.requests / megabytes,
         "kb_per_request": delivered.request_bytes / max(delivered.requests, 1) / 1000,
@@ -443,6 +446,7 @@ def throughput_report(
         f"{', '.join(fmt(v) for v in three)} | {', '.join(f'{r:.2f}' for r in ratios)} |",
         row("produce MB/s, second half of the acknowledgements", "mb_s_second_half"),
         row("share of the bytes produced in objects at the end (%)", "uploaded_share", 100),
+        row("objects in the bucket at the end, per GB produced", "objects_per_gb"),
         row("Produce requests per MB (librdkafka's count)", "requests_per_mb"),
         row("KB per Produce request", "kb_per_request"),
     ]
