@@ -133,10 +133,12 @@ class ClusterSettings:
     base_port: int = DEFAULT_BASE_PORT
     overrides: tuple[str, ...] = ()
     start_timeout_s: float = START_TIMEOUT_S
+    # `make cluster` runs three; the cluster benchmark also runs one, on the same etcd and S3.
+    brokers: int = BROKERS
 
     @property
     def ports(self) -> list[int]:
-        return [self.base_port + index for index in range(BROKERS)]
+        return [self.base_port + index for index in range(self.brokers)]
 
     @property
     def bootstrap(self) -> str:
@@ -219,7 +221,7 @@ class LocalCluster:
         self.settings.data_dir.mkdir(parents=True)
         self._start_etcd()
         self._start_moto()
-        for node_id in range(1, BROKERS + 1):
+        for node_id in range(1, self.settings.brokers + 1):
             command = [sys.executable, "-m", "automq_ref.cli", "serve"]
             for override in self.broker_overrides(node_id):
                 command += ["--override", override]
@@ -388,7 +390,7 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
         controller = cluster.controller()
         if controller is not None:
             say(f"broker {controller} is the active controller")
-        say(f"all {BROKERS} brokers serve after {time.monotonic() - started_s:.1f} s")
+        say(f"all {settings.brokers} brokers serve after {time.monotonic() - started_s:.1f} s")
         print(f"bootstrap.servers={settings.bootstrap}", file=out, flush=True)
         say("Ctrl-C (or SIGTERM) stops the cluster")
         code = cluster.serve()

@@ -140,6 +140,10 @@ class Partition:
         self.bytes_in = 0
         self.bytes_out = 0
         self.taken_s = time.monotonic()  # when this broker opened it
+        # What rebuilding the batch index and producer state at open read, and how long it
+        # took: the part of a move's unavailability that grows with the retained log.
+        self.scanned_bytes = 0
+        self.scan_seconds = 0.0
         self._appended = asyncio.Event()
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
@@ -312,8 +316,11 @@ class Partition:
 
     async def _scan(self) -> None:
         """Rebuild the batch index and producer state from the retained log."""
+        began = time.monotonic()
         async for stream_batch in self.read_stored(self.log_start_offset, self.high_watermark):
             self._index_payload(stream_batch.payload)
+            self.scanned_bytes += len(stream_batch.payload)
+        self.scan_seconds = time.monotonic() - began
 
     def _index_payload(self, payload: bytes | memoryview) -> None:
         for view in stored_batches(payload):

@@ -278,6 +278,7 @@ class TopicRegistry:
         ``epoch``; True if it was created."""
         name, index = key
         topic = self.topics[name]
+        began = time.monotonic()
         raw = self._view.image.kv.get(partition_key(topic.topic_id, index))
         if raw is None:
             partition = await Partition.create(
@@ -297,6 +298,9 @@ class TopicRegistry:
                 leader_epoch=partition.epoch,
                 created=raw is None,
                 log_end=partition.log_end_offset,
+                seconds=round(time.monotonic() - began, 3),
+                scanned_bytes=partition.scanned_bytes,
+                scan_seconds=round(partition.scan_seconds, 3),
             ),
         )
         for listener in self._listeners:
@@ -311,6 +315,7 @@ class TopicRegistry:
         partition.wake_waiters()
         await self._tell_given_up(partition)
         log_end = partition.log_end_offset
+        began = time.monotonic()
         try:
             await partition.close()
         except StorageError as error:
@@ -330,6 +335,7 @@ class TopicRegistry:
                 to=sm.assigned_broker(image, key[0], key[1]),
                 log_end=log_end,
                 here_again_at=now_at,
+                close_seconds=round(time.monotonic() - began, 3),
             ),
         )
 

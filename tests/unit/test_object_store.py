@@ -957,6 +957,19 @@ async def test_s3_unreachable_endpoint_is_unavailable() -> None:
     )
 
 
+async def test_s3_client_opens_on_entering_the_store() -> None:
+    """A broker builds its S3 client when it starts (``async with``), not in the first request
+    (the open of the first partition moved to it); building one contacts nobody."""
+    with socket.socket() as probe:  # a port nobody listens on: nothing is sent
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store, _ = http_store(f"http://127.0.0.1:{port}")
+    assert store._client is None
+    async with store:
+        assert store._client is not None
+    assert store._client is None
+
+
 async def test_s3_missing_bucket_is_an_error_not_a_missing_key(moto_s3: MotoS3) -> None:
     store = S3ObjectStore(
         fresh_bucket(),
