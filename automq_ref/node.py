@@ -105,7 +105,9 @@ class NodeMetadata:
     active_controller: Callable[[], int | None] = lambda: None
 
 
-def cluster_settings(config: BrokerConfig) -> ClusterSettings:
+def cluster_settings(
+    config: BrokerConfig, now_ms: Callable[[], int] | None = None
+) -> ClusterSettings:
     from automq_ref.io.metadata.cluster import ClusterSettings
     from automq_ref.io.metadata.etcd_metadata_log import EtcdLimits
 
@@ -121,6 +123,7 @@ def cluster_settings(config: BrokerConfig) -> ClusterSettings:
         snapshot_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         limits=EtcdLimits(max_request_bytes=config.metadata_etcd_max_request_bytes),
         params=stream_metadata_params(config),
+        now_ms=now_ms,
     )
 
 
@@ -147,15 +150,18 @@ def stream_metadata_params(config: BrokerConfig) -> sm.StreamMetadataParams:
     )
 
 
-async def open_metadata(config: BrokerConfig) -> NodeMetadata:
+async def open_metadata(
+    config: BrokerConfig, now_ms: Callable[[], int] | None = None
+) -> NodeMetadata:
     """The embedded file log and its controller, or, with ``metadata.etcd.endpoints``, this
-    broker's part of the cluster's metadata."""
+    broker's part of the cluster's metadata; ``now_ms`` is the clock the controller times
+    heartbeats with (the node's, which its session ticks use)."""
     if config.etcd_endpoints:
         # Imported here: the embedded default never loads etcd's client (gRPC).
         from automq_ref.io.metadata.cluster import ClusterMetadata
 
         try:
-            cluster = await ClusterMetadata.start(cluster_settings(config))
+            cluster = await ClusterMetadata.start(cluster_settings(config, now_ms))
         except MetadataLogError as error:
             reason = str(error.__cause__ or error)
             raise MetadataUnavailable(config.etcd_endpoints, reason) from error
@@ -177,7 +183,7 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
-        controller = await Controller.open(metadata_log, stream_metadata_params(config))
+        controller = await Controller.open(metadata_log, stream_metadata_params(config), now_ms)
     except BaseException:
         await metadata_log.close()
         raise
@@ -372,7 +378,7 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     if seams.before_open is not None:
         seams.before_open(config)
-    metadata = await open_metadata(config)
+    metadata = await open_metadata(config, seams.clock.now_ms)
     try:
         return await _start_on(config, seams, metadata)
     except BaseException:
