@@ -216,25 +216,39 @@ class Partition:
             raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} is gone")
         if meta.partition_key is None or epoch is None:
             epoch = max(meta.epoch + 1, 0 if epoch is None else epoch, 1)
-        await storage.open_stream(meta_stream_id, epoch)
-        recorded = await _read_meta(storage, meta_stream_id)
-        data_stream_id = recorded.data_stream_id
-        if data_stream_id is None:
-            raise LookupError(f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG")
-        await storage.open_stream(data_stream_id, epoch)
-        partition = cls(
-            storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
-        )
-        if recorded.cleaned is not None:
-            await storage.open_stream(recorded.cleaned.stream_id, epoch)
-            partition.cleaned_stream_id = recorded.cleaned.stream_id
-            partition.cleaned_end = recorded.cleaned.end
-        partition.leader_epochs = list(recorded.leader_epochs)
-        start_of_epoch = storage.next_offset(data_stream_id, epoch)
-        partition.leader_epochs.append((epoch, start_of_epoch))
-        await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
-        await partition._finish_cleans(view, recorded)
-        await partition._scan()
+        opened: list[int] = []
+        try:
+            await storage.open_stream(meta_stream_id, epoch)
+            opened.append(meta_stream_id)
+            recorded = await _read_meta(storage, meta_stream_id)
+            data_stream_id = recorded.data_stream_id
+            if data_stream_id is None:
+                raise LookupError(
+                    f"partition {topic}-{index}: MetaStream {meta_stream_id} has no LOG"
+                )
+            await storage.open_stream(data_stream_id, epoch)
+            opened.append(data_stream_id)
+            partition = cls(
+                storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
+            )
+            if recorded.cleaned is not None:
+                await storage.open_stream(recorded.cleaned.stream_id, epoch)
+                opened.append(recorded.cleaned.stream_id)
+                partition.cleaned_stream_id = recorded.cleaned.stream_id
+                partition.cleaned_end = recorded.cleaned.end
+            partition.leader_epochs = list(recorded.leader_epochs)
+            start_of_epoch = storage.next_offset(data_stream_id, epoch)
+            partition.leader_epochs.append((epoch, start_of_epoch))
+            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._finish_cleans(view, recorded)
+            await partition._scan()
+        except Exception:
+            # Half open (moved on meanwhile, so the next stream is refused; the controller
+            # unreachable): the streams opened so far are closed, else they would stay open
+            # here with no partition to close them, and the broker the partition is placed on
+            # could never open them (STREAM_NOT_CLOSED).
+            await _close_quietly(storage, opened, epoch, f"{topic}-{index}")
+            raise
         return partition
 
     async def _finish_cleans(self, view: MetadataView, recorded: PartitionMeta) -> None:
@@ -701,6 +715,21 @@ def stored_batches(payload: bytes | memoryview) -> Iterator[RecordBatchView]:
     """The Kafka batches of one stored stream record (CRC not checked again: it was at produce
     time, or the cleaner computed it); compacted batches are accepted."""
     return iter_batches(payload, verify_crc=False, compacted=True)
+
+
+async def _close_quietly(storage: S3Storage, stream_ids: list[int], epoch: int, name: str) -> None:
+    """Close the streams of a partition that failed to open; a stream that cannot be closed
+    (fenced by a newer owner already, the controller unreachable) is logged and left."""
+    for stream_id in stream_ids:
+        try:
+            await storage.close_stream(stream_id, epoch)
+        except Exception as error:
+            log.warning(
+                "stream of a partition not opened left open: partition %s stream %d: %s",
+                name,
+                stream_id,
+                error,
+            )
 
 
 async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:

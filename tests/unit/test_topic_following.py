@@ -213,6 +213,40 @@ async def test_a_partition_that_would_not_open_is_opened_at_a_later_round(
     assert failures and here.topics["moved"] == there.topics["moved"]
 
 
+async def test_a_partition_moved_on_while_it_opens_is_left_closed_for_its_next_broker(
+    brokers: Brokers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition moved here, and moved on while this broker opens its streams (the second
+    stream's open is refused: placed elsewhere), closes the stream it opened, so the broker it
+    moved on to can open it."""
+    here, there = brokers.node.topics, brokers.other
+    me = brokers.node.config.node_id
+    await there.create_topic("fickle", 1, {}, assignments=[OTHER])
+    await produce(there.partitions[("fickle", 0)], 3)
+    storage = brokers.node.storage
+    open_stream = storage.open_stream
+    opened: list[int] = []
+    refused: list[int] = []
+
+    async def moved_on_between_the_opens(stream_id: int, epoch: int) -> tuple[int, int]:
+        if len(opened) == 1 and not refused:  # the MetaStream is open here: it moves back
+            back = await brokers.node.client.submit(sm.ReassignPartition("fickle", 0, OTHER))
+            assert back.ok and back.leader_epoch == 2
+            refused.append(stream_id)
+        found = await open_stream(stream_id, epoch)
+        opened.append(stream_id)
+        return found
+
+    monkeypatch.setattr(storage, "open_stream", moved_on_between_the_opens)
+    assert (await brokers.node.client.submit(sm.ReassignPartition("fickle", 0, me))).ok
+    await until(lambda: bool(refused))
+    await until(
+        lambda: ("fickle", 0) in there.partitions and there.partitions[("fickle", 0)].epoch == 2
+    )
+    assert ("fickle", 0) not in here.partitions
+    assert there.partitions[("fickle", 0)].log_end_offset == 3
+
+
 async def test_loads_report_the_bytes_produced_to_each_partition_led_here(
     brokers: Brokers,
 ) -> None:
