@@ -581,6 +581,11 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
                 flush=True,
             )
             first = False
+            if config.port == 0:
+                # A broker fenced later starts again on the port it serves now, not on another
+                # free one: its clients' bootstrap addresses stay good.
+                listener = f"PLAINTEXT://{config.host}:{port}"
+                config = config.model_copy(update={"listeners": listener})
         if not await _until_stopped_or_fenced(stop, node.session.expired):
             break
         # Fenced: this incarnation can change nothing any more. A new one registers (a new
