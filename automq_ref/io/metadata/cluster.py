@@ -246,7 +246,7 @@ class ClusterMetadata:
             ControllerInfo(settings.node_id, self.rpc_address),
             ttl_s=lease_ttl_s(settings.lease_ttl_ms),
             metadata_log=self.metadata_log,
-            on_elected=self.controller.catch_up,
+            on_elected=self.controller.take_over,
         )
         self._client = ClusterControllerClient(
             node_id=settings.node_id,

@@ -142,6 +142,15 @@ class Controller:
         async with self._driver.between_decisions():
             await self._replay_new_records()
 
+    async def take_over(self) -> None:
+        """This replica was just elected the active controller: it forgets the broker sessions
+        it kept from an earlier term (they ended while another controller heard the
+        heartbeats, and would fence live brokers at its first tick; with none, each live broker
+        gets a whole session from that tick, as at any takeover), then catches up."""
+        async with self._driver.between_decisions() as image:
+            self._driver.reset(replace(image, sessions={}))
+            await self._replay_new_records()
+
     async def _replay_new_records(self) -> None:
         """``catch_up``'s work, under the driver's lock (it is also the driver's refresh)."""
         image, index, replayed = self._driver.state, self._applied_index, 0
