@@ -108,7 +108,9 @@ class NodeMetadata:
     active_controller: Callable[[], int | None] = lambda: None
 
 
-def cluster_settings(config: BrokerConfig) -> ClusterSettings:
+def cluster_settings(
+    config: BrokerConfig, now_ms: Callable[[], int] | None = None
+) -> ClusterSettings:
     from automq_ref.io.metadata.cluster import ClusterSettings
     from automq_ref.io.metadata.etcd_metadata_log import EtcdLimits
 
@@ -124,6 +126,7 @@ def cluster_settings(config: BrokerConfig) -> ClusterSettings:
         snapshot_bytes=config.metadata_log_max_record_bytes_between_snapshots,
         limits=EtcdLimits(max_request_bytes=config.metadata_etcd_max_request_bytes),
         params=stream_metadata_params(config),
+        now_ms=now_ms,
     )
 
 
@@ -150,15 +153,18 @@ def stream_metadata_params(config: BrokerConfig) -> sm.StreamMetadataParams:
     )
 
 
-async def open_metadata(config: BrokerConfig) -> NodeMetadata:
+async def open_metadata(
+    config: BrokerConfig, now_ms: Callable[[], int] | None = None
+) -> NodeMetadata:
     """The embedded file log and its controller, or, with ``metadata.etcd.endpoints``, this
-    broker's part of the cluster's metadata."""
+    broker's part of the cluster's metadata; ``now_ms`` is the clock the controller times
+    heartbeats with (the node's, which its session ticks use)."""
     if config.etcd_endpoints:
         # Imported here: the embedded default never loads etcd's client (gRPC).
         from automq_ref.io.metadata.cluster import ClusterMetadata
 
         try:
-            cluster = await ClusterMetadata.start(cluster_settings(config))
+            cluster = await ClusterMetadata.start(cluster_settings(config, now_ms))
         except MetadataLogError as error:
             reason = str(error.__cause__ or error)
             raise MetadataUnavailable(config.etcd_endpoints, reason) from error
@@ -180,7 +186,7 @@ async def open_metadata(config: BrokerConfig) -> NodeMetadata:
         )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
-        controller = await Controller.open(metadata_log, stream_metadata_params(config))
+        controller = await Controller.open(metadata_log, stream_metadata_params(config), now_ms)
     except BaseException:
         await metadata_log.close()
         raise
@@ -392,7 +398,7 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     if seams.before_open is not None:
         seams.before_open(config)
-    metadata = await open_metadata(config)
+    metadata = await open_metadata(config, seams.clock.now_ms)
     try:
         return await _start_on(config, seams, metadata)
     except BaseException:
@@ -589,6 +595,11 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
                 flush=True,
             )
             first = False
+            if config.port == 0:
+                # A broker fenced later starts again on the port it serves now, not on another
+                # free one: its clients' bootstrap addresses stay good.
+                listener = f"PLAINTEXT://{config.host}:{port}"
+                config = config.model_copy(update={"listeners": listener})
         if not await _until_stopped_or_fenced(stop, node.session.expired):
             break
         # Fenced: this incarnation can change nothing any more. A new one registers (a new

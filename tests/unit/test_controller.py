@@ -259,3 +259,51 @@ async def test_a_replica_below_a_snapshot_loads_it_then_follows(tmp_path: Path) 
         assert replica.image == deciding.image
         assert replica.applied_index == deciding.applied_index == metadata_log.next_index
         assert replica.bytes_since_snapshot > 0
+
+
+async def test_heartbeats_are_timed_by_the_controllers_clock(tmp_path: Path) -> None:
+    """A heartbeat that reaches the controller long after the broker sent it (sent again
+    through a failover, queued behind a decision stuck on the log) renews the session from when
+    the controller decides it, on the clock of its ExpireSessions ticks: the broker is alive.
+    Timed by what the broker put in it, the session would be over already."""
+    now_ms = 1_000_000
+    timeout_ms = sm.DEFAULT_PARAMS.broker_session_timeout_ms
+    sent_ms = now_ms - 2 * timeout_ms  # the broker's time when it sent the heartbeat
+    async with FileMetadataLog(tmp_path / "timed") as metadata_log:
+        controller = await Controller.open(metadata_log, now_ms=lambda: now_ms)
+        client, _ = connect_in_process(controller)
+        registration = await register_node(client, 7, 1)
+        assert (await client.submit(sm.BrokerHeartbeat(7, registration.node_epoch, sent_ms))).ok
+        assert controller.image.sessions[7] == now_ms + timeout_ms
+        await client.submit(sm.ExpireSessions(now_ms + 1))
+        assert [b.node_id for b in sm.live_brokers(controller.image)] == [7]
+    # Without a clock the controller takes the broker's time: the stale heartbeat's session
+    # is over, and the broker is fenced.
+    async with FileMetadataLog(tmp_path / "untimed") as metadata_log:
+        controller = await Controller.open(metadata_log)
+        client, _ = connect_in_process(controller)
+        registration = await register_node(client, 7, 1)
+        assert (await client.submit(sm.BrokerHeartbeat(7, registration.node_epoch, sent_ms))).ok
+        await client.submit(sm.ExpireSessions(now_ms + 1))
+        assert sm.live_brokers(controller.image) == []
+
+
+async def test_a_controller_elected_again_forgets_its_old_sessions(tmp_path: Path) -> None:
+    """Sessions a controller kept from an earlier term ended while another controller heard
+    the heartbeats: elected again, it starts every live broker's session afresh rather than
+    fence them all at its first tick."""
+    now_ms = 1_000_000
+    timeout_ms = sm.DEFAULT_PARAMS.broker_session_timeout_ms
+    async with FileMetadataLog(tmp_path) as metadata_log:
+        controller = await Controller.open(metadata_log, now_ms=lambda: now_ms)
+        client, _ = connect_in_process(controller)
+        registration = await register_node(client, 7, 1)
+        assert (await client.submit(sm.BrokerHeartbeat(7, registration.node_epoch, now_ms))).ok
+        assert controller.image.sessions == {7: now_ms + timeout_ms}
+        # Much later (another controller decided meanwhile), this one is elected again.
+        later_ms = now_ms + 10 * timeout_ms
+        await controller.take_over()
+        assert controller.image.sessions == {}
+        await client.submit(sm.ExpireSessions(later_ms))
+        assert [b.node_id for b in sm.live_brokers(controller.image)] == [7]
+        assert controller.image.sessions == {7: later_ms + timeout_ms}

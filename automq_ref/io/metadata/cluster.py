@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -89,6 +90,9 @@ class ClusterSettings:
     limits: EtcdLimits = field(default_factory=EtcdLimits)
     # The controller's settings (sessions, the autobalancer), the same on every broker.
     params: sm.StreamMetadataParams = sm.DEFAULT_PARAMS
+    # The clock the controller times heartbeats with, when this broker is elected (the one its
+    # session ticks use; None: the time each heartbeat carries).
+    now_ms: Callable[[], int] | None = None
 
 
 class ClusterControllerClient:
@@ -216,7 +220,7 @@ class ClusterMetadata:
             metadata_log = await EtcdMetadataLog.open(
                 etcd, settings.cluster_id, limits=settings.limits, fenced_writes=True
             )
-            replica = await Controller.open(metadata_log, settings.params)
+            replica = await Controller.open(metadata_log, settings.params, settings.now_ms)
         except BaseException:
             await etcd.close()
             raise

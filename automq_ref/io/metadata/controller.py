@@ -14,6 +14,14 @@ log's order is the order of decisions.
 On open the image is rebuilt from the latest snapshot plus the records after it; ``snapshot()``
 writes the image as records (``image_records``) and lets the log drop what it covers.
 
+Time. Given a clock (``now_ms``), the controller times each broker heartbeat itself, when it
+decides it, as KRaft's controller does: a session then runs from when the controller heard the
+broker, on the same clock as the ``ExpireSessions`` ticks that end it. The time a broker put in
+its heartbeat is when it sent it, and a heartbeat can wait long after that (sent again through a
+controller failover, queued behind a decision stuck on an etcd outage): timed by its sender, it
+would renew a session already over, and the new controller's next tick would fence a broker
+that is alive; brokers' clocks need not agree with the controller's either.
+
 Replicas. On a log that several nodes share (etcd), every node runs a controller over it, and
 only the elected one decides; the others are replicas that ``catch_up`` as the log grows (a
 :class:`~automq_ref.io.metadata.follower.MetadataFollower` calls it) and load the snapshot when
@@ -64,10 +72,12 @@ class Controller:
         image: sm.StreamMetadataImage,
         applied_index: int,
         params: sm.StreamMetadataParams,
+        now_ms: Callable[[], int] | None = None,
     ) -> None:
         self._log = metadata_log
         self._applied_index = applied_index
         self._params = params
+        self._now_ms = now_ms
         self._listeners: list[Callable[[sm.StreamMetadataImage], None]] = []
         self._applied = asyncio.Event()
         # Record bytes applied since the snapshot this image started from (or the last one
@@ -87,14 +97,17 @@ class Controller:
         cls,
         metadata_log: MetadataLog,
         params: sm.StreamMetadataParams = sm.DEFAULT_PARAMS,
+        now_ms: Callable[[], int] | None = None,
     ) -> Self:
+        """The controller over ``metadata_log``; ``now_ms``, the clock that times heartbeats
+        (the module docstring; None: the time each heartbeat carries)."""
         image = sm.EMPTY_IMAGE
         index = metadata_log.first_index
         snapshot = await metadata_log.snapshot()
         if snapshot is not None:
             image = sm.replay_all(image, decode_snapshot(snapshot.payload))
             index = snapshot.index
-        controller = cls(metadata_log, image, index, params)
+        controller = cls(metadata_log, image, index, params, now_ms)
         await controller.catch_up()
         return controller
 
@@ -185,6 +198,9 @@ class Controller:
     def _step(
         self, image: sm.StreamMetadataImage, event: sm.StreamMetadataEvent
     ) -> sm.StreamMetadataTransition:
+        if self._now_ms is not None and isinstance(event, sm.BrokerHeartbeat):
+            # Timed here, under the driver's lock: when it is decided (the module docstring).
+            event = replace(event, now_ms=self._now_ms())
         return sm.step(image, event, self._params)
 
     async def _append_records(self, effect: sm.AppendRecords) -> None:

@@ -5,7 +5,15 @@ shutting down) with their rack and the listener they registered, this broker alw
 (it answers, so it serves); a partition's leader is the broker placement assigned it to, at its
 leader epoch (``LEADER_NOT_AVAILABLE`` while no broker is live to take it), whether or not that
 broker has opened it yet: a request sent there early is answered ``NOT_LEADER_OR_FOLLOWER`` and
-retried. The controller named is the active controller's broker (this one, embedded).
+retried.
+
+The controller Metadata names is this broker: clients send it their admin requests (CreateTopics
+and the like), and every broker takes those and hands them to the active controller. Naming the
+active controller's broker instead would send clients to a broker that may have died: its
+election key and its session outlive it by seconds, and a client told so keeps sending there
+(librdkafka's admin client waits for that broker until its own request timeout) while another
+broker has long taken over. DescribeCluster, an operator's question, names the active
+controller's broker while it is live (this one, embedded).
 
 Metadata creates an unknown topic (``num.partitions`` partitions) when
 ``auto.create.topics.enable`` is on and the client allows it (v4+ asks; older versions always
@@ -85,13 +93,13 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             continue
         results.append(_topic(context, topic, topic_operations))
     brokers = _brokers(context)
-    controller_id = _controller_id(context, brokers)
     return respond(
         request,
         MetadataResponse(
             brokers=[MetadataBroker(b.node_id, b.host, b.port, b.rack) for b in brokers],
             cluster_id=config.cluster_id,
-            controller_id=controller_id,
+            # This broker takes admin requests for the controller (the module docstring).
+            controller_id=config.node_id,
             topics=results,
             # Only v8-v10 have the cluster's operations (later versions: DescribeCluster).
             cluster_authorized_operations=(
