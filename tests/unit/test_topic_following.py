@@ -10,7 +10,6 @@ its own.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from automq_ref.node import Node, open_wal, start_node
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import NAMESPACE
+from tests.waiting import wait_until_async
 
 OTHER = 2
 
@@ -88,9 +88,8 @@ async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
 
 
 async def until(condition: Callable[[], bool]) -> None:
-    async with asyncio.timeout(10):
-        while not condition():
-            await asyncio.sleep(0.01)
+    # A hang guard, not a budget: the machine may be slow (tests/waiting.py).
+    await wait_until_async(condition, "the brokers to catch up")
 
 
 def held(registry: TopicRegistry, topic: str) -> set[int]:
