@@ -9,13 +9,12 @@ partitions lead on all three brokers is produced with a manifest; then, on the S
 
 - the ``automq`` source, with a bootstrap list naming an address where nobody listens and
   broker 1 only, reads every partition from its leader (two thirds of them on brokers 2 and 3,
-  which it learns from Metadata): ``verify`` on that session passes through it (each
-  partition's records once, in order, with the manifest's checksums); the ``automq-objects``
-  source reads the cluster's metadata log on etcd (read-only, on the driver) and the objects
-  from S3 (on the executors, the credentials in the ``s3.*`` options) and returns the
-  acknowledged records (the manifest's count and both checksums in every partition); every
-  task that read either ran in an executor under one of the two workers' directories, in a
-  process other than the driver, importing this tree's code;
+  which it learns from Metadata), and the ``automq-objects`` source reads the cluster's
+  metadata log on etcd (read-only, on the driver) and the objects from S3 (on the executors,
+  the credentials in the ``s3.*`` options); each returns the acknowledged records (the
+  manifest's count and both checksums in every partition), and every task that read them ran
+  in an executor under one of the two workers' directories, in a process other than the
+  driver, importing this tree's code;
 - ``automq-ref verify --master spark://... --source automq-objects --metadata-etcd-endpoints
   ...`` (the command's own entry point, making its own session on that master) passes on the
   same topic, and the master lists it among its finished applications.
@@ -46,8 +45,7 @@ from automq_ref.spark.manifest import Manifest
 from automq_ref.spark.objects_source import AutoMQObjectsDataSource
 from automq_ref.spark.produce import ProduceSettings, produce
 from automq_ref.spark.standalone import StandaloneCluster, free_port, start_cluster
-from automq_ref.spark.verify import VerifySettings, checksum_summary, read_source
-from automq_ref.spark.verify import main as verify
+from automq_ref.spark.verify import checksum_summary, read_source
 from tests.e2e.test_cluster import NODES, Cluster, agreed_leaders, create_topic, running_cluster
 from tests.waiting import wait_until
 
@@ -262,19 +260,12 @@ def test_sources_read_on_the_executors(
     cluster_spark: SparkSession,
     spark_cluster: StandaloneCluster,
     topic: Topic,
-    tmp_path: Path,
 ) -> None:
     spark, manifest = cluster_spark, topic.manifest
     # Broker 1 leads a third of the partitions: the rest are found through its Metadata.
     bootstrap = f"127.0.0.1:{free_port()},{topic.brokers.brokers[1].bootstrap}"
-    report = tmp_path / "report"
-    settings = VerifySettings(
-        manifest=topic.manifest_path, bootstrap=bootstrap, source="automq", report=report
-    )
-    # Each partition's records read once, in order, with the manifest's checksums.
-    assert verify(settings, spark=spark) == 0, (report / "report.txt").read_text()
-    assert f'"read_records": {RECORDS}' in (report / "report.json").read_text()
     frame = read_source(spark, "automq", manifest.topic, bootstrap=bootstrap)
+    _check_contents(frame, manifest)
     _check_executors(spark_cluster, _where_tasks_ran(frame))
 
     access_key, secret = topic.credentials
