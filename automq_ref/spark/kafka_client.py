@@ -14,14 +14,19 @@ client takes the highest version both it and the broker support (ApiVersions, on
 connection).
 
 Routing: every partition is read from, and its offsets listed at, the leader Metadata names. With
-one broker the leader is the bootstrap broker itself, reached through its advertised address.
+one broker the leader is the bootstrap broker itself, reached through its advertised address. On a
+cluster of brokers a partition may move, or its broker die, between the driver's planning and an
+executor's read: a leader that answers NOT_LEADER_OR_FOLLOWER, a Metadata answer naming no live
+leader (a move in progress) and a leader that cannot be reached all send the client back to
+Metadata (asked of any broker it knows) for the new leader, with backoff, a few times.
 
 Errors: a Kafka error code in a response raises :class:`KafkaResponseError` (or its subclass
 :class:`OffsetOutOfRangeError`), whose message names the code, the topic and the partition.
 Errors that a leader change or a metadata refresh may cure (NOT_LEADER_OR_FOLLOWER,
 LEADER_NOT_AVAILABLE, epochs, UNKNOWN_TOPIC_ID, REQUEST_TIMED_OUT) are retried a few times after
 refreshing metadata first. A connection that cannot be made, or breaks mid-request, is retried
-with exponential backoff, then :class:`KafkaConnectionError` names the address and the cause.
+with exponential backoff (for a leader, after refreshing metadata), then
+:class:`KafkaConnectionError` names the address and the cause.
 """
 
 from __future__ import annotations
@@ -474,31 +479,41 @@ class KafkaClient:
             pending = [key for key in wanted if key not in result]
             if not pending:
                 break
-            retriable: KafkaResponseError | None = None
+            retriable: KafkaClientError | None = None
             by_leader: dict[tuple[str, int], list[tuple[str, int]]] = {}
             for topic, partition in pending:
-                by_leader.setdefault(self._leader_address(topic, partition), []).append(
-                    (topic, partition)
-                )
+                try:
+                    address = self._leader_address(topic, partition)
+                except KafkaResponseError as error:
+                    if error.code != KafkaErrorCode.LEADER_NOT_AVAILABLE:
+                        raise
+                    retriable = error  # a move in progress: ask Metadata again
+                    continue
+                by_leader.setdefault(address, []).append((topic, partition))
             for address, keys in by_leader.items():
                 topics: dict[str, list[dict[str, Any]]] = {}
                 for topic, partition in keys:
                     topics.setdefault(topic, []).append(
                         {"partition_index": partition, "timestamp": timestamp}
                     )
-                response = self._call(
-                    [address],
-                    LIST_OFFSETS_KEY,
-                    {
-                        "replica_id": -1,
-                        "isolation_level": 0,
-                        "timeout": int(self.request_timeout_s * 1000),
-                        "topics": [
-                            {"name": name, "partitions": entries}
-                            for name, entries in topics.items()
-                        ],
-                    },
-                )
+                try:
+                    response = self._call_once(
+                        address,
+                        LIST_OFFSETS_KEY,
+                        None,
+                        {
+                            "replica_id": -1,
+                            "isolation_level": 0,
+                            "timeout": int(self.request_timeout_s * 1000),
+                            "topics": [
+                                {"name": name, "partitions": entries}
+                                for name, entries in topics.items()
+                            ],
+                        },
+                    )
+                except KafkaConnectionError as error:
+                    retriable = error  # the leader died or moved: ask Metadata again
+                    continue
                 for topic_response in response.topics:
                     name = str(topic_response.name)
                     for entry in topic_response.partitions:
@@ -551,10 +566,26 @@ class KafkaClient:
         of range raises :class:`OffsetOutOfRangeError`; any other error code
         :class:`KafkaResponseError`."""
         for attempt in range(self.retries):
-            address = self._leader_address(topic, partition)
-            metadata = self._topics[topic]
-            connection = self._connect_for_version(address)
-            version = connection.version(FETCH_KEY)
+            last = attempt + 1 == self.retries
+            try:
+                address = self._leader_address(topic, partition)
+                metadata = self._topics[topic]
+                version = self._connect(address).version(FETCH_KEY)
+            except KafkaResponseError as error:
+                if error.code != KafkaErrorCode.LEADER_NOT_AVAILABLE or last:
+                    raise
+                self._topics.pop(topic, None)  # a move in progress: ask Metadata again
+                self._backoff(attempt)
+                continue
+            except OSError as error:
+                if last:
+                    raise KafkaConnectionError(
+                        f"cannot connect to {address[0]}:{address[1]}, the leader of "
+                        f"{topic}-{partition}, after {self.retries} attempts: {error}"
+                    ) from error
+                self._topics.pop(topic, None)  # the leader died or moved: ask Metadata again
+                self._backoff(attempt)
+                continue
             if version >= _FETCH_FIRST_TOPIC_ID_VERSION and metadata.topic_id.int == 0:
                 version = _FETCH_FIRST_TOPIC_ID_VERSION - 1  # no topic id known: fetch by name
             fetch_partition = {
@@ -582,7 +613,14 @@ class KafkaClient:
                 "forgotten_topics_data": [],
                 "rack_id": "",
             }
-            response = self._call_version(address, FETCH_KEY, version, values)
+            try:
+                response = self._call_once(address, FETCH_KEY, version, values)
+            except KafkaConnectionError:
+                if last:
+                    raise
+                self._topics.pop(topic, None)  # the leader died or moved: ask Metadata again
+                self._backoff(attempt)
+                continue
             code = int(response.error_code) if hasattr(response, "error_code") else 0
             data = None
             if code == 0:
@@ -620,33 +658,20 @@ class KafkaClient:
             self._backoff(attempt)
         raise AssertionError("unreachable")
 
-    def _connect_for_version(self, address: tuple[str, int]) -> _Connection:
-        for attempt in range(self.retries):
-            try:
-                return self._connect(address)
-            except OSError as error:
-                if attempt + 1 == self.retries:
-                    raise KafkaConnectionError(
-                        f"cannot connect to {address[0]}:{address[1]} after "
-                        f"{self.retries} attempts: {error}"
-                    ) from error
-                self._backoff(attempt)
-        raise AssertionError("unreachable")
-
-    def _call_version(
-        self, address: tuple[str, int], api_key: int, version: int, values: dict[str, Any]
+    def _call_once(
+        self, address: tuple[str, int], api_key: int, version: int | None, values: dict[str, Any]
     ) -> Any:
-        for attempt in range(self.retries):
-            try:
-                return self._connect(address).request(api_key, version, values)
-            except OSError as error:
-                stale = self._connections.pop(address, None)
-                if stale is not None:
-                    stale.close()
-                if attempt + 1 == self.retries:
-                    raise KafkaConnectionError(
-                        f"request to {address[0]}:{address[1]} failed after "
-                        f"{self.retries} attempts: {error}"
-                    ) from error
-                self._backoff(attempt)
-        raise AssertionError("unreachable")
+        """One request to one broker (``version`` None: the highest both speak). A connection
+        that cannot be made or breaks is dropped and raised as :class:`KafkaConnectionError`:
+        the caller, asking a partition's leader, refreshes metadata before trying again."""
+        try:
+            connection = self._connect(address)
+            chosen = connection.version(api_key) if version is None else version
+            return connection.request(api_key, chosen, values)
+        except OSError as error:
+            stale = self._connections.pop(address, None)
+            if stale is not None:
+                stale.close()
+            raise KafkaConnectionError(
+                f"request to {address[0]}:{address[1]} failed: {error}"
+            ) from error

@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,20 +64,26 @@ METADATA_VERSION = 1
 
 
 class Cluster:
-    """Three brokers on one etcd member and one object store directory."""
+    """Three brokers on one etcd member and one object store: a directory under ``root``, or
+    ``store`` (the brokers' ``s3.data.buckets``, e.g. an S3 bucket); ``overrides`` go to every
+    broker."""
 
-    def __init__(self, root: Path, etcd: EtcdServer) -> None:
+    def __init__(
+        self, root: Path, etcd: EtcdServer, store: str | None = None, overrides: Sequence[str] = ()
+    ) -> None:
         self.root = root
         self.etcd = etcd
         self.etcd_paused = False
         self.cluster_id = unique_cluster_id("cluster")
+        self.store = (root / "objects").as_uri() if store is None else store
         common = (
             f"metadata.etcd.endpoints={etcd.endpoint}",
             f"cluster.id={self.cluster_id}",
-            f"s3.data.buckets={(root / 'objects').as_uri()}",
+            f"s3.data.buckets={self.store}",
             f"controller.lease.ttl.ms={TTL_MS}",
             f"broker.session.timeout.ms={SESSION_MS}",
             f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
+            *overrides,
         )
         self.brokers = {
             node: BrokerProcess(
@@ -137,23 +143,36 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    root = Path(tempfile.mkdtemp(prefix="automq-ref-cluster-"))
     failed_before = request.session.testsfailed
+    with running_cluster(lambda: request.session.testsfailed > failed_before) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def running_cluster(
+    failed: Callable[[], bool], store: str | None = None, overrides: Sequence[str] = ()
+) -> Iterator[Cluster]:
+    """A started :class:`Cluster` in a temporary directory, whole (three live brokers agreeing
+    on one controller), stopped and removed at the end (its logs kept, and named, when
+    ``failed()`` says the tests using it failed). Shared with the Spark tests, which run it on
+    S3."""
+    root = Path(tempfile.mkdtemp(prefix="automq-ref-cluster-"))
     (root / "etcd").mkdir()
     etcd = EtcdServer(root / "etcd")
     made: Cluster | None = None
     try:
         etcd.start()
-        made = Cluster(root, etcd)
+        made = Cluster(root, etcd, store, overrides)
         for broker in made.brokers.values():
             broker.start()
+        wait_until(lambda: _whole(made), "three live brokers agreeing on one controller")
         yield made
     finally:
         if made is not None:
             made.stop()
         etcd.stop()
         dropped = [] if made is None else _unawaited(made)
-        if request.session.testsfailed > failed_before or dropped:
+        if failed() or dropped:
             # The data goes (WALs are preallocated), the logs stay.
             for path in [*root.glob("broker-*"), root / "objects", root / "etcd" / "data"]:
                 if path.is_dir():
