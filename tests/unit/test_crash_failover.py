@@ -30,6 +30,7 @@ from automq_ref.io.metadata.failover_contexts import (
     StoredContext,
     decode_contexts,
     encode_contexts,
+    node_views,
     run_failover_round,
     stored_contexts,
 )
@@ -376,3 +377,28 @@ async def test_the_runner_follows_the_contexts_to_its_task(
     finally:
         await runner.close()
         await two.shutdown()
+
+
+async def test_a_broker_that_died_draining_is_failed_over_after_the_grace(
+    metadata: Metadata,
+) -> None:
+    epochs = {}
+    for node_id in (1, 2):
+        registration = await register_node(metadata.client, node_id, 1_000 * node_id)
+        epochs[node_id] = registration.node_epoch
+        heartbeat = sm.BrokerHeartbeat(node_id, registration.node_epoch, 0, ())
+        assert (await metadata.client.submit(heartbeat)).ok
+    created = await metadata.client.submit(sm.CreateStream(1, epochs[1], sm.NO_TOPIC, -1))
+    assert created.stream_id is not None
+    assert (await metadata.client.submit(sm.OpenStream(1, epochs[1], created.stream_id, 0))).ok
+    assert (await metadata.client.submit(sm.ControlledShutdown(1, epochs[1]))).ok
+    image = metadata.controller.image
+    grace = 60_000
+    draining = {v.node_id: v.session for v in node_views(image, grace - 1, grace)}
+    assert draining == {1: Session.STOPPED, 2: Session.ACTIVE}
+    dead = {v.node_id: v.session for v in node_views(image, grace + 1, grace)}
+    assert dead == {1: Session.FENCED, 2: Session.ACTIVE}
+    # Once its streams are closed it is stopped for good.
+    assert (await metadata.client.submit(sm.CloseStream(1, epochs[1], created.stream_id, 0))).ok
+    image = metadata.controller.image
+    assert node_views(image, 10 * grace, grace)[0].session is Session.STOPPED

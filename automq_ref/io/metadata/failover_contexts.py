@@ -100,18 +100,27 @@ def stored_contexts(image: sm.StreamMetadataImage) -> list[StoredContext]:
 
 
 def node_views(image: sm.StreamMetadataImage, now_ms: int, grace_ms: int) -> list[NodeView]:
-    """Every registered broker as the failover sees it."""
+    """Every registered broker as the failover sees it.
+
+    A broker in controlled shutdown is STOPPED (never failed over: it is closing its streams
+    itself) unless it still holds streams open ``grace_ms`` after its last heartbeat: then it
+    died while draining and is FENCED, a candidate (AutoMQ's controller likewise stops
+    reporting a broker as shutting down a minute after its last controlled-shutdown
+    heartbeat). A controller that took over meanwhile knows no last heartbeat and waits for
+    the broker's restart."""
     views = []
     for broker in sorted(image.brokers.values(), key=lambda b: b.node_id):
         node = image.nodes.get(broker.node_id)
         node_epoch = node.node_epoch if node is not None else broker.node_epoch
+        opened = frozenset(s.stream_id for s in sm.opening_streams(image, broker.node_id))
         if broker.in_controlled_shutdown:
-            session = Session.STOPPED
+            last = image.reports.get(broker.node_id)
+            drained = not opened or last is None or now_ms - last < grace_ms
+            session = Session.STOPPED if drained else Session.FENCED
         elif broker.fenced:
             session = Session.FENCED
         else:
             session = Session.ACTIVE
-        opened = frozenset(s.stream_id for s in sm.opening_streams(image, broker.node_id))
         views.append(
             NodeView(
                 broker.node_id, node_epoch, session, in_grace(node_epoch, now_ms, grace_ms), opened
