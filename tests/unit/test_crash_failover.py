@@ -46,6 +46,7 @@ from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.failover import FailoverContext, Session
 from automq_ref.state_machines.failover.controller import (
     NodeView,
+    abort_failover,
     failover_round,
     in_grace,
     target_order,
@@ -402,3 +403,9 @@ async def test_a_broker_that_died_draining_is_failed_over_after_the_grace(
     assert (await metadata.client.submit(sm.CloseStream(1, epochs[1], created.stream_id, 0))).ok
     image = metadata.controller.image
     assert node_views(image, 10 * grace, grace)[0].session is Session.STOPPED
+
+
+def test_a_target_aborts_only_when_the_failed_node_runs_another_epoch() -> None:
+    context = FailoverContext(2, 5, 1)
+    assert not abort_failover(1, context, 5)
+    assert abort_failover(1, context, 9)

@@ -51,6 +51,7 @@ from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.failover.controller import abort_failover
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class FailoverRunner:
         """Why this task should stop, if it should: the failed node restarted, or the
         controller no longer asks this broker."""
         node = self._view.image.nodes.get(context.failed_node_id)
-        if node is not None and node.node_epoch != context.node_epoch:
+        if node is not None and abort_failover(self.node_id, context.context, node.node_epoch):
             return "the failed node restarted"
         if (context.failed_node_id, context.node_epoch) not in self._mine():
             return "the context is gone"

@@ -13,6 +13,9 @@ a copy of them. The one rule the machine leaves to the shell is which target to 
 :func:`target_order` takes the live nodes round-robin, starting after the failed node's id, so
 failures of different nodes land on different survivors.
 
+The target's side asks the machine too: :func:`abort_failover` is its ``AbortFailover`` on the
+target's view (its task, the failed node's current epoch).
+
 Pure: the caller reads the image and the clock and writes the contexts the round returns.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from automq_ref.state_machines.failover.events import AssignFailover, ClearFailover
+from automq_ref.state_machines.failover.events import AbortFailover, AssignFailover, ClearFailover
 from automq_ref.state_machines.failover.state import (
     DEFAULT_PARAMS,
     FailoverContext,
@@ -145,3 +148,19 @@ def failover_round(
 
 def _refused(effects: Sequence[object]) -> bool:
     return any(isinstance(effect, Rejected) for effect in effects)
+
+
+def abort_failover(target_node_id: int, context: FailoverContext, failed_node_epoch: int) -> bool:
+    """Whether a target working on ``context`` drops it: the machine's ``AbortFailover``
+    accepts, because the failed node runs another epoch now (it restarted and recovers its WAL
+    itself)."""
+    task = FailoverTask(context.failed_node_id, context.node_epoch, Stage.ASSIGNED)
+    state = FailoverState(
+        nodes={
+            target_node_id: NodeState(task=task),
+            context.failed_node_id: NodeState(phase=Phase.DOWN, node_epoch=failed_node_epoch),
+        },
+        streams={},
+        contexts=frozenset({context}),
+    )
+    return not _refused(step(state, AbortFailover(target_node_id)).effects)
