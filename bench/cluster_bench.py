@@ -8,9 +8,9 @@ a cluster costs etcd per GB produced.
 
 Every cluster here is what ``automq-ref cluster`` starts (``automq_ref/launch.py``): one etcd
 member, an S3 server (moto, objects in memory) and N ``automq-ref serve`` brokers with the
-launcher's settings (a 256 MiB WAL each, racks az1..azN), on free loopback ports, fresh for each
-run, its data in a temporary directory that is removed afterwards (``--keep`` keeps it, logs
-included; a failed run always keeps it).
+launcher's settings (the object WAL in the cluster's bucket, racks az1..azN), on free loopback
+ports, fresh for each run, its data in a temporary directory that is removed afterwards
+(``--keep`` keeps it, logs included; a failed run always keeps it).
 
 1. **throughput**: the same producer (confluent-kafka, acks=all, linger.ms=5, batch.size=1000000,
    1 KiB records spread round-robin over ``--partitions`` partitions, ``--mb`` MB) against one
