@@ -101,9 +101,33 @@ class FailoverCluster(Cluster):
         path = self.brokers[node].log_path
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def events_after(self, wall_s: float, *patterns: str) -> list[str]:
+        """``+seconds pattern`` for the first log line after ``wall_s`` (time.time()) matching
+        each pattern, over every broker's log: where a failover's time went."""
+        found = []
+        for pattern in patterns:
+            times = [
+                stamp
+                for node in NODES
+                for line in self.log(node).splitlines()
+                if re.search(pattern, line) and (stamp := _stamp(line)) is not None
+                if stamp > wall_s
+            ]
+            if times:
+                found.append(f"+{min(times) - wall_s:.2f} s {pattern}")
+        return found
+
     def failovers_done(self, failed: int) -> int:
         pattern = re.compile(rf"failover done failed_node={failed} ")
         return sum(len(pattern.findall(self.log(node))) for node in NODES)
+
+
+def _stamp(line: str) -> float | None:
+    """The wall-clock time a broker's log line starts with."""
+    try:
+        return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    except ValueError:
+        return None
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +191,7 @@ def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
     ) as producer:
         producer.wait_acked(range(PARTITIONS), 0.0, "before the kill")
         time.sleep(1.0)  # some records acknowledged into the victim's WAL, not yet uploaded
-        killed_at = time.monotonic()
+        killed_at, killed_wall = time.monotonic(), time.time()
         cluster.brokers[victim].kill()
         producer.wait_acked(orphaned, killed_at, f"on broker {victim}'s partitions after the kill")
         # The longest silence between two acknowledgements across the kill (an acknowledgement
@@ -178,6 +202,17 @@ def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
             f"(session {SESSION_MS} ms, heartbeat {HEARTBEAT_MS} ms, grace {GRACE_MS} ms)"
         )
         producer.wait_acked(range(PARTITIONS), time.monotonic(), "after the failover")
+    print(
+        "after the kill: "
+        + ", ".join(
+            cluster.events_after(
+                killed_wall,
+                rf"failover assigned failed_node={victim} ",
+                rf"failover done failed_node={victim} ",
+                rf"partition led topic={topic} ",
+            )
+        )
+    )
     assert not producer.failures, producer.failures[:5]
     assert cluster.failovers_done(victim) > before, "no survivor logged the failover"
     log = read_all(cluster.bootstrap(survivors), topic, PARTITIONS)
