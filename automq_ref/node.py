@@ -12,7 +12,10 @@ with that address (proposing the clock's time as the node epoch; the controller 
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
 then the group coordinator and the topic registry (the partitions placed on this broker opened;
 the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
-producer-id allocator, the retention and cleaner tasks and the Kafka front end
+producer-id allocator, the retention and cleaner tasks, for a cluster on the object WAL the
+crash failover (the controller's failover round in its ticks, and this broker's
+:class:`~automq_ref.io.storage.failover_runner.FailoverRunner`, which takes over a dead broker's
+WAL when the controller names it), and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
