@@ -375,6 +375,17 @@ async def test_the_runner_follows_the_contexts_to_its_task(
         ((context, result),) = runner.completed
         assert (context.failed_node_id, context.node_epoch, result.records) == (1, failed_epoch, 5)
         assert metadata.controller.image.streams[stream_id].state is sm.StreamState.CLOSED
+        # Forgotten, then assigned here again: it runs again (and finds nothing left to do).
+        image = metadata.controller.image
+        await run_failover_round(metadata.client, image, 10 * SESSION_MS, settings)
+        assert FAILOVER_CONTEXTS_KEY not in metadata.controller.image.kv
+        again = sm.PutKV(FAILOVER_CONTEXTS_KEY, encode_contexts([context]), True)
+        assert (await metadata.client.submit(again)).ok
+        for _ in range(200):
+            if len(runner.completed) == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert [(c, r.streams, r.records) for c, r in runner.completed[1:]] == [(context, 0, 0)]
     finally:
         await runner.close()
         await two.shutdown()

@@ -182,7 +182,12 @@ class FailoverRunner:
         }
 
     def _start_tasks(self) -> None:
-        for key, context in self._mine().items():
+        mine = self._mine()
+        # A finished task is forgotten once its context is gone: should the controller assign
+        # the same failover here again (it had moved it elsewhere meanwhile), it runs again.
+        for key in [k for k, task in self._tasks.items() if task.done() and k not in mine]:
+            del self._tasks[key]
+        for key, context in mine.items():
             task = self._tasks.get(key)
             if task is None:
                 self._tasks[key] = asyncio.create_task(
