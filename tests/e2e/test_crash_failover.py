@@ -153,6 +153,10 @@ def cluster(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Iterator[Failove
             made.stop()
         etcd.stop()
         if request.session.testsfailed > failed_before:
+            # The data goes (the objects were in moto's memory anyway), the logs stay.
+            for path in [*root.glob("broker-*"), root / "etcd" / "data"]:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
             print(f"\ncrash failover tests failed: the brokers' logs are kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
