@@ -47,7 +47,6 @@ BUCKET = "automq-ref"
 REGION = "us-east-1"
 # moto accepts any credentials; the brokers' S3 client needs some.
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "automq-ref", "AWS_SECRET_ACCESS_KEY": "automq-ref"}
-WAL_CAPACITY = 256 * 1024 * 1024
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -169,17 +168,18 @@ class LocalCluster:
     def broker_overrides(self, node_id: int) -> list[str]:
         """The settings of broker ``node_id``: the cluster's, then the user's (which win)."""
         port = self.settings.ports[node_id - 1]
+        bucket = f"{BUCKET}?region={REGION}&endpoint={self.s3_endpoint}&pathStyle=true"
         return [
-            # Three preallocated WALs on one disk: a quarter of the 1 GiB default each.
-            f"s3.wal.capacity={WAL_CAPACITY}",
+            # The object WAL in the shared bucket (its keys are per node): any survivor can
+            # read a dead broker's WAL and take it over.
+            f"s3.wal.path=0@s3://{bucket}",
             f"node.id={node_id}",
             f"broker.rack=az{node_id}",
             f"cluster.id={CLUSTER_ID}",
             f"listeners=PLAINTEXT://127.0.0.1:{port}",
             f"log.dirs={self.settings.data_dir / f'broker-{node_id}'}",
             f"metadata.etcd.endpoints={self.etcd_endpoint}",
-            f"s3.data.buckets=0@s3://{BUCKET}?region={REGION}&endpoint={self.s3_endpoint}"
-            "&pathStyle=true",
+            f"s3.data.buckets=0@s3://{bucket}",
             *self.settings.overrides,
         ]
 

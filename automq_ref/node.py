@@ -12,7 +12,10 @@ with that address (proposing the clock's time as the node epoch; the controller 
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
 then the group coordinator and the topic registry (the partitions placed on this broker opened;
 the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
-producer-id allocator, the retention and cleaner tasks and the Kafka front end
+producer-id allocator, the retention and cleaner tasks, for a cluster on the object WAL the
+crash failover (the controller's failover round in its ticks, and this broker's
+:class:`~automq_ref.io.storage.failover_runner.FailoverRunner`, which takes over a dead broker's
+WAL when the controller names it), and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
@@ -46,14 +49,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from automq_ref.config import BrokerConfig
+from automq_ref.config import BrokerConfig, ObjectWalSettings
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.failover_contexts import FailoverSettings
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.failover_runner import FailoverRunner
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -255,13 +260,35 @@ async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
         namespace=NAMESPACE,
         node_id=config.node_id,
         node_epoch=node_epoch,
-        config=ObjectWalConfig(
-            batch_interval_ms=settings.batch_interval_ms,
-            max_bytes_in_batch=settings.max_bytes_in_batch,
-            max_unflushed_bytes=settings.max_unflushed_bytes,
-            max_inflight_uploads=settings.max_inflight_uploads,
-            readahead_bytes=settings.readahead_bytes,
-        ),
+        config=_object_wal_config(settings),
+        owns_store=True,
+    )
+
+
+def _object_wal_config(settings: ObjectWalSettings) -> ObjectWalConfig:
+    return ObjectWalConfig(
+        batch_interval_ms=settings.batch_interval_ms,
+        max_bytes_in_batch=settings.max_bytes_in_batch,
+        max_unflushed_bytes=settings.max_unflushed_bytes,
+        max_inflight_uploads=settings.max_inflight_uploads,
+        readahead_bytes=settings.readahead_bytes,
+    )
+
+
+async def take_over_wal(
+    config: BrokerConfig, wal_path: str, node_id: int, node_epoch: int
+) -> WriteAheadLog:
+    """Failed node ``node_id``'s object WAL, which ``wal_path`` (an ``s3.wal.path``) names,
+    taken over at ``node_epoch`` in failover mode (crash failover)."""
+    settings = config.model_copy(update={"s3_wal_path": wal_path}).object_wal
+    if settings is None:
+        raise ValueError(f"{wal_path!r} is not an object WAL: no survivor can take it over")
+    return await ObjectWal.take_over(
+        open_object_store(settings.store_uri),
+        namespace=NAMESPACE,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        config=_object_wal_config(settings),
         owns_store=True,
     )
 
@@ -284,8 +311,10 @@ class Node:
         ticks: ControllerTicks,
         server: KafkaServer,
         bound: tuple[str, int],
+        failover: FailoverRunner | None = None,
     ) -> None:
         self.config = config
+        self.failover = failover
         self.session = session
         self.ticks = ticks
         self.clock = clock
@@ -349,6 +378,8 @@ class Node:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        if self.failover is not None:
+            await self.failover.close()
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
@@ -377,6 +408,8 @@ class Node:
                 with contextlib.suppress(BaseException):
                     await task
         await self.topics.stop_following()
+        if self.failover is not None:
+            await self.failover.close()
         partitions = self.topics.partitions.values()
         for partition in partitions:
             partition.wake_waiters()
@@ -485,6 +518,8 @@ async def _start_bound(
         seams.clock,
         config.broker_heartbeat_interval_ms,
     )
+    # Crash failover needs WALs a survivor can read: a cluster on the object WAL.
+    shared_wal = bool(config.etcd_endpoints) and config.object_wal is not None
     ticks = ControllerTicks(
         metadata.controller,
         metadata.is_active,
@@ -493,6 +528,11 @@ async def _start_bound(
         balance_interval_ms=(
             config.autobalancer_controller_anomaly_detect_interval_ms
             if config.autobalancer_controller_enable
+            else None
+        ),
+        failover=(
+            FailoverSettings(config.failover_new_epoch_grace_ms, config.s3_wal_path)
+            if shared_wal
             else None
         ),
     )
@@ -524,6 +564,24 @@ async def _start_bound(
         ticks.start()
     # Partitions come and go with placement (and one that would not open is tried again).
     topics.follow()
+    failover = None
+    if shared_wal:
+
+        async def take_over(wal_path: str, node_id: int, node_epoch: int) -> WriteAheadLog:
+            return await take_over_wal(config, wal_path, node_id, node_epoch)
+
+        failover = FailoverRunner(
+            take_over_wal=take_over,
+            store=store,
+            client=client,
+            view=view,
+            node_id=config.node_id,
+            node_epoch=registration.node_epoch,
+            namespace=NAMESPACE,
+            params=params,
+            clock=seams.clock,
+        )
+        failover.start()
     return Node(
         config=config,
         clock=seams.clock,
@@ -537,6 +595,7 @@ async def _start_bound(
         ticks=ticks,
         server=server,
         bound=bound,
+        failover=failover,
     )
 
 

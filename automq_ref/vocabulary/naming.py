@@ -197,3 +197,13 @@ def is_internal_topic(name: str | None) -> bool:
     """Whether ``name`` is an internal topic: clients may not produce to it, delete it or grow
     it."""
     return name in _INTERNAL_TOPICS
+
+
+FAILOVER_CONTEXTS_KEY: Final = "__a.failover"
+"""The KV key of the crash failovers in flight (AutoMQ's key): a JSON list, one object per
+failed node, ``{"nodeId", "nodeEpoch", "target", "walConfig"}``.
+
+Written by: the active controller's failover round
+(:mod:`automq_ref.io.metadata.failover_contexts`), with a compare-and-set. Read by: every
+broker's failover runner (:mod:`automq_ref.io.storage.failover_runner`), which takes over the
+WAL of a failed node when it is the target."""

@@ -11,7 +11,8 @@ register again; the session records it (``expired``) and stops heartbeating.
 :class:`ControllerTicks` is the active controller's side: ``ExpireSessions(now)`` about once a
 second fences brokers whose session lapsed, and, with ``autobalancer.controller.enable``,
 ``BalancePartitions(now)`` runs a round every
-``autobalancer.controller.anomaly.detect.interval.ms``.
+``autobalancer.controller.anomaly.detect.interval.ms``, and, given a failover setting (a cluster on
+the object WAL), a failover round every tick (:mod:`automq_ref.io.metadata.failover_contexts`).
 Only the active controller ticks (``is_active``): in the embedded one-node mode that is always
 this process's controller; in a cluster, the broker holding the election.
 
@@ -29,8 +30,9 @@ from collections.abc import Callable
 
 from automq_ref.io.clock import Clock
 from automq_ref.io.metadata.background import stop
-from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.client import ControllerClient, InProcessControllerClient
 from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.failover_contexts import FailoverSettings, run_failover_round
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
@@ -138,8 +140,10 @@ class ControllerTicks:
         *,
         heartbeat_interval_ms: int,
         balance_interval_ms: int | None,
+        failover: FailoverSettings | None = None,
     ) -> None:
         self._controller = controller
+        self._failover = failover
         self._is_active = is_active
         self._clock = clock
         self._grace_s = heartbeat_interval_ms / 1000 + EXPIRE_INTERVAL_S
@@ -170,6 +174,8 @@ class ControllerTicks:
                 continue
             if now_s >= expire_after_s:
                 await self._decide(sm.ExpireSessions(self._clock.now_ms()))
+            if self._failover is not None:
+                await self._failover_round(self._failover)
             if (
                 self._balance_interval_s is not None
                 and now_s - balanced_s >= self._balance_interval_s
@@ -182,6 +188,17 @@ class ControllerTicks:
             await self._controller.handle(event)
         except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
             log.debug("%s: %s", type(event).__name__, error)
+
+    async def _failover_round(self, settings: FailoverSettings) -> None:
+        try:
+            await run_failover_round(
+                InProcessControllerClient(self._controller),
+                self._controller.image,
+                self._clock.now_ms(),
+                settings,
+            )
+        except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
+            log.debug("failover round: %s", error)
 
     async def close(self) -> None:
         await stop(self._task)

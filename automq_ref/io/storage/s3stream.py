@@ -279,10 +279,15 @@ class S3Storage:
         await storage.force_upload(lc.ALL_STREAMS)
         await wal.reset()
         storage._recovering = False
-        for stream_id, opening in recovering.items():
-            closed = await client.submit(
-                sm.CloseStream(node_id, node_epoch, stream_id, opening.epoch)
+        # All at once: each close lets another broker open its stream, and a partition's
+        # broker waits for all of its streams (a failover closes a dead node's streams here).
+        closes = await asyncio.gather(
+            *(
+                client.submit(sm.CloseStream(node_id, node_epoch, stream_id, opening.epoch))
+                for stream_id, opening in recovering.items()
             )
+        )
+        for stream_id, closed in zip(recovering, closes, strict=True):
             if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
                 raise StorageError(f"closing recovered stream {stream_id}: {closed.message}")
         # Start the live cache empty but keep numbering blocks after the recovered ones: a block

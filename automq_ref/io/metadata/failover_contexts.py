@@ -1,0 +1,177 @@
+"""Crash failover, the active controller's side: the failover contexts in the KV store, and the
+round that starts and forgets them.
+
+A context says "target node T, take over failed node N at node epoch E, whose WAL is W": AutoMQ's
+``(nodeId, nodeEpoch, target, walConfig)``, stored as one JSON list under the KV key
+:data:`~automq_ref.vocabulary.naming.FAILOVER_CONTEXTS_KEY` (AutoMQ's ``__a.failover``), so
+that every broker's image carries it and the target learns its task by following the log
+(:mod:`automq_ref.io.storage.failover_runner`).
+
+:func:`run_failover_round` is one round on the active controller (its ticks call it about once a
+second): it reads each broker's session, node epoch and OPENED streams from the image, has the
+Failover machine's projection (:mod:`automq_ref.state_machines.failover.controller`) decide
+which contexts to forget (the node restarted, has no stream open any more, its target left) and
+which candidate to assign to whom (session lapsed, streams still OPENED, node epoch older than
+``failover.new.epoch.grace.ms``, at most one in flight), and writes the new list with a
+compare-and-set, so a round decided on a stale image writes nothing.
+
+The WAL named in a context is the controller's own ``s3.wal.path``: the brokers of a cluster
+share one WAL bucket or directory (each node's WAL under keys of its own id), so the
+controller's WAL setting names every broker's. A controller whose WAL is a local file (the block
+WAL) starts no failover: no survivor could read a dead broker's disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from automq_ref.io.logfmt import fields
+from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.failover import FailoverContext, Session
+from automq_ref.state_machines.failover.controller import NodeView, failover_round, in_grace
+from automq_ref.vocabulary.naming import FAILOVER_CONTEXTS_KEY
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverSettings:
+    """The active controller's failover: how long a (re)started node is left to recover by
+    itself (``failover.new.epoch.grace.ms``), and the WAL setting its contexts name."""
+
+    grace_ms: int
+    wal_config: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoredContext:
+    """A failover in flight, as stored: the machine's context and the failed node's WAL."""
+
+    failed_node_id: int
+    node_epoch: int
+    target_node_id: int
+    wal_config: str
+
+    @property
+    def context(self) -> FailoverContext:
+        return FailoverContext(self.failed_node_id, self.node_epoch, self.target_node_id)
+
+
+def encode_contexts(contexts: list[StoredContext]) -> bytes:
+    """AutoMQ's JSON fields, one object per context, in failed-node order."""
+    return json.dumps(
+        [
+            {
+                "nodeId": c.failed_node_id,
+                "nodeEpoch": c.node_epoch,
+                "target": c.target_node_id,
+                "walConfig": c.wal_config,
+            }
+            for c in sorted(contexts, key=lambda c: c.failed_node_id)
+        ],
+        separators=(",", ":"),
+    ).encode()
+
+
+def decode_contexts(value: bytes | None) -> list[StoredContext]:
+    """The contexts under the key (none when it is absent or does not decode)."""
+    if not value:
+        return []
+    try:
+        return [
+            StoredContext(
+                int(item["nodeId"]),
+                int(item["nodeEpoch"]),
+                int(item["target"]),
+                str(item["walConfig"]),
+            )
+            for item in json.loads(value)
+        ]
+    except (ValueError, TypeError, KeyError) as error:
+        log.error("failover contexts under %s do not decode: %s", FAILOVER_CONTEXTS_KEY, error)
+        return []
+
+
+def stored_contexts(image: sm.StreamMetadataImage) -> list[StoredContext]:
+    return decode_contexts(image.kv.get(FAILOVER_CONTEXTS_KEY))
+
+
+def node_views(image: sm.StreamMetadataImage, now_ms: int, grace_ms: int) -> list[NodeView]:
+    """Every registered broker as the failover sees it.
+
+    A broker in controlled shutdown is STOPPED (never failed over: it is closing its streams
+    itself) unless it still holds streams open ``grace_ms`` after its last heartbeat: then it
+    died while draining and is FENCED, a candidate (AutoMQ's controller likewise stops
+    reporting a broker as shutting down a minute after its last controlled-shutdown
+    heartbeat). A controller that took over meanwhile knows no last heartbeat and waits for
+    the broker's restart."""
+    views = []
+    for broker in sorted(image.brokers.values(), key=lambda b: b.node_id):
+        node = image.nodes.get(broker.node_id)
+        node_epoch = node.node_epoch if node is not None else broker.node_epoch
+        opened = frozenset(s.stream_id for s in sm.opening_streams(image, broker.node_id))
+        if broker.in_controlled_shutdown:
+            last = image.reports.get(broker.node_id)
+            drained = not opened or last is None or now_ms - last < grace_ms
+            session = Session.STOPPED if drained else Session.FENCED
+        elif broker.fenced:
+            session = Session.FENCED
+        else:
+            session = Session.ACTIVE
+        views.append(
+            NodeView(
+                broker.node_id, node_epoch, session, in_grace(node_epoch, now_ms, grace_ms), opened
+            )
+        )
+    return views
+
+
+async def run_failover_round(
+    client: ControllerClient,
+    image: sm.StreamMetadataImage,
+    now_ms: int,
+    settings: FailoverSettings,
+) -> None:
+    """One round (see the module docstring) decided on ``image``; the new contexts are written
+    only if the key still holds what ``image`` showed."""
+    current_value = image.kv.get(FAILOVER_CONTEXTS_KEY)
+    stored = decode_contexts(current_value)
+    decided = failover_round(
+        node_views(image, now_ms, settings.grace_ms), [s.context for s in stored]
+    )
+    if not decided.assigned and not decided.cleared:
+        return
+    kept = [s for s in stored if s.context in decided.contexts]
+    added = [
+        StoredContext(c.failed_node_id, c.node_epoch, c.target_node_id, settings.wal_config)
+        for c in decided.assigned
+    ]
+    contexts = kept + added
+    event: sm.StreamMetadataEvent
+    if contexts:
+        event = sm.PutKV(
+            FAILOVER_CONTEXTS_KEY, encode_contexts(contexts), True, expected=current_value
+        )
+    elif current_value is not None:
+        event = sm.DeleteKV(FAILOVER_CONTEXTS_KEY, expected=current_value)
+    else:
+        return
+    response = await client.submit(event)
+    if not response.ok:
+        log.info("failover contexts changed meanwhile: %s", response.error.value)
+        return
+    for cleared in decided.cleared:
+        log.info("failover context removed %s", _fields(cleared))
+    for context in added:
+        log.warning("failover assigned %s", _fields(context.context))
+
+
+def _fields(context: FailoverContext) -> str:
+    return fields(
+        failed_node=context.failed_node_id,
+        node_epoch=context.node_epoch,
+        target=context.target_node_id,
+    )
