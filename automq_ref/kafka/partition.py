@@ -27,11 +27,17 @@ clean is written and committed, and what a restart finds after a crash at any po
 in :mod:`automq_ref.kafka.compaction`; this module holds the steps that touch the streams and
 the MetaStream (``begin_clean``, ``append_cleaned``, ``commit_clean``, ``settle``).
 
-On open the partition also scans its log once (batch headers only) to rebuild what Kafka
-keeps beside its segments: the producer state of idempotent producers (last five batches per
-producer id) and a batch index (base offset, end offset, max timestamp, size) used by ListOffsets
-by timestamp, by retention and by the cleaner. That scan reads the whole retained log: fine for
-a reference broker, and the place where producer-state snapshots would go.
+The partition keeps beside its log what Kafka keeps beside its segments: the producer state of
+idempotent producers (last five batches per producer id) and a batch index (base offset, end
+offset, max timestamp, size) used by ListOffsets by timestamp, by retention and by the cleaner.
+Both are rebuilt at open from the log's batch headers. A partition that closes cleanly writes
+them into its MetaStream as a ``CHECKPOINT`` record covering the log up to its end
+(:mod:`automq_ref.formats.partition_checkpoint`), so the next open (on this broker after a
+restart, or on the broker it moved to) loads them and scans only what lies past the checkpoint:
+nothing after a clean close, so an open takes the same time whatever the partition holds. A
+checkpoint that does not describe the log the open finds (written for other streams, as after a
+clean committed since; past the log's end; or with the log trimmed past it) or that cannot be
+decoded is ignored with a log line, and the whole log scanned.
 """
 
 from __future__ import annotations
@@ -47,14 +53,28 @@ from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.json_document import Json
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.formats.meta_stream import (
+    CHECKPOINT_KEY,
+    CLEANED_KEY,
+    CLEANING_KEY,
+    LEADER_EPOCHS_KEY,
+    LOG_KEY,
     PartitionMeta,
+    encode_checkpoint_record,
     encode_cleaned,
     encode_cleaning,
     encode_leader_epochs,
     encode_log,
+    latest_records,
     replay,
+)
+from automq_ref.formats.partition_checkpoint import (
+    PartitionCheckpoint,
+    ProducerRow,
+    decode_checkpoint,
+    encode_checkpoint,
 )
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
@@ -68,6 +88,9 @@ log = logging.getLogger(__name__)
 
 PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
+# A closing partition compacts its MetaStream (rewrites the last record of each key, trims the
+# rest) once the stream holds more than this many times their bytes.
+META_COMPACTION_RATIO = 2
 INT32_MAX = 2**31 - 1
 
 
@@ -144,6 +167,16 @@ class Partition:
         # took: the part of a move's unavailability that grows with the retained log.
         self.scanned_bytes = 0
         self.scan_seconds = 0.0
+        # Where the open's scan began: the checkpoint's end, or the log start without one.
+        self.scanned_from = 0
+        self.checkpoint_used = False
+        # An append whose WAL write failed: a checkpoint at close would claim offsets the
+        # stream may not hold, so none is written.
+        self._lost_append = False
+        # The last MetaStream record of each key, and the bytes the stream holds: what a
+        # compaction of the MetaStream rewrites, and when it is due.
+        self._meta_latest: dict[str, bytes] = {}
+        self._meta_bytes = 0
         self._appended = asyncio.Event()
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
@@ -183,9 +216,11 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
-            await partition._put_meta(encode_log(data_stream_id))
+            await partition._put_meta(LOG_KEY, encode_log(data_stream_id))
             partition.leader_epochs.append((epoch, 0))
-            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._put_meta(
+                LEADER_EPOCHS_KEY, encode_leader_epochs(partition.leader_epochs)
+            )
         except Exception:
             # Refused half way (the partition moved on meanwhile): streams this broker holds
             # open would keep the partition's next broker from opening it, so they are closed.
@@ -232,7 +267,8 @@ class Partition:
         try:
             await storage.open_stream(meta_stream_id, epoch)
             opened.append(meta_stream_id)
-            recorded = await _read_meta(storage, meta_stream_id)
+            payloads = await _read_meta(storage, meta_stream_id)
+            recorded = replay(payloads)
             data_stream_id = recorded.data_stream_id
             if data_stream_id is None:
                 raise LookupError(
@@ -243,6 +279,8 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
+            partition._meta_latest = latest_records(payloads)
+            partition._meta_bytes = sum(len(payload) for payload in payloads)
             if recorded.cleaned is not None:
                 await storage.open_stream(recorded.cleaned.stream_id, epoch)
                 opened.append(recorded.cleaned.stream_id)
@@ -251,9 +289,11 @@ class Partition:
             partition.leader_epochs = list(recorded.leader_epochs)
             start_of_epoch = storage.next_offset(data_stream_id, epoch)
             partition.leader_epochs.append((epoch, start_of_epoch))
-            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._put_meta(
+                LEADER_EPOCHS_KEY, encode_leader_epochs(partition.leader_epochs)
+            )
             await partition._finish_cleans(view, recorded)
-            await partition._scan()
+            await partition._scan(partition._load_checkpoint(recorded.checkpoint))
         except Exception:
             # Refused half way (in a cluster: the partition moved on between the opens of its
             # streams) or failed: a stream left open here would keep every other broker from
@@ -296,8 +336,22 @@ class Partition:
         return [*streams, self.meta_stream_id]
 
     async def close(self) -> None:
+        """Close the streams; a partition whose appends all became durable writes a checkpoint
+        of its batch index and producer state into the MetaStream first (after the data streams
+        closed, so nothing changes the log any more, before the MetaStream closes)."""
         async with self.maintenance:
-            await self._close_streams()
+            # No await between reading the end and the data stream's close refusing appends:
+            # the index and producer state then describe exactly the log up to ``end``.
+            end = self.log_end_offset
+            *data_streams, meta_stream = self._streams()
+            for stream_id in data_streams:
+                await self.storage.close_stream(stream_id, self.epoch)
+            if not self._lost_append:
+                try:
+                    await self._write_checkpoint(end)
+                except StorageError as error:  # the next open scans: slower, as correct
+                    log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
+            await self.storage.close_stream(meta_stream, self.epoch)
 
     async def _close_streams(self) -> None:
         for stream_id in self._streams():
@@ -311,20 +365,30 @@ class Partition:
                 await self.storage.delete_stream(stream_id, self.epoch)
         await self._client.submit(sm.DeleteKV(partition_key(self.topic_id, self.index)))
 
-    async def _put_meta(self, record: bytes) -> None:
+    async def _put_meta(self, key: str, record: bytes) -> None:
         await self.storage.append(self.meta_stream_id, self.epoch, record, 1)
+        self._meta_latest.pop(key, None)
+        self._meta_latest[key] = record
+        self._meta_bytes += len(record)
 
-    async def _scan(self) -> None:
-        """Rebuild the batch index and producer state from the retained log."""
+    # ---------------------------------------------------------------- index and checkpoint
+
+    async def _scan(self, start: int | None = None) -> None:
+        """Rebuild the batch index and producer state from the log from ``start`` (a loaded
+        checkpoint's end) on, or from the log start."""
         began = time.monotonic()
-        async for stream_batch in self.read_stored(self.log_start_offset, self.high_watermark):
-            self._index_payload(stream_batch.payload)
+        start = self.log_start_offset if start is None else start
+        self.scanned_from = start
+        async for stream_batch in self.read_stored(start, self.high_watermark):
+            self._index_payload(stream_batch.payload, start)
             self.scanned_bytes += len(stream_batch.payload)
         self.scan_seconds = time.monotonic() - began
 
-    def _index_payload(self, payload: bytes | memoryview) -> None:
+    def _index_payload(self, payload: bytes | memoryview, start: int = 0) -> None:
         for view in stored_batches(payload):
             header = view.header()
+            if header.base_offset < start and self.checkpoint_used:
+                continue  # covered by the checkpoint already
             self.batches.append(index_entry(view))
             if header.producer_id >= 0 and not view.is_control:
                 self._remember_producer(
@@ -334,6 +398,110 @@ class Partition:
                     header.base_sequence + header.last_offset_delta,
                     header.base_offset,
                 )
+
+    def _load_checkpoint(self, value: Json) -> int | None:
+        """Take the batch index and producer state from the MetaStream's last checkpoint if it
+        describes the log as it is now; the offset to scan from then (its end), else None."""
+        if value is None:
+            return None
+        try:
+            checkpoint = decode_checkpoint(value)
+        except FormatError as error:
+            self._ignore_checkpoint(f"unreadable: {error}")
+            return None
+        mismatch = self._checkpoint_mismatch(checkpoint)
+        if mismatch is not None:
+            self._ignore_checkpoint(mismatch)
+            return None
+        start = self.log_start_offset
+        # Entries wholly below the log start go, as a trim drops them from the live index.
+        first = bisect.bisect_right(checkpoint.end_offsets, start)
+        self.batches = list(
+            map(
+                BatchEntry,
+                checkpoint.base_offsets[first:],
+                checkpoint.end_offsets[first:],
+                checkpoint.max_timestamps[first:],
+                checkpoint.sizes[first:],
+                map(bool, checkpoint.emptied[first:]),
+            )
+        )
+        # Producers outlive the batches retention trims, as in the partition that wrote it.
+        self.producers = {
+            row.producer_id: ProducerState(
+                row.epoch, collections.deque(row.batches, maxlen=PRODUCER_BATCHES_RETAINED)
+            )
+            for row in checkpoint.producers
+        }
+        self.checkpoint_used = True
+        return checkpoint.end
+
+    def _checkpoint_mismatch(self, checkpoint: PartitionCheckpoint) -> str | None:
+        """Why ``checkpoint`` does not describe the log found at open (None: it does)."""
+        cleaned = (
+            None
+            if self.cleaned_stream_id is None
+            else (
+                self.cleaned_stream_id,
+                self.cleaned_end,
+            )
+        )
+        if checkpoint.data_stream_id != self.data_stream_id:
+            return f"written for data stream {checkpoint.data_stream_id}"
+        if checkpoint.cleaned != cleaned:
+            return f"written for cleaned stream and end {checkpoint.cleaned}, not {cleaned}"
+        if checkpoint.end > self.high_watermark:
+            return f"covers up to {checkpoint.end}, past the log end {self.high_watermark}"
+        if checkpoint.end < self.log_start_offset:
+            return f"covers up to {checkpoint.end}, below the log start {self.log_start_offset}"
+        return None
+
+    def _ignore_checkpoint(self, reason: str) -> None:
+        log.warning(
+            "%s-%d: checkpoint ignored, scanning the whole log: %s", self.topic, self.index, reason
+        )
+
+    async def _write_checkpoint(self, end: int) -> None:
+        """Append a checkpoint of the index and producer state up to ``end`` to the MetaStream
+        (the log must not change meanwhile), then compact the MetaStream if it is due."""
+        cleaned = (
+            None
+            if self.cleaned_stream_id is None
+            else (
+                self.cleaned_stream_id,
+                self.cleaned_end,
+            )
+        )
+        rows = [
+            (
+                entry.base_offset,
+                entry.end_offset,
+                entry.max_timestamp,
+                entry.size_bytes,
+                entry.empty,
+            )
+            for entry in self.batches
+        ]
+        producers = [
+            ProducerRow(producer_id, state.epoch, tuple(state.batches))
+            for producer_id, state in self.producers.items()
+        ]
+        value = encode_checkpoint(self.data_stream_id, cleaned, end, rows, producers)
+        await self._put_meta(CHECKPOINT_KEY, encode_checkpoint_record(value))
+        await self._compact_meta()
+
+    async def _compact_meta(self) -> None:
+        """Rewrite the last record of each key and trim the MetaStream below them, once the
+        stream holds more than :data:`META_COMPACTION_RATIO` times their bytes. A crash in
+        between leaves both copies: replay gives the same state either way."""
+        latest = list(self._meta_latest.values())
+        if self._meta_bytes <= META_COMPACTION_RATIO * sum(map(len, latest)):
+            return
+        first = self.storage.next_offset(self.meta_stream_id, self.epoch)
+        for record in latest:
+            await self.storage.append(self.meta_stream_id, self.epoch, record, 1)
+        await self.storage.trim_stream(self.meta_stream_id, self.epoch, first)
+        self._meta_bytes = sum(map(len, latest))
 
     # ---------------------------------------------------------------------------- offsets
 
@@ -479,8 +647,13 @@ class Partition:
                     header.base_sequence + header.last_offset_delta,
                     header.base_offset,
                 )
-        durable.add_done_callback(lambda _: self._wake())
+        durable.add_done_callback(self._appended_durably)
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
+
+    def _appended_durably(self, durable: asyncio.Future[None]) -> None:
+        if durable.cancelled() or durable.exception() is not None:
+            self._lost_append = True
+        self._wake()
 
     def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
         """Kafka's rule for compacted topics: every record needs a key (a clean would drop a
@@ -669,7 +842,7 @@ class Partition:
         stream_id = await self.storage.create_stream()
         await self.storage.open_stream(stream_id, self.epoch)
         self._cleaning_stream_id = stream_id
-        await self._put_meta(encode_cleaning(stream_id))
+        await self._put_meta(CLEANING_KEY, encode_cleaning(stream_id))
         await self._trim_stream(stream_id, start)
         return stream_id
 
@@ -685,7 +858,7 @@ class Partition:
         """Make the clean's stream the log below ``end``: the ``CLEANED`` record is the commit
         point (durable before anything reads the new stream); ``entries`` index its batches."""
         replaced = self.cleaned_stream_id
-        await self._put_meta(encode_cleaned(stream_id, end, replaced))
+        await self._put_meta(CLEANED_KEY, encode_cleaned(stream_id, end, replaced))
         # No await from here to the end of the switch: a read sees the old parts or the new.
         self.cleaned_stream_id, self.cleaned_end = stream_id, end
         self._cleaning_stream_id = None
@@ -741,7 +914,8 @@ async def _close_opened(storage: S3Storage, stream_ids: list[int], epoch: int, n
             log.warning("%s: stream %d not closed after a failed open: %s", name, stream_id, error)
 
 
-async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:
+async def _read_meta(storage: S3Storage, stream_id: int) -> list[bytes | memoryview]:
+    """Every record of the MetaStream, in order."""
     payloads: list[bytes | memoryview] = []
     cursor = storage.start_offset(stream_id)
     end = storage.confirm_offset(stream_id)
@@ -751,4 +925,4 @@ async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:
             break
         payloads.extend(batch.payload for batch in found)
         cursor = found[-1].last_offset
-    return replay(payloads)
+    return payloads
