@@ -29,8 +29,9 @@ the MetaStream (``begin_clean``, ``append_cleaned``, ``commit_clean``, ``settle`
 
 The partition keeps beside its log what Kafka keeps beside its segments: the producer state of
 idempotent producers (last five batches per producer id) and a batch index (base offset, end
-offset, max timestamp, size) used by ListOffsets by timestamp, by retention and by the cleaner.
-Both are rebuilt at open from the log's batch headers. A partition that closes cleanly writes
+offset, max timestamp, size) used by ListOffsets by timestamp, by retention and by the cleaner
+(their rules: :mod:`automq_ref.kafka.log_state`). Both are rebuilt at open from the log's batch
+headers. A partition that closes cleanly writes
 them into its MetaStream as a ``CHECKPOINT`` record covering the log up to its end
 (:mod:`automq_ref.formats.partition_checkpoint`), so the next open (on this broker after a
 restart, or on the broker it moved to) loads them and scans only what lies past the checkpoint:
@@ -49,7 +50,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
@@ -70,70 +70,29 @@ from automq_ref.formats.meta_stream import (
     latest_records,
     replay,
 )
-from automq_ref.formats.partition_checkpoint import (
-    PartitionCheckpoint,
-    ProducerRow,
-    decode_checkpoint,
-    encode_checkpoint,
-)
+from automq_ref.formats.partition_checkpoint import decode_checkpoint
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.kafka import log_state
+from automq_ref.kafka.log_state import (
+    BatchEntry,
+    ProduceResult,
+    ProducerState,
+    check_sequences,
+    remember_batch,
+)
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
 
 log = logging.getLogger(__name__)
 
-PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # A closing partition compacts its MetaStream (rewrites the last record of each key, trims the
 # rest) once the stream holds more than this many times their bytes.
 META_COMPACTION_RATIO = 2
-INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class BatchEntry:
-    base_offset: int
-    end_offset: int  # exclusive
-    max_timestamp: int
-    size_bytes: int
-    empty: bool = False  # a compacted batch kept for its producer's sake: no record in it
-
-
-def index_entry(view: RecordBatchView) -> BatchEntry:
-    """The batch index's entry for one stored batch."""
-    header = view.header()
-    return BatchEntry(
-        header.base_offset,
-        header.base_offset + header.last_offset_delta + 1,
-        header.max_timestamp,
-        view.size_bytes,
-        header.records_count == 0,
-    )
-
-
-@dataclass(slots=True)
-class ProducerState:
-    epoch: int
-    # (first sequence, last sequence, base offset) of the last few batches, oldest first.
-    batches: collections.deque[tuple[int, int, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_RETAINED)
-    )
-
-    @property
-    def last_sequence(self) -> int:
-        return self.batches[-1][1] if self.batches else -1
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
-    error: KafkaErrorCode
-    base_offset: int = -1
-    durable: asyncio.Future[None] | None = None
-    message: str | None = None
 
 
 class Partition:
@@ -386,18 +345,16 @@ class Partition:
 
     def _index_payload(self, payload: bytes | memoryview, start: int = 0) -> None:
         for view in stored_batches(payload):
-            header = view.header()
-            if header.base_offset < start and self.checkpoint_used:
+            if view.base_offset < start and self.checkpoint_used:
                 continue  # covered by the checkpoint already
-            self.batches.append(index_entry(view))
-            if header.producer_id >= 0 and not view.is_control:
-                self._remember_producer(
-                    header.producer_id,
-                    header.producer_epoch,
-                    header.base_sequence,
-                    header.base_sequence + header.last_offset_delta,
-                    header.base_offset,
-                )
+            remember_batch(self.batches, self.producers, view)
+
+    @property
+    def _cleaned(self) -> tuple[int, int] | None:
+        """(cleaned stream, cleaned end), as a checkpoint names the log's layout."""
+        if self.cleaned_stream_id is None:
+            return None
+        return self.cleaned_stream_id, self.cleaned_end
 
     def _load_checkpoint(self, value: Json) -> int | None:
         """Take the batch index and producer state from the MetaStream's last checkpoint if it
@@ -409,52 +366,16 @@ class Partition:
         except FormatError as error:
             self._ignore_checkpoint(f"unreadable: {error}")
             return None
-        mismatch = self._checkpoint_mismatch(checkpoint)
+        start = self.log_start_offset
+        mismatch = log_state.mismatch(
+            checkpoint, self.data_stream_id, self._cleaned, start, self.high_watermark
+        )
         if mismatch is not None:
             self._ignore_checkpoint(mismatch)
             return None
-        start = self.log_start_offset
-        # Entries wholly below the log start go, as a trim drops them from the live index.
-        first = bisect.bisect_right(checkpoint.end_offsets, start)
-        self.batches = list(
-            map(
-                BatchEntry,
-                checkpoint.base_offsets[first:],
-                checkpoint.end_offsets[first:],
-                checkpoint.max_timestamps[first:],
-                checkpoint.sizes[first:],
-                map(bool, checkpoint.emptied[first:]),
-            )
-        )
-        # Producers outlive the batches retention trims, as in the partition that wrote it.
-        self.producers = {
-            row.producer_id: ProducerState(
-                row.epoch, collections.deque(row.batches, maxlen=PRODUCER_BATCHES_RETAINED)
-            )
-            for row in checkpoint.producers
-        }
+        self.batches, self.producers = log_state.restore(checkpoint, start)
         self.checkpoint_used = True
         return checkpoint.end
-
-    def _checkpoint_mismatch(self, checkpoint: PartitionCheckpoint) -> str | None:
-        """Why ``checkpoint`` does not describe the log found at open (None: it does)."""
-        cleaned = (
-            None
-            if self.cleaned_stream_id is None
-            else (
-                self.cleaned_stream_id,
-                self.cleaned_end,
-            )
-        )
-        if checkpoint.data_stream_id != self.data_stream_id:
-            return f"written for data stream {checkpoint.data_stream_id}"
-        if checkpoint.cleaned != cleaned:
-            return f"written for cleaned stream and end {checkpoint.cleaned}, not {cleaned}"
-        if checkpoint.end > self.high_watermark:
-            return f"covers up to {checkpoint.end}, past the log end {self.high_watermark}"
-        if checkpoint.end < self.log_start_offset:
-            return f"covers up to {checkpoint.end}, below the log start {self.log_start_offset}"
-        return None
 
     def _ignore_checkpoint(self, reason: str) -> None:
         log.warning(
@@ -464,29 +385,9 @@ class Partition:
     async def _write_checkpoint(self, end: int) -> None:
         """Append a checkpoint of the index and producer state up to ``end`` to the MetaStream
         (the log must not change meanwhile), then compact the MetaStream if it is due."""
-        cleaned = (
-            None
-            if self.cleaned_stream_id is None
-            else (
-                self.cleaned_stream_id,
-                self.cleaned_end,
-            )
+        value = log_state.checkpoint_value(
+            self.data_stream_id, self._cleaned, end, self.batches, self.producers
         )
-        rows = [
-            (
-                entry.base_offset,
-                entry.end_offset,
-                entry.max_timestamp,
-                entry.size_bytes,
-                entry.empty,
-            )
-            for entry in self.batches
-        ]
-        producers = [
-            ProducerRow(producer_id, state.epoch, tuple(state.batches))
-            for producer_id, state in self.producers.items()
-        ]
-        value = encode_checkpoint(self.data_stream_id, cleaned, end, rows, producers)
         await self._put_meta(CHECKPOINT_KEY, encode_checkpoint_record(value))
         await self._compact_meta()
 
@@ -622,7 +523,7 @@ class Partition:
                 keyless = self._keyless_record(view)
                 if keyless is not None:
                     return keyless
-        checked = self._check_sequences(views)
+        checked = check_sequences(self.producers, views)
         if checked is not None:
             return checked
         base = self.log_end_offset
@@ -636,17 +537,8 @@ class Partition:
         )
         self.bytes_in += len(data)
         assert first == base, (first, base)
-        for view in views:
-            header = view.header()
-            self.batches.append(index_entry(view))
-            if header.producer_id >= 0:
-                self._remember_producer(
-                    header.producer_id,
-                    header.producer_epoch,
-                    header.base_sequence,
-                    header.base_sequence + header.last_offset_delta,
-                    header.base_offset,
-                )
+        for view in views:  # control batches were refused above
+            remember_batch(self.batches, self.producers, view)
         durable.add_done_callback(self._appended_durably)
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
 
@@ -669,57 +561,6 @@ class Partition:
             message="Compacted topic cannot accept message without key in topic partition "
             f"{self.topic}-{self.index}.",
         )
-
-    def _check_sequences(self, views: list[RecordBatchView]) -> ProduceResult | None:
-        """Kafka's idempotence rules (ProducerAppendInfo): a duplicate of one of the last five
-        batches is answered with its original offset and not appended again."""
-        for position, view in enumerate(views):
-            header = view.header()
-            if header.producer_id < 0:
-                continue
-            first = header.base_sequence
-            last = first + header.last_offset_delta
-            state = self.producers.get(header.producer_id)
-            if state is None:
-                continue  # unknown producer (new, or its state expired): any sequence
-            if header.producer_epoch < state.epoch:
-                return ProduceResult(
-                    KafkaErrorCode.INVALID_PRODUCER_EPOCH,
-                    message=f"epoch {header.producer_epoch} < {state.epoch}",
-                )
-            if header.producer_epoch > state.epoch:
-                if first != 0:
-                    return ProduceResult(
-                        KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                        message=f"new epoch {header.producer_epoch} starts at sequence {first}",
-                    )
-                continue
-            for old_first, old_last, old_base in state.batches:
-                if (old_first, old_last) == (first, last):
-                    if position == 0 and len(views) == 1:
-                        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                        done.set_result(None)
-                        return ProduceResult(KafkaErrorCode.NONE, old_base, done)
-                    return ProduceResult(
-                        KafkaErrorCode.DUPLICATE_SEQUENCE_NUMBER,
-                        message="a duplicate batch among others",
-                    )
-            expected = state.last_sequence + 1
-            wrapped = first == 0 and state.last_sequence == INT32_MAX
-            if first != expected and not wrapped:
-                return ProduceResult(
-                    KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                    message=f"sequence {first}, expected {expected}",
-                )
-        return None
-
-    def _remember_producer(
-        self, producer_id: int, epoch: int, first: int, last: int, base_offset: int
-    ) -> None:
-        state = self.producers.get(producer_id)
-        if state is None or epoch > state.epoch:
-            state = self.producers[producer_id] = ProducerState(epoch)
-        state.batches.append((first, last, base_offset))
 
     def _wake(self) -> None:
         self._appended.set()

@@ -19,7 +19,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.meta_stream import latest_records, replay
 from automq_ref.formats.partition_checkpoint import encode_checkpoint
 from automq_ref.formats.record_batch import build_record_batch
-from automq_ref.kafka import partition as partition_module
+from automq_ref.kafka import log_state
 from automq_ref.kafka.compaction import clean_partition
 from automq_ref.kafka.partition import Partition, _read_meta
 from automq_ref.node import Node, start_node
@@ -243,7 +243,7 @@ async def test_a_checkpoint_that_does_not_fit_falls_back_to_the_scan(
     live = await answers(partition)
     encode = encode_checkpoint
     with monkeypatch.context() as patch:
-        patch.setattr(partition_module, "encode_checkpoint", lambda *args: spoil(encode(*args)))
+        patch.setattr(log_state, "encode_checkpoint", lambda *args: spoil(encode(*args)))
         partition = await reopen(node, partition)
     assert not partition.checkpoint_used
     assert partition.scanned_from == partition.log_start_offset and partition.scanned_bytes > 0
