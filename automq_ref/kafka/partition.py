@@ -93,6 +93,10 @@ SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # A closing partition compacts its MetaStream (rewrites the last record of each key, trims the
 # rest) once the stream holds more than this many times their bytes.
 META_COMPACTION_RATIO = 2
+# A running partition writes a checkpoint once this many bytes were appended since the last one
+# (at a moment when every append is durable), so that an open after a crash scans at most about
+# this much (plus what came after it).
+CHECKPOINT_INTERVAL_BYTES = 64 * 1024 * 1024
 
 
 class Partition:
@@ -132,6 +136,11 @@ class Partition:
         # An append whose WAL write failed: a checkpoint at close would claim offsets the
         # stream may not hold, so none is written.
         self._lost_append = False
+        # Periodic checkpoints: bytes appended since the last one, the write in flight, and
+        # whether the partition closed (a write that comes after the close is dropped).
+        self._unchecked_bytes = 0
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._closed = False
         # The last MetaStream record of each key, and the bytes the stream holds: what a
         # compaction of the MetaStream rewrites, and when it is due.
         self._meta_latest: dict[str, bytes] = {}
@@ -310,6 +319,7 @@ class Partition:
                     await self._write_checkpoint(end)
                 except StorageError as error:  # the next open scans: slower, as correct
                     log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
+            self._closed = True
             await self.storage.close_stream(meta_stream, self.epoch)
 
     async def _close_streams(self) -> None:
@@ -319,6 +329,7 @@ class Partition:
     async def delete(self) -> None:
         """Close and delete every stream and forget the KV entry."""
         async with self.maintenance:
+            self._closed = True
             await self._close_streams()
             for stream_id in self._streams():
                 await self.storage.delete_stream(stream_id, self.epoch)
@@ -536,6 +547,7 @@ class Partition:
             self.data_stream_id, self.epoch, bytes(data), offset - base
         )
         self.bytes_in += len(data)
+        self._unchecked_bytes += len(data)
         assert first == base, (first, base)
         for view in views:  # control batches were refused above
             remember_batch(self.batches, self.producers, view)
@@ -546,6 +558,53 @@ class Partition:
         if durable.cancelled() or durable.exception() is not None:
             self._lost_append = True
         self._wake()
+        if (
+            self._unchecked_bytes >= CHECKPOINT_INTERVAL_BYTES
+            and self._checkpointing is None
+            and not self._closed
+            and not self._lost_append
+            and self._all_durable()
+        ):
+            self._checkpoint_in_background()
+
+    def _all_durable(self) -> bool:
+        """Every append durable: the index and producer state then describe the log up to the
+        high watermark exactly (else the next durable append tries again)."""
+        try:
+            return self.log_end_offset == self.high_watermark
+        except StorageError:  # the stream closed or failed meanwhile
+            return False
+
+    def _checkpoint_in_background(self) -> None:
+        """Take a checkpoint of the index and producer state as they are now (all appends
+        durable) and write it to the MetaStream in a task: what a crash-recovered open loads."""
+        end = self.high_watermark
+        batches = list(self.batches)  # the entries are immutable: a copy of the list suffices
+        producers = {
+            producer_id: ProducerState(state.epoch, state.batches.copy())
+            for producer_id, state in self.producers.items()
+        }
+        cleaned, data_stream_id = self._cleaned, self.data_stream_id
+        self._unchecked_bytes = 0
+
+        async def write() -> None:
+            try:
+                # Encoding is a pass over the whole index: off the event loop.
+                value = await asyncio.to_thread(
+                    log_state.checkpoint_value, data_stream_id, cleaned, end, batches, producers
+                )
+                async with self.maintenance:  # no MetaStream compaction or close meanwhile
+                    if not self._closed:
+                        await self._put_meta(CHECKPOINT_KEY, encode_checkpoint_record(value))
+                        await self._compact_meta()
+            except Exception as error:  # a later checkpoint, or the close's, will do
+                log.warning("%s-%d: periodic checkpoint failed: %s", self.topic, self.index, error)
+            finally:
+                self._checkpointing = None
+
+        self._checkpointing = asyncio.get_running_loop().create_task(
+            write(), name=f"checkpoint {self.topic}-{self.index}"
+        )
 
     def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
         """Kafka's rule for compacted topics: every record needs a key (a clean would drop a

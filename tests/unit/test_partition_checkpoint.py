@@ -17,9 +17,10 @@ import pytest
 from automq_ref.config import BrokerConfig, load_config
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.meta_stream import latest_records, replay
-from automq_ref.formats.partition_checkpoint import encode_checkpoint
+from automq_ref.formats.partition_checkpoint import decode_checkpoint, encode_checkpoint
 from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.kafka import log_state
+from automq_ref.kafka import partition as partition_module
 from automq_ref.kafka.compaction import clean_partition
 from automq_ref.kafka.partition import Partition, _read_meta
 from automq_ref.node import Node, start_node
@@ -222,6 +223,28 @@ async def test_records_past_the_checkpoint_are_scanned(
 
 async def _no_checkpoint(self: Partition, end: int) -> None:
     return None
+
+
+async def test_a_running_partition_checkpoints_periodically(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CHECKPOINT_INTERVAL_BYTES appended (when all appends are durable) a checkpoint is
+    written: an open after a crash scans only past the last one."""
+    partition = await topic(node, "periodic")
+    monkeypatch.setattr(partition_module, "CHECKPOINT_INTERVAL_BYTES", 1000)
+    await fill(partition)
+    task = partition._checkpointing
+    if task is not None:
+        await task
+    recorded = replay(await _read_meta(node.storage, partition.meta_stream_id))
+    checkpoint_end = decode_checkpoint(recorded.checkpoint).end
+    assert 0 < checkpoint_end <= partition.high_watermark
+    live = await answers(partition)
+    with monkeypatch.context() as patch:  # a crash: no checkpoint at the close
+        patch.setattr(Partition, "_write_checkpoint", _no_checkpoint)
+        partition = await reopen(node, partition)
+    assert partition.checkpoint_used and partition.scanned_from == checkpoint_end
+    assert await answers(partition) == live
 
 
 @pytest.mark.parametrize(
