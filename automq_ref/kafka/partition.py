@@ -36,6 +36,8 @@ them into its MetaStream as a ``CHECKPOINT`` record covering the log up to its e
 (:mod:`automq_ref.formats.partition_checkpoint`), so the next open (on this broker after a
 restart, or on the broker it moved to) loads them and scans only what lies past the checkpoint:
 nothing after a clean close, so an open takes the same time whatever the partition holds. A
+running partition also writes one every :data:`CHECKPOINT_INTERVAL_BYTES` appended, so an open
+after a crash scans about that much at most. A
 checkpoint that does not describe the log the open finds (written for other streams, as after a
 clean committed since; past the log's end; or with the log trimmed past it) or that cannot be
 decoded is ignored with a log line, and the whole log scanned.
