@@ -99,6 +99,10 @@ META_COMPACTION_RATIO = 2
 # (at a moment when every append is durable), so that an open after a crash scans at most about
 # this much (plus what came after it).
 CHECKPOINT_INTERVAL_BYTES = 64 * 1024 * 1024
+# The largest checkpoint record written: well within what one WAL record may hold (a batch of
+# Kafka's default max.message.bytes fits too). About 2.7 bytes a batch once compressed and in
+# base64: an index of up to about 380,000 batches.
+MAX_CHECKPOINT_BYTES = 1024 * 1024
 
 
 class Partition:
@@ -401,7 +405,23 @@ class Partition:
         value = log_state.checkpoint_value(
             self.data_stream_id, self._cleaned, end, self.batches, self.producers
         )
-        await self._put_meta(CHECKPOINT_KEY, encode_checkpoint_record(value))
+        await self._put_checkpoint(value)
+
+    async def _put_checkpoint(self, value: Json) -> None:
+        """Append the checkpoint ``value`` to the MetaStream, unless it is too large for one
+        record (the next open then uses an older one, or scans), and compact the MetaStream
+        if that is due."""
+        record = encode_checkpoint_record(value)
+        if len(record) > MAX_CHECKPOINT_BYTES:
+            log.warning(
+                "%s-%d: checkpoint of %d bytes not written (at most %d): the next open scans",
+                self.topic,
+                self.index,
+                len(record),
+                MAX_CHECKPOINT_BYTES,
+            )
+            return
+        await self._put_meta(CHECKPOINT_KEY, record)
         await self._compact_meta()
 
     async def _compact_meta(self) -> None:
@@ -597,8 +617,7 @@ class Partition:
                 )
                 async with self.maintenance:  # no MetaStream compaction or close meanwhile
                     if not self._closed:
-                        await self._put_meta(CHECKPOINT_KEY, encode_checkpoint_record(value))
-                        await self._compact_meta()
+                        await self._put_checkpoint(value)
             except Exception as error:  # a later checkpoint, or the close's, will do
                 log.warning("%s-%d: periodic checkpoint failed: %s", self.topic, self.index, error)
             finally:

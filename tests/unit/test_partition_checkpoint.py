@@ -322,6 +322,21 @@ async def test_a_clean_after_the_checkpoint(node: Node, monkeypatch: pytest.Monk
     assert await answers(partition) == scanned
 
 
+async def test_a_checkpoint_too_large_is_not_written(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    partition = await topic(node, "large")
+    await fill(partition)
+    partition = await reopen(node, partition)
+    first_end = partition.high_watermark
+    await fill(partition, NOW + 500_000, batches=4, producer=PRODUCER + 1)
+    live = await answers(partition)
+    monkeypatch.setattr(partition_module, "MAX_CHECKPOINT_BYTES", 10)
+    partition = await reopen(node, partition)  # the older checkpoint, and a scan past it
+    assert partition.checkpoint_used and partition.scanned_from == first_end
+    assert await answers(partition) == live
+
+
 async def test_a_lost_append_writes_no_checkpoint(node: Node) -> None:
     partition = await topic(node, "lost")
     await fill(partition, batches=3)
