@@ -268,6 +268,8 @@ class Partition:
             )
             await partition._finish_cleans(view, recorded)
             await partition._scan(partition._load_checkpoint(recorded.checkpoint))
+            if recorded.checkpoint is not None and not partition.checkpoint_used:
+                await partition._replace_checkpoint()
         except Exception:
             # Refused half way (in a cluster: the partition moved on between the opens of its
             # streams) or failed: a stream left open here would keep every other broker from
@@ -393,6 +395,18 @@ class Partition:
         self.batches, self.producers = log_state.restore(checkpoint, start)
         self.checkpoint_used = True
         return checkpoint.end
+
+    async def _replace_checkpoint(self) -> None:
+        """After a checkpoint was ignored: one of what the scan rebuilt, at once. A stale
+        checkpoint left in place could come to fit a log it does not describe (its end past a
+        log that lost acknowledged data, once new appends pass that end); the next open after a
+        crash scans less too."""
+        if not self._all_durable():
+            return
+        value = log_state.checkpoint_value(
+            self.data_stream_id, self._cleaned, self.high_watermark, self.batches, self.producers
+        )
+        await self._put_checkpoint(value)
 
     def _ignore_checkpoint(self, reason: str) -> None:
         log.warning(
