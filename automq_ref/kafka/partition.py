@@ -446,8 +446,13 @@ class Partition:
         if self._meta_bytes <= META_COMPACTION_RATIO * sum(map(len, latest)):
             return
         first = self.storage.next_offset(self.meta_stream_id, self.epoch)
-        for record in latest:
-            await self.storage.append(self.meta_stream_id, self.epoch, record, 1)
+        # Queued together (one WAL write for all), durable before the trim.
+        await asyncio.gather(
+            *(
+                self.storage.append_nowait(self.meta_stream_id, self.epoch, record, 1)[1]
+                for record in latest
+            )
+        )
         await self.storage.trim_stream(self.meta_stream_id, self.epoch, first)
         self._meta_bytes = sum(map(len, latest))
 
