@@ -21,10 +21,11 @@ Each record is one stream record whose payload is the JSON ``{"k": key, "v": val
     next open if that did not happen).
 ``CHECKPOINT``
     The batch index and the producer state up to an offset, written by a partition that closes
-    cleanly (and every so often while it runs) (:mod:`automq_ref.formats.partition_checkpoint` has its layout): the next open
-    scans the log only past that offset. :func:`replay` keeps the value undecoded: a checkpoint
-    the partition cannot use (another version, corrupt, or one describing a log that changed
-    since) is ignored by it and the whole log scanned, never an error.
+    cleanly and every so often while it runs (:mod:`automq_ref.formats.partition_checkpoint`
+    has its layout): the next open scans the log only past that offset. :func:`replay` keeps
+    the value undecoded: a checkpoint the partition cannot use (another version, corrupt, or
+    one describing a log that changed since) is ignored by it and the whole log scanned, never
+    an error.
 
 The MetaStream only grows by appends; a partition writing a checkpoint also rewrites the last
 record of each key (any key, known or not) once the stream holds more than twice their bytes,
