@@ -31,16 +31,16 @@ The partition keeps beside its log what Kafka keeps beside its segments: the pro
 idempotent producers (last five batches per producer id) and a batch index (base offset, end
 offset, max timestamp, size) used by ListOffsets by timestamp, by retention and by the cleaner
 (their rules: :mod:`automq_ref.kafka.log_state`). Both are rebuilt at open from the log's batch
-headers. A partition that closes cleanly writes
-them into its MetaStream as a ``CHECKPOINT`` record covering the log up to its end
-(:mod:`automq_ref.formats.partition_checkpoint`), so the next open (on this broker after a
-restart, or on the broker it moved to) loads them and scans only what lies past the checkpoint:
-nothing after a clean close, so an open takes the same time whatever the partition holds. A
-running partition also writes one every :data:`CHECKPOINT_INTERVAL_BYTES` appended, so an open
-after a crash scans about that much at most. A
-checkpoint that does not describe the log the open finds (written for other streams, as after a
-clean committed since; past the log's end; or with the log trimmed past it) or that cannot be
-decoded is ignored with a log line, and the whole log scanned.
+headers. A partition that closes cleanly writes them into its MetaStream as a ``CHECKPOINT``
+record covering the log up to its end (:mod:`automq_ref.formats.partition_checkpoint`), so the
+next open (on this broker after a restart, or on the broker it moved to) loads them and scans
+only what lies past the checkpoint: nothing after a clean close, so an open takes the same time
+whatever the partition holds. A running partition also writes one every
+:data:`CHECKPOINT_INTERVAL_BYTES` appended, so an open after a crash scans about that much at
+most. A checkpoint that does not describe the log the open finds (written for other streams, as
+after a clean committed since; past the log's end; or with the log trimmed past it) or that
+cannot be decoded is ignored with a log line, the whole log scanned, and a checkpoint of what
+the scan rebuilt written in its place.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ from automq_ref.vocabulary.naming import partition_key
 log = logging.getLogger(__name__)
 
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
-# A closing partition compacts its MetaStream (rewrites the last record of each key, trims the
-# rest) once the stream holds more than this many times their bytes.
+# A partition writing a checkpoint compacts its MetaStream (rewrites the last record of each key,
+# trims the rest) once the stream holds more than this many times their bytes.
 META_COMPACTION_RATIO = 2
 # A running partition writes a checkpoint once this many bytes were appended since the last one
 # (at a moment when every append is durable), so that an open after a crash scans at most about
@@ -316,6 +316,7 @@ class Partition:
         of its batch index and producer state into the MetaStream first (after the data streams
         closed, so nothing changes the log any more, before the MetaStream closes)."""
         async with self.maintenance:
+            self._closed = True  # no periodic checkpoint any more
             # No await between reading the end and the data stream's close refusing appends:
             # the index and producer state then describe exactly the log up to ``end``.
             end = self.log_end_offset
@@ -327,7 +328,6 @@ class Partition:
                     await self._write_checkpoint(end)
                 except StorageError as error:  # the next open scans: slower, as correct
                     log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
-            self._closed = True
             await self.storage.close_stream(meta_stream, self.epoch)
 
     async def _close_streams(self) -> None:
@@ -406,7 +406,10 @@ class Partition:
         value = log_state.checkpoint_value(
             self.data_stream_id, self._cleaned, self.high_watermark, self.batches, self.producers
         )
-        await self._put_checkpoint(value)
+        try:
+            await self._put_checkpoint(value)
+        except StorageError as error:  # the open stands; the close writes one
+            log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
 
     def _ignore_checkpoint(self, reason: str) -> None:
         log.warning(
@@ -635,7 +638,8 @@ class Partition:
                     log_state.checkpoint_value, data_stream_id, cleaned, end, batches, producers
                 )
                 async with self.maintenance:  # no MetaStream compaction or close meanwhile
-                    if not self._closed:
+                    # A clean committed meanwhile made it stale (an open would ignore it).
+                    if not self._closed and self._cleaned == cleaned:
                         await self._put_checkpoint(value)
             except Exception as error:  # a later checkpoint, or the close's, will do
                 log.warning("%s-%d: periodic checkpoint failed: %s", self.topic, self.index, error)
