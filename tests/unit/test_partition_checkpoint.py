@@ -185,22 +185,42 @@ async def test_a_clean_close_reopens_with_the_same_answers_and_no_scan(
     assert scanned == live
 
 
-async def test_producer_state_survives_the_checkpoint(node: Node) -> None:
+def producer_answers(partition: Partition) -> list[tuple[KafkaErrorCode, int]]:
+    """How a retried batch, a sequence gap and a stale epoch are answered (none appends)."""
+    end = partition.log_end_offset
+    results = [
+        partition.append_nowait(data, 1 << 20)
+        for data in (
+            batch(2, NOW, 0),  # a retry of one of the last five batches
+            batch(3, NOW, 2),  # a retry of the last one
+            batch(1, NOW, 9),  # a gap
+            batch(1, NOW, 5, epoch=-1),  # an older epoch
+        )
+    ]
+    assert partition.log_end_offset == end
+    return [(result.error, result.base_offset) for result in results]
+
+
+async def test_producer_state_survives_the_checkpoint(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
     partition = await topic(node, "idempotent")
     first = await append(partition, batch(2, NOW, 0))
-    await append(partition, batch(3, NOW, 2))
+    second = await append(partition, batch(3, NOW, 2))
     await append(partition, batch(1, NOW))  # not idempotent
+    live = producer_answers(partition)
+    assert live == [
+        (KafkaErrorCode.NONE, first),
+        (KafkaErrorCode.NONE, second),
+        (KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, -1),
+        (KafkaErrorCode.INVALID_PRODUCER_EPOCH, -1),
+    ]
     partition = await reopen(node, partition)
     assert partition.checkpoint_used and partition.scanned_bytes == 0
-    # A retried batch (one of the last five) is answered with its first offset, not appended.
+    assert producer_answers(partition) == live
+    partition, _ = await full_scan_answers(node, partition, monkeypatch)
+    assert producer_answers(partition) == live
     end = partition.log_end_offset
-    retried = partition.append_nowait(batch(2, NOW, 0), 1 << 20)
-    assert retried.error is KafkaErrorCode.NONE and retried.base_offset == first
-    assert partition.log_end_offset == end
-    gap = partition.append_nowait(batch(1, NOW, 9), 1 << 20)
-    assert gap.error is KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
-    stale = partition.append_nowait(batch(1, NOW, 5, epoch=-1), 1 << 20)
-    assert stale.error is not KafkaErrorCode.NONE
     assert await append(partition, batch(1, NOW, 5)) == end  # the next sequence goes on
 
 
