@@ -740,9 +740,10 @@ def moves_report(
         "",
         "Where a move's time goes: medians over the moves, in seconds from the admin request "
         "(the client's clock and the brokers' log lines: one machine, one clock). The old "
-        "broker's close uploads what its WAL holds for the partition and closes its streams; "
-        "the new broker's open reads the partition's MetaStream and then scans its whole "
-        "retained log to rebuild the batch index and the producer state.",
+        "broker's close uploads what its WAL holds for the partition, closes its data streams, "
+        "writes a checkpoint of the batch index and the producer state to the MetaStream and "
+        "closes it; the new broker's open reads the MetaStream, loads the checkpoint and scans "
+        "the log past it (the whole retained log without one).",
         "",
         "| client settings | decision answered | old broker closed | its close took | "
         "new broker opened | its open took | of which the scan | MB scanned | "

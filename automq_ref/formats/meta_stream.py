@@ -19,6 +19,18 @@ Each record is one stream record whose payload is the JSON ``{"k": key, "v": val
     own offsets), the log from ``end`` on from the ``LOG`` stream (trimmed to ``end`` right
     after); ``replaces`` is the previous clean's stream, deleted after the switch (and by the
     next open if that did not happen).
+``CHECKPOINT``
+    The batch index and the producer state up to an offset, written by a partition that closes
+    cleanly and every so often while it runs (:mod:`automq_ref.formats.partition_checkpoint`
+    has its layout): the next open scans the log only past that offset. :func:`replay` keeps
+    the value undecoded: a checkpoint the partition cannot use (another version, corrupt, or
+    one describing a log that changed since) is ignored by it and the whole log scanned, never
+    an error.
+
+The MetaStream only grows by appends; a partition writing a checkpoint also rewrites the last
+record of each key (any key, known or not) once the stream holds more than twice their bytes,
+and trims the stream to the first of them (:func:`latest_records` finds them): replay gives the
+same state.
 
 Written by the broker's partitions (:mod:`automq_ref.kafka.partition`); read back by them when
 they open, and by the ``automq-objects`` Spark source (:mod:`automq_ref.spark.image`) to find a
@@ -47,6 +59,7 @@ LOG_KEY: Final = "LOG"
 LEADER_EPOCHS_KEY: Final = "LEADER_EPOCHS"
 CLEANING_KEY: Final = "CLEANING"
 CLEANED_KEY: Final = "CLEANED"
+CHECKPOINT_KEY: Final = "CHECKPOINT"
 
 
 def encode_entry(key: str, value: Json) -> bytes:
@@ -81,6 +94,22 @@ def encode_cleaned(stream_id: int, end: int, replaces: int | None) -> bytes:
     return encode_entry(CLEANED_KEY, {"stream": stream_id, "end": end, "replaces": replaces})
 
 
+def encode_checkpoint_record(value: Json) -> bytes:
+    """The ``CHECKPOINT`` record holding ``value`` (see :mod:`~.partition_checkpoint`)."""
+    return encode_entry(CHECKPOINT_KEY, value)
+
+
+def latest_records(payloads: Iterable[bytes | bytearray | memoryview]) -> dict[str, bytes]:
+    """The last record of each key, in stream order of those records: replaying them alone
+    gives what replaying every record gives."""
+    latest: dict[str, bytes] = {}
+    for payload in payloads:
+        key, _ = decode_entry(payload)
+        latest.pop(key, None)  # keep the order of the last records
+        latest[key] = bytes(payload)
+    return latest
+
+
 @dataclass(frozen=True, slots=True)
 class Cleaned:
     """The last committed compaction: its stream, where it ended, the stream it replaced."""
@@ -98,6 +127,7 @@ class PartitionMeta:
     leader_epochs: tuple[tuple[int, int], ...] = ()
     cleaning_stream_id: int | None = None  # the last compaction begun
     cleaned: Cleaned | None = None  # the last compaction committed
+    checkpoint: Json = None  # the last CHECKPOINT value, undecoded (None: none written)
 
 
 def _log_value(value: Json) -> int:
@@ -140,4 +170,6 @@ def replay(payloads: Iterable[bytes | bytearray | memoryview]) -> PartitionMeta:
             meta = replace(meta, cleaning_stream_id=_cleaning_value(value))
         elif key == CLEANED_KEY:
             meta = replace(meta, cleaned=_cleaned_value(value))
+        elif key == CHECKPOINT_KEY:
+            meta = replace(meta, checkpoint=value)
     return meta

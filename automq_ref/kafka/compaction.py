@@ -61,7 +61,8 @@ from automq_ref.formats.record_batch import RecordBatchView
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.clock import Clock
 from automq_ref.io.storage.s3stream import StorageError
-from automq_ref.kafka.partition import BatchEntry, Partition, index_entry, stored_batches
+from automq_ref.kafka.log_state import BatchEntry, index_entry
+from automq_ref.kafka.partition import Partition, stored_batches
 from automq_ref.kafka.topic_configs import cleanup_policies as parse_cleanup_policies
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines.compaction import (

@@ -27,11 +27,20 @@ clean is written and committed, and what a restart finds after a crash at any po
 in :mod:`automq_ref.kafka.compaction`; this module holds the steps that touch the streams and
 the MetaStream (``begin_clean``, ``append_cleaned``, ``commit_clean``, ``settle``).
 
-On open the partition also scans its log once (batch headers only) to rebuild what Kafka
-keeps beside its segments: the producer state of idempotent producers (last five batches per
-producer id) and a batch index (base offset, end offset, max timestamp, size) used by ListOffsets
-by timestamp, by retention and by the cleaner. That scan reads the whole retained log: fine for
-a reference broker, and the place where producer-state snapshots would go.
+The partition keeps beside its log what Kafka keeps beside its segments: the producer state of
+idempotent producers (last five batches per producer id) and a batch index (base offset, end
+offset, max timestamp, size) used by ListOffsets by timestamp, by retention and by the cleaner
+(their rules: :mod:`automq_ref.kafka.log_state`). Both are rebuilt at open from the log's batch
+headers. A partition that closes cleanly writes them into its MetaStream as a ``CHECKPOINT``
+record covering the log up to its end (:mod:`automq_ref.formats.partition_checkpoint`), so the
+next open (on this broker after a restart, or on the broker it moved to) loads them and scans
+only what lies past the checkpoint: nothing after a clean close, so an open takes the same time
+whatever the partition holds. A running partition also writes one every
+:data:`CHECKPOINT_INTERVAL_BYTES` appended, so an open after a crash scans about that much at
+most. A checkpoint that does not describe the log the open finds (written for other streams, as
+after a clean committed since; past the log's end; or with the log trimmed past it) or that
+cannot be decoded is ignored with a log line, the whole log scanned, and a checkpoint of what
+the scan rebuilt written in its place.
 """
 
 from __future__ import annotations
@@ -43,74 +52,57 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.json_document import Json
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.formats.meta_stream import (
+    CHECKPOINT_KEY,
+    CLEANED_KEY,
+    CLEANING_KEY,
+    LEADER_EPOCHS_KEY,
+    LOG_KEY,
     PartitionMeta,
+    encode_checkpoint_record,
     encode_cleaned,
     encode_cleaning,
     encode_leader_epochs,
     encode_log,
+    latest_records,
     replay,
 )
+from automq_ref.formats.partition_checkpoint import decode_checkpoint
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.kafka import log_state
+from automq_ref.kafka.log_state import (
+    BatchEntry,
+    ProduceResult,
+    ProducerState,
+    check_sequences,
+    remember_batch,
+)
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
 
 log = logging.getLogger(__name__)
 
-PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 SCAN_CHUNK_BYTES = 4 * 1024 * 1024
-INT32_MAX = 2**31 - 1
-
-
-@dataclass(frozen=True, slots=True)
-class BatchEntry:
-    base_offset: int
-    end_offset: int  # exclusive
-    max_timestamp: int
-    size_bytes: int
-    empty: bool = False  # a compacted batch kept for its producer's sake: no record in it
-
-
-def index_entry(view: RecordBatchView) -> BatchEntry:
-    """The batch index's entry for one stored batch."""
-    header = view.header()
-    return BatchEntry(
-        header.base_offset,
-        header.base_offset + header.last_offset_delta + 1,
-        header.max_timestamp,
-        view.size_bytes,
-        header.records_count == 0,
-    )
-
-
-@dataclass(slots=True)
-class ProducerState:
-    epoch: int
-    # (first sequence, last sequence, base offset) of the last few batches, oldest first.
-    batches: collections.deque[tuple[int, int, int]] = field(
-        default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_RETAINED)
-    )
-
-    @property
-    def last_sequence(self) -> int:
-        return self.batches[-1][1] if self.batches else -1
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
-    error: KafkaErrorCode
-    base_offset: int = -1
-    durable: asyncio.Future[None] | None = None
-    message: str | None = None
+# A partition writing a checkpoint compacts its MetaStream (rewrites the last record of each key,
+# trims the rest) once the stream holds more than this many times their bytes.
+META_COMPACTION_RATIO = 2
+# A running partition writes a checkpoint once this many bytes were appended since the last one
+# (at a moment when every append is durable), so that an open after a crash scans at most about
+# this much (plus what came after it).
+CHECKPOINT_INTERVAL_BYTES = 64 * 1024 * 1024
+# The largest checkpoint record written: well within what one WAL record may hold (a batch of
+# Kafka's default max.message.bytes fits too). About 2.7 bytes a batch once compressed and in
+# base64: an index of up to about 380,000 batches.
+MAX_CHECKPOINT_BYTES = 1024 * 1024
 
 
 class Partition:
@@ -144,6 +136,21 @@ class Partition:
         # took: the part of a move's unavailability that grows with the retained log.
         self.scanned_bytes = 0
         self.scan_seconds = 0.0
+        # Where the open's scan began: the checkpoint's end, or the log start without one.
+        self.scanned_from = 0
+        self.checkpoint_used = False
+        # An append whose WAL write failed: a checkpoint at close would claim offsets the
+        # stream may not hold, so none is written.
+        self._lost_append = False
+        # Periodic checkpoints: bytes appended since the last one, the write in flight, and
+        # whether the partition closed (a write that comes after the close is dropped).
+        self._unchecked_bytes = 0
+        self._checkpointing: asyncio.Task[None] | None = None
+        self._closed = False
+        # The last MetaStream record of each key, and the bytes the stream holds: what a
+        # compaction of the MetaStream rewrites, and when it is due.
+        self._meta_latest: dict[str, bytes] = {}
+        self._meta_bytes = 0
         self._appended = asyncio.Event()
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
@@ -183,9 +190,11 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
-            await partition._put_meta(encode_log(data_stream_id))
+            await partition._put_meta(LOG_KEY, encode_log(data_stream_id))
             partition.leader_epochs.append((epoch, 0))
-            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._put_meta(
+                LEADER_EPOCHS_KEY, encode_leader_epochs(partition.leader_epochs)
+            )
         except Exception:
             # Refused half way (the partition moved on meanwhile): streams this broker holds
             # open would keep the partition's next broker from opening it, so they are closed.
@@ -232,7 +241,8 @@ class Partition:
         try:
             await storage.open_stream(meta_stream_id, epoch)
             opened.append(meta_stream_id)
-            recorded = await _read_meta(storage, meta_stream_id)
+            payloads = await _read_meta(storage, meta_stream_id)
+            recorded = replay(payloads)
             data_stream_id = recorded.data_stream_id
             if data_stream_id is None:
                 raise LookupError(
@@ -243,6 +253,8 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
+            partition._meta_latest = latest_records(payloads)
+            partition._meta_bytes = sum(len(payload) for payload in payloads)
             if recorded.cleaned is not None:
                 await storage.open_stream(recorded.cleaned.stream_id, epoch)
                 opened.append(recorded.cleaned.stream_id)
@@ -251,9 +263,13 @@ class Partition:
             partition.leader_epochs = list(recorded.leader_epochs)
             start_of_epoch = storage.next_offset(data_stream_id, epoch)
             partition.leader_epochs.append((epoch, start_of_epoch))
-            await partition._put_meta(encode_leader_epochs(partition.leader_epochs))
+            await partition._put_meta(
+                LEADER_EPOCHS_KEY, encode_leader_epochs(partition.leader_epochs)
+            )
             await partition._finish_cleans(view, recorded)
-            await partition._scan()
+            await partition._scan(partition._load_checkpoint(recorded.checkpoint))
+            if recorded.checkpoint is not None and not partition.checkpoint_used:
+                await partition._replace_checkpoint()
         except Exception:
             # Refused half way (in a cluster: the partition moved on between the opens of its
             # streams) or failed: a stream left open here would keep every other broker from
@@ -296,8 +312,23 @@ class Partition:
         return [*streams, self.meta_stream_id]
 
     async def close(self) -> None:
+        """Close the streams; a partition whose appends all became durable writes a checkpoint
+        of its batch index and producer state into the MetaStream first (after the data streams
+        closed, so nothing changes the log any more, before the MetaStream closes)."""
         async with self.maintenance:
-            await self._close_streams()
+            self._closed = True  # no periodic checkpoint any more
+            # No await between reading the end and the data stream's close refusing appends:
+            # the index and producer state then describe exactly the log up to ``end``.
+            end = self.log_end_offset
+            *data_streams, meta_stream = self._streams()
+            for stream_id in data_streams:
+                await self.storage.close_stream(stream_id, self.epoch)
+            if not self._lost_append:
+                try:
+                    await self._write_checkpoint(end)
+                except StorageError as error:  # the next open scans: slower, as correct
+                    log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
+            await self.storage.close_stream(meta_stream, self.epoch)
 
     async def _close_streams(self) -> None:
         for stream_id in self._streams():
@@ -306,34 +337,127 @@ class Partition:
     async def delete(self) -> None:
         """Close and delete every stream and forget the KV entry."""
         async with self.maintenance:
+            self._closed = True
             await self._close_streams()
             for stream_id in self._streams():
                 await self.storage.delete_stream(stream_id, self.epoch)
         await self._client.submit(sm.DeleteKV(partition_key(self.topic_id, self.index)))
 
-    async def _put_meta(self, record: bytes) -> None:
+    async def _put_meta(self, key: str, record: bytes) -> None:
         await self.storage.append(self.meta_stream_id, self.epoch, record, 1)
+        self._meta_latest.pop(key, None)
+        self._meta_latest[key] = record
+        self._meta_bytes += len(record)
 
-    async def _scan(self) -> None:
-        """Rebuild the batch index and producer state from the retained log."""
+    # ---------------------------------------------------------------- index and checkpoint
+
+    async def _scan(self, start: int | None = None) -> None:
+        """Rebuild the batch index and producer state from the log from ``start`` (a loaded
+        checkpoint's end) on, or from the log start."""
         began = time.monotonic()
-        async for stream_batch in self.read_stored(self.log_start_offset, self.high_watermark):
-            self._index_payload(stream_batch.payload)
+        start = self.log_start_offset if start is None else start
+        self.scanned_from = start
+        async for stream_batch in self.read_stored(start, self.high_watermark):
+            self._index_payload(stream_batch.payload, start)
             self.scanned_bytes += len(stream_batch.payload)
         self.scan_seconds = time.monotonic() - began
 
-    def _index_payload(self, payload: bytes | memoryview) -> None:
+    def _index_payload(self, payload: bytes | memoryview, start: int = 0) -> None:
         for view in stored_batches(payload):
-            header = view.header()
-            self.batches.append(index_entry(view))
-            if header.producer_id >= 0 and not view.is_control:
-                self._remember_producer(
-                    header.producer_id,
-                    header.producer_epoch,
-                    header.base_sequence,
-                    header.base_sequence + header.last_offset_delta,
-                    header.base_offset,
-                )
+            if view.base_offset < start and self.checkpoint_used:
+                continue  # covered by the checkpoint already
+            remember_batch(self.batches, self.producers, view)
+
+    @property
+    def _cleaned(self) -> tuple[int, int] | None:
+        """(cleaned stream, cleaned end), as a checkpoint names the log's layout."""
+        if self.cleaned_stream_id is None:
+            return None
+        return self.cleaned_stream_id, self.cleaned_end
+
+    def _load_checkpoint(self, value: Json) -> int | None:
+        """Take the batch index and producer state from the MetaStream's last checkpoint if it
+        describes the log as it is now; the offset to scan from then (its end), else None."""
+        if value is None:
+            return None
+        try:
+            checkpoint = decode_checkpoint(value)
+        except FormatError as error:
+            self._ignore_checkpoint(f"unreadable: {error}")
+            return None
+        start = self.log_start_offset
+        mismatch = log_state.mismatch(
+            checkpoint, self.data_stream_id, self._cleaned, start, self.high_watermark
+        )
+        if mismatch is not None:
+            self._ignore_checkpoint(mismatch)
+            return None
+        self.batches, self.producers = log_state.restore(checkpoint, start)
+        self.checkpoint_used = True
+        return checkpoint.end
+
+    async def _replace_checkpoint(self) -> None:
+        """After a checkpoint was ignored: one of what the scan rebuilt, at once. A stale
+        checkpoint left in place could come to fit a log it does not describe (its end past a
+        log that lost acknowledged data, once new appends pass that end); the next open after a
+        crash scans less too."""
+        if not self._all_durable():
+            return
+        value = log_state.checkpoint_value(
+            self.data_stream_id, self._cleaned, self.high_watermark, self.batches, self.producers
+        )
+        try:
+            await self._put_checkpoint(value)
+        except StorageError as error:  # the open stands; the close writes one
+            log.warning("%s-%d: no checkpoint written: %s", self.topic, self.index, error)
+
+    def _ignore_checkpoint(self, reason: str) -> None:
+        log.warning(
+            "%s-%d: checkpoint ignored, scanning the whole log: %s", self.topic, self.index, reason
+        )
+
+    async def _write_checkpoint(self, end: int) -> None:
+        """Append a checkpoint of the index and producer state up to ``end`` to the MetaStream
+        (the log must not change meanwhile), then compact the MetaStream if it is due."""
+        value = log_state.checkpoint_value(
+            self.data_stream_id, self._cleaned, end, self.batches, self.producers
+        )
+        await self._put_checkpoint(value)
+
+    async def _put_checkpoint(self, value: Json) -> None:
+        """Append the checkpoint ``value`` to the MetaStream, unless it is too large for one
+        record (the next open then uses an older one, or scans), and compact the MetaStream
+        if that is due."""
+        record = encode_checkpoint_record(value)
+        if len(record) > MAX_CHECKPOINT_BYTES:
+            log.warning(
+                "%s-%d: checkpoint of %d bytes not written (at most %d): the next open scans",
+                self.topic,
+                self.index,
+                len(record),
+                MAX_CHECKPOINT_BYTES,
+            )
+            return
+        await self._put_meta(CHECKPOINT_KEY, record)
+        await self._compact_meta()
+
+    async def _compact_meta(self) -> None:
+        """Rewrite the last record of each key and trim the MetaStream below them, once the
+        stream holds more than :data:`META_COMPACTION_RATIO` times their bytes. A crash in
+        between leaves both copies: replay gives the same state either way."""
+        latest = list(self._meta_latest.values())
+        if self._meta_bytes <= META_COMPACTION_RATIO * sum(map(len, latest)):
+            return
+        first = self.storage.next_offset(self.meta_stream_id, self.epoch)
+        # Queued together (one WAL write for all), durable before the trim.
+        await asyncio.gather(
+            *(
+                self.storage.append_nowait(self.meta_stream_id, self.epoch, record, 1)[1]
+                for record in latest
+            )
+        )
+        await self.storage.trim_stream(self.meta_stream_id, self.epoch, first)
+        self._meta_bytes = sum(map(len, latest))
 
     # ---------------------------------------------------------------------------- offsets
 
@@ -454,7 +578,7 @@ class Partition:
                 keyless = self._keyless_record(view)
                 if keyless is not None:
                     return keyless
-        checked = self._check_sequences(views)
+        checked = check_sequences(self.producers, views)
         if checked is not None:
             return checked
         base = self.log_end_offset
@@ -467,20 +591,64 @@ class Partition:
             self.data_stream_id, self.epoch, bytes(data), offset - base
         )
         self.bytes_in += len(data)
+        self._unchecked_bytes += len(data)
         assert first == base, (first, base)
-        for view in views:
-            header = view.header()
-            self.batches.append(index_entry(view))
-            if header.producer_id >= 0:
-                self._remember_producer(
-                    header.producer_id,
-                    header.producer_epoch,
-                    header.base_sequence,
-                    header.base_sequence + header.last_offset_delta,
-                    header.base_offset,
-                )
-        durable.add_done_callback(lambda _: self._wake())
+        for view in views:  # control batches were refused above
+            remember_batch(self.batches, self.producers, view)
+        durable.add_done_callback(self._appended_durably)
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
+
+    def _appended_durably(self, durable: asyncio.Future[None]) -> None:
+        if durable.cancelled() or durable.exception() is not None:
+            self._lost_append = True
+        self._wake()
+        if (
+            self._unchecked_bytes >= CHECKPOINT_INTERVAL_BYTES
+            and self._checkpointing is None
+            and not self._closed
+            and not self._lost_append
+            and self._all_durable()
+        ):
+            self._checkpoint_in_background()
+
+    def _all_durable(self) -> bool:
+        """Every append durable: the index and producer state then describe the log up to the
+        high watermark exactly (else the next durable append tries again)."""
+        try:
+            return self.log_end_offset == self.high_watermark
+        except StorageError:  # the stream closed or failed meanwhile
+            return False
+
+    def _checkpoint_in_background(self) -> None:
+        """Take a checkpoint of the index and producer state as they are now (all appends
+        durable) and write it to the MetaStream in a task: what a crash-recovered open loads."""
+        end = self.high_watermark
+        batches = list(self.batches)  # the entries are immutable: a copy of the list suffices
+        producers = {
+            producer_id: ProducerState(state.epoch, state.batches.copy())
+            for producer_id, state in self.producers.items()
+        }
+        cleaned, data_stream_id = self._cleaned, self.data_stream_id
+        self._unchecked_bytes = 0
+
+        async def write() -> None:
+            try:
+                # Encoding is a pass over the whole index: off the event loop.
+                value = await asyncio.to_thread(
+                    log_state.checkpoint_value, data_stream_id, cleaned, end, batches, producers
+                )
+                async with self.maintenance:  # no MetaStream compaction or close meanwhile
+                    # A clean committed meanwhile made it stale (an open would ignore it).
+                    if not self._closed and self._cleaned == cleaned:
+                        await self._put_checkpoint(value)
+            except Exception as error:  # a later checkpoint, or the close's, will do
+                log.warning("%s-%d: periodic checkpoint failed: %s", self.topic, self.index, error)
+            finally:
+                self._checkpointing = None
+
+        self._checkpointing = asyncio.get_running_loop().create_task(
+            write(), name=f"checkpoint {self.topic}-{self.index}"
+        )
 
     def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
         """Kafka's rule for compacted topics: every record needs a key (a clean would drop a
@@ -496,57 +664,6 @@ class Partition:
             message="Compacted topic cannot accept message without key in topic partition "
             f"{self.topic}-{self.index}.",
         )
-
-    def _check_sequences(self, views: list[RecordBatchView]) -> ProduceResult | None:
-        """Kafka's idempotence rules (ProducerAppendInfo): a duplicate of one of the last five
-        batches is answered with its original offset and not appended again."""
-        for position, view in enumerate(views):
-            header = view.header()
-            if header.producer_id < 0:
-                continue
-            first = header.base_sequence
-            last = first + header.last_offset_delta
-            state = self.producers.get(header.producer_id)
-            if state is None:
-                continue  # unknown producer (new, or its state expired): any sequence
-            if header.producer_epoch < state.epoch:
-                return ProduceResult(
-                    KafkaErrorCode.INVALID_PRODUCER_EPOCH,
-                    message=f"epoch {header.producer_epoch} < {state.epoch}",
-                )
-            if header.producer_epoch > state.epoch:
-                if first != 0:
-                    return ProduceResult(
-                        KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                        message=f"new epoch {header.producer_epoch} starts at sequence {first}",
-                    )
-                continue
-            for old_first, old_last, old_base in state.batches:
-                if (old_first, old_last) == (first, last):
-                    if position == 0 and len(views) == 1:
-                        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                        done.set_result(None)
-                        return ProduceResult(KafkaErrorCode.NONE, old_base, done)
-                    return ProduceResult(
-                        KafkaErrorCode.DUPLICATE_SEQUENCE_NUMBER,
-                        message="a duplicate batch among others",
-                    )
-            expected = state.last_sequence + 1
-            wrapped = first == 0 and state.last_sequence == INT32_MAX
-            if first != expected and not wrapped:
-                return ProduceResult(
-                    KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                    message=f"sequence {first}, expected {expected}",
-                )
-        return None
-
-    def _remember_producer(
-        self, producer_id: int, epoch: int, first: int, last: int, base_offset: int
-    ) -> None:
-        state = self.producers.get(producer_id)
-        if state is None or epoch > state.epoch:
-            state = self.producers[producer_id] = ProducerState(epoch)
-        state.batches.append((first, last, base_offset))
 
     def _wake(self) -> None:
         self._appended.set()
@@ -669,7 +786,7 @@ class Partition:
         stream_id = await self.storage.create_stream()
         await self.storage.open_stream(stream_id, self.epoch)
         self._cleaning_stream_id = stream_id
-        await self._put_meta(encode_cleaning(stream_id))
+        await self._put_meta(CLEANING_KEY, encode_cleaning(stream_id))
         await self._trim_stream(stream_id, start)
         return stream_id
 
@@ -685,7 +802,7 @@ class Partition:
         """Make the clean's stream the log below ``end``: the ``CLEANED`` record is the commit
         point (durable before anything reads the new stream); ``entries`` index its batches."""
         replaced = self.cleaned_stream_id
-        await self._put_meta(encode_cleaned(stream_id, end, replaced))
+        await self._put_meta(CLEANED_KEY, encode_cleaned(stream_id, end, replaced))
         # No await from here to the end of the switch: a read sees the old parts or the new.
         self.cleaned_stream_id, self.cleaned_end = stream_id, end
         self._cleaning_stream_id = None
@@ -741,7 +858,8 @@ async def _close_opened(storage: S3Storage, stream_ids: list[int], epoch: int, n
             log.warning("%s: stream %d not closed after a failed open: %s", name, stream_id, error)
 
 
-async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:
+async def _read_meta(storage: S3Storage, stream_id: int) -> list[bytes | memoryview]:
+    """Every record of the MetaStream, in order."""
     payloads: list[bytes | memoryview] = []
     cursor = storage.start_offset(stream_id)
     end = storage.confirm_offset(stream_id)
@@ -751,4 +869,4 @@ async def _read_meta(storage: S3Storage, stream_id: int) -> PartitionMeta:
             break
         payloads.extend(batch.payload for batch in found)
         cursor = found[-1].last_offset
-    return replay(payloads)
+    return payloads

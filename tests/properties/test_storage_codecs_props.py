@@ -1,4 +1,5 @@
-"""The storage codecs (MetaStream records, topic records, offsets-stream records, KV integers):
+"""The storage codecs (MetaStream records and the partition checkpoint, topic records,
+offsets-stream records, KV integers):
 every value round-trips, and decoding anything else raises a FormatError, never another error.
 
 "Anything else" is drawn three ways: arbitrary bytes, arbitrary JSON (valid syntax, any shape),
@@ -20,8 +21,9 @@ from hypothesis import strategies as st
 
 from automq_ref.formats import group_record as gr
 from automq_ref.formats import meta_stream as ms
-from automq_ref.formats.errors import FormatError
-from automq_ref.formats.json_document import Json
+from automq_ref.formats import partition_checkpoint as pc
+from automq_ref.formats.errors import FormatError, InvalidFieldError
+from automq_ref.formats.json_document import Json, decode_json
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
 from automq_ref.formats.topic_record import Topic, decode_topic, encode_topic, topics_in
 from automq_ref.vocabulary.naming import partition_key, topic_key
@@ -130,6 +132,104 @@ def test_meta_stream_decoding_anything_raises_only_format_errors(payload: bytes)
 def test_meta_stream_refuses_pathological_json(payload: bytes) -> None:
     with pytest.raises(FormatError):
         ms.replay([payload])
+
+
+@given(
+    records=st.lists(
+        st.tuples(st.sampled_from(["LOG", "LEADER_EPOCHS", "CLEANING", "CLEANED", "x"]), INT64),
+        max_size=20,
+    )
+)
+def test_meta_stream_latest_records_replay_as_all(records: list[tuple[str, int]]) -> None:
+    """What a MetaStream compaction keeps (the last record of each key) replays as every
+    record does."""
+    values = {
+        "LOG": lambda n: ms.encode_log(abs(n)),
+        "LEADER_EPOCHS": lambda n: ms.encode_leader_epochs([(0, 0), (1, n)]),
+        "CLEANING": lambda n: ms.encode_cleaning(abs(n)),
+        "CLEANED": lambda n: ms.encode_cleaned(abs(n), abs(n), None),
+        "x": lambda n: ms.encode_checkpoint_record({"n": n}),
+    }
+    payloads = [values[key](n) for key, n in records]
+    latest = ms.latest_records(payloads)
+    assert ms.replay(latest.values()) == ms.replay(payloads)
+    assert len(latest) == len({key for key, _ in records})
+
+
+# ----------------------------------------------------------------------- partition checkpoint
+
+index_spans = st.lists(
+    st.tuples(
+        st.integers(0, 1000),  # gap to the previous batch
+        st.integers(1, 1000),  # length in offsets
+        INT64,  # max timestamp
+        st.integers(0, 2**31),  # size
+        st.booleans(),  # emptied by compaction
+    ),
+    max_size=50,
+)
+producer_rows = st.lists(
+    st.builds(
+        pc.ProducerRow,
+        st.integers(0, 2**63 - 1),
+        st.integers(-1, 2**15),
+        st.lists(
+            st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), NON_NEGATIVE),
+            max_size=5,
+        ).map(tuple),
+    ),
+    max_size=5,
+    unique_by=lambda row: row.producer_id,
+)
+
+
+@given(spans=index_spans, producers=producer_rows, slack=st.integers(0, 100))
+def test_partition_checkpoint_round_trip(
+    spans: list[tuple[int, int, int, int, bool]], producers: list[pc.ProducerRow], slack: int
+) -> None:
+    rows = []
+    end = 0
+    for gap, length, timestamp, size, emptied in spans:
+        rows.append((end + gap, end + gap + length, timestamp, size, emptied))
+        end += gap + length
+    cleaned = (4, 5) if slack % 2 else None
+    value = pc.encode_checkpoint(3, cleaned, end + slack, rows, producers)
+    decoded = pc.decode_checkpoint(json.loads(json.dumps(value)))
+    assert (decoded.data_stream_id, decoded.cleaned, decoded.end) == (3, cleaned, end + slack)
+    columns = (
+        decoded.base_offsets,
+        decoded.end_offsets,
+        decoded.max_timestamps,
+        decoded.sizes,
+        [bool(flag) for flag in decoded.emptied],
+    )
+    assert list(zip(*columns, strict=True)) == rows
+    assert list(decoded.producers) == producers
+
+
+def test_partition_checkpoint_index_past_its_end_is_refused() -> None:
+    value = pc.encode_checkpoint(1, None, 5, [(0, 10, 0, 100, False)], [])
+    with pytest.raises(InvalidFieldError):
+        pc.decode_checkpoint(value)
+
+
+CHECKPOINT_DOCUMENT: dict[str, Any] = pc.encode_checkpoint(  # type: ignore[assignment]
+    2, (3, 4), 9, [(0, 4, 1, 70, False), (5, 9, 2, 80, True)], [pc.ProducerRow(1, 0, ((0, 3, 0),))]
+)
+
+
+def with_a_batches_field_replaced() -> st.SearchStrategy[bytes]:
+    """The checkpoint with one field of its ``batches`` object replaced by any JSON."""
+    return with_a_field_replaced(CHECKPOINT_DOCUMENT["batches"]).map(
+        lambda raw: json.dumps({**CHECKPOINT_DOCUMENT, "batches": json.loads(raw)}).encode()
+    )
+
+
+@given(payload=garbage(CHECKPOINT_DOCUMENT) | with_a_batches_field_replaced())
+def test_partition_checkpoint_decoding_anything_raises_only_format_errors(payload: bytes) -> None:
+    refuses_with_format_error_only(
+        lambda raw: pc.decode_checkpoint(decode_json(raw, "checkpoint")), payload
+    )
 
 
 # ---------------------------------------------------------------------------- topic records

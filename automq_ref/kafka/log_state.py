@@ -1,0 +1,215 @@
+"""What a partition keeps beside its log: the batch index and the producer state, and their
+checkpoint.
+
+The batch index holds, per stored batch, its base offset, end offset, max timestamp, size and
+whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it). The
+producer state holds, per idempotent producer id, its epoch and its last five batches' first
+sequence, last sequence and base offset (Kafka's ProducerStateEntry), against which Produce
+checks duplicates and sequence order (:func:`check_sequences`). Both grow with every append
+(:func:`remember_batch`) and are rebuilt at open from the log's batch headers, or loaded from
+the partition's last checkpoint (:func:`restore`) when that describes the log found
+(:func:`mismatch`); :func:`checkpoint_value` writes one. The partition
+(:mod:`automq_ref.kafka.partition`) owns the structures and the I/O; this module holds the rules,
+which need no stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.json_document import Json
+from automq_ref.formats.partition_checkpoint import (
+    PartitionCheckpoint,
+    ProducerRow,
+    encode_checkpoint,
+)
+from automq_ref.formats.record_batch import RecordBatchView
+
+PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEntry:
+    base_offset: int
+    end_offset: int  # exclusive
+    max_timestamp: int
+    size_bytes: int
+    empty: bool = False  # a compacted batch kept for its producer's sake: no record in it
+
+
+def index_entry(view: RecordBatchView) -> BatchEntry:
+    """The batch index's entry for one stored batch."""
+    header = view.header()
+    return BatchEntry(
+        header.base_offset,
+        header.base_offset + header.last_offset_delta + 1,
+        header.max_timestamp,
+        view.size_bytes,
+        header.records_count == 0,
+    )
+
+
+@dataclass(slots=True)
+class ProducerState:
+    epoch: int
+    # (first sequence, last sequence, base offset) of the last few batches, oldest first.
+    batches: collections.deque[tuple[int, int, int]] = field(
+        default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_RETAINED)
+    )
+
+    @property
+    def last_sequence(self) -> int:
+        return self.batches[-1][1] if self.batches else -1
+
+
+Producers = dict[int, ProducerState]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    error: KafkaErrorCode
+    base_offset: int = -1
+    durable: asyncio.Future[None] | None = None
+    message: str | None = None
+
+
+def remember_batch(batches: list[BatchEntry], producers: Producers, view: RecordBatchView) -> None:
+    """Index one stored batch, and note it as its producer's latest (an idempotent data batch)."""
+    header = view.header()
+    batches.append(index_entry(view))
+    if header.producer_id >= 0 and not view.is_control:
+        remember_producer(
+            producers,
+            header.producer_id,
+            header.producer_epoch,
+            header.base_sequence,
+            header.base_sequence + header.last_offset_delta,
+            header.base_offset,
+        )
+
+
+def remember_producer(
+    producers: Producers, producer_id: int, epoch: int, first: int, last: int, base_offset: int
+) -> None:
+    state = producers.get(producer_id)
+    if state is None or epoch > state.epoch:
+        state = producers[producer_id] = ProducerState(epoch)
+    state.batches.append((first, last, base_offset))
+
+
+def check_sequences(producers: Producers, views: list[RecordBatchView]) -> ProduceResult | None:
+    """Kafka's idempotence rules (ProducerAppendInfo): a duplicate of one of the last five
+    batches is answered with its original offset and not appended again."""
+    for position, view in enumerate(views):
+        header = view.header()
+        if header.producer_id < 0:
+            continue
+        first = header.base_sequence
+        last = first + header.last_offset_delta
+        state = producers.get(header.producer_id)
+        if state is None:
+            continue  # unknown producer (new, or its state expired): any sequence
+        if header.producer_epoch < state.epoch:
+            return ProduceResult(
+                KafkaErrorCode.INVALID_PRODUCER_EPOCH,
+                message=f"epoch {header.producer_epoch} < {state.epoch}",
+            )
+        if header.producer_epoch > state.epoch:
+            if first != 0:
+                return ProduceResult(
+                    KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    message=f"new epoch {header.producer_epoch} starts at sequence {first}",
+                )
+            continue
+        for old_first, old_last, old_base in state.batches:
+            if (old_first, old_last) == (first, last):
+                if position == 0 and len(views) == 1:
+                    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    done.set_result(None)
+                    return ProduceResult(KafkaErrorCode.NONE, old_base, done)
+                return ProduceResult(
+                    KafkaErrorCode.DUPLICATE_SEQUENCE_NUMBER,
+                    message="a duplicate batch among others",
+                )
+        expected = state.last_sequence + 1
+        wrapped = first == 0 and state.last_sequence == INT32_MAX
+        if first != expected and not wrapped:
+            return ProduceResult(
+                KafkaErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                message=f"sequence {first}, expected {expected}",
+            )
+    return None
+
+
+# --------------------------------------------------------------------------------- checkpoint
+
+
+def checkpoint_value(
+    data_stream_id: int,
+    cleaned: tuple[int, int] | None,
+    end: int,
+    batches: Sequence[BatchEntry],
+    producers: Producers,
+) -> Json:
+    """The ``CHECKPOINT`` value of an index and producer state describing the log up to
+    ``end``, held by ``data_stream_id`` and the (cleaned stream, cleaned end) ``cleaned``."""
+    rows = [
+        (entry.base_offset, entry.end_offset, entry.max_timestamp, entry.size_bytes, entry.empty)
+        for entry in batches
+    ]
+    producer_rows = [
+        ProducerRow(producer_id, state.epoch, tuple(state.batches))
+        for producer_id, state in producers.items()
+    ]
+    return encode_checkpoint(data_stream_id, cleaned, end, rows, producer_rows)
+
+
+def mismatch(
+    checkpoint: PartitionCheckpoint,
+    data_stream_id: int,
+    cleaned: tuple[int, int] | None,
+    log_start: int,
+    high_watermark: int,
+) -> str | None:
+    """Why ``checkpoint`` does not describe the log an open finds (None: it does). A clean
+    since it was written made a new cleaned stream; a trim past its end took what it covers;
+    an end past the log's means offsets it describes never became durable."""
+    if checkpoint.data_stream_id != data_stream_id:
+        return f"written for data stream {checkpoint.data_stream_id}, not {data_stream_id}"
+    if checkpoint.cleaned != cleaned:
+        return f"written for cleaned stream and end {checkpoint.cleaned}, not {cleaned}"
+    if checkpoint.end > high_watermark:
+        return f"covers up to {checkpoint.end}, past the log end {high_watermark}"
+    if checkpoint.end < log_start:
+        return f"covers up to {checkpoint.end}, below the log start {log_start}"
+    return None
+
+
+def restore(checkpoint: PartitionCheckpoint, log_start: int) -> tuple[list[BatchEntry], Producers]:
+    """The index and producer state in ``checkpoint``, for a log starting at ``log_start``.
+    Index entries wholly below the log start go, as a trim drops them from the live index;
+    producers stay, as in the partition that wrote the checkpoint (a trim keeps them)."""
+    first = bisect.bisect_right(checkpoint.end_offsets, log_start)
+    batches = list(
+        map(
+            BatchEntry,
+            checkpoint.base_offsets[first:],
+            checkpoint.end_offsets[first:],
+            checkpoint.max_timestamps[first:],
+            checkpoint.sizes[first:],
+            map(bool, checkpoint.emptied[first:]),
+        )
+    )
+    producers = {
+        row.producer_id: ProducerState(
+            row.epoch, collections.deque(row.batches, maxlen=PRODUCER_BATCHES_RETAINED)
+        )
+        for row in checkpoint.producers
+    }
+    return batches, producers
