@@ -241,7 +241,17 @@ def check_listener_free(config: BrokerConfig) -> None:
 
 async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
     """The WAL ``s3.wal.path`` names, by its scheme: the block WAL file (a path or
-    ``0@file://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a directory)."""
+    ``0@file://``; a raw block device there gets ``O_DIRECT``), the block WAL on a WAL device
+    process (``0@device://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a
+    directory)."""
+    device = config.wal_device
+    if device is not None:
+        return await BlockWal.open_remote(
+            device,
+            node_id=config.node_id,
+            node_epoch=node_epoch,
+            capacity_bytes=config.s3_wal_capacity,
+        )
     settings = config.object_wal
     if settings is None:
         return await BlockWal.open_file(
