@@ -819,7 +819,8 @@ class BlockWal:
     # ------------------------------------------------------------------- close
 
     async def close(self) -> None:
-        """Finish queued appends, mark a graceful shutdown in the header, release the device."""
+        """Finish queued appends, mark a graceful shutdown in the header, release the device.
+        A WAL taken over meanwhile (the device refuses the header) just releases it."""
         if self._state is _State.CLOSED:
             return
         was_ready = self._state is _State.READY
@@ -833,6 +834,9 @@ class BlockWal:
                 await self._write_header(
                     start_offset=self._start_offset, shutdown_type=ShutdownType.GRACEFUL
                 )
+        except WalFencedError as error:
+            # Taken over: the new holder owns the header now; nothing of ours is pending.
+            log.warning("block WAL close: %s", error)
         except OSError as error:
             raise WalIOError(f"WAL close could not write its header: {error}") from error
         finally:
