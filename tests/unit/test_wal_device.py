@@ -15,6 +15,7 @@ import pytest
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.storage.block_device import FileBlockDevice, ReservationConflictError
+from automq_ref.io.storage.wal import AppendResult
 from automq_ref.io.storage.wal_block import BlockWal, WalFencedError, WalIOError
 from automq_ref.io.storage.wal_device import (
     DeviceServer,
@@ -209,6 +210,49 @@ async def test_a_survivor_takes_the_wal_over_and_the_zombie_acknowledges_nothing
     restarted = await open_remote(device, NEXT_EPOCH)
     assert await ready(restarted) == [b"survivor"]
     await restarted.close()
+
+
+def test_a_paused_zombie_resumes_after_the_takeover_and_acknowledges_nothing_more(
+    device: DeviceServer,
+) -> None:
+    """The owner's loop stands still (SIGSTOP) with ten appends queued, two groups in flight;
+    a survivor takes over from another thread; the owner resumes."""
+    loop = asyncio.new_event_loop()
+    try:
+        owner = loop.run_until_complete(open_remote(device, OWNER))
+        loop.run_until_complete(ready(owner))
+        bodies = [b"%d" % i * 30_000 for i in range(10)]  # two to a group
+
+        async def submit() -> list[asyncio.Future[AppendResult]]:
+            futures = [owner.submit(body) for body in bodies]
+            await asyncio.sleep(0)  # the writer hands the first groups to its I/O thread
+            return futures
+
+        futures = loop.run_until_complete(submit())
+
+        async def survive() -> list[bytes]:
+            survivor = await open_remote(device, SURVIVOR, take_over=True)
+            found = await ready(survivor)
+            await survivor.close()
+            return found
+
+        found = asyncio.run(survive())  # the owner's loop is not running meanwhile
+
+        async def settle() -> list[object]:
+            return await asyncio.gather(*futures, return_exceptions=True)
+
+        outcomes = loop.run_until_complete(settle())
+        acknowledged = [
+            b for b, o in zip(bodies, outcomes, strict=True) if not isinstance(o, Exception)
+        ]
+        refused = [o for o in outcomes if isinstance(o, Exception)]
+        assert refused and all(isinstance(o, WalFencedError) for o in refused), outcomes
+        # Whatever the zombie acknowledged was flushed before the preempt: the survivor has it.
+        assert found[: len(acknowledged)] == acknowledged
+        assert found == bodies[: len(found)]
+        loop.run_until_complete(owner.close())
+    finally:
+        loop.close()
 
 
 async def test_takeover_refusals(device: DeviceServer) -> None:

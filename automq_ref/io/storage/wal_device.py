@@ -220,8 +220,9 @@ class DeviceServer:
         return os.fsdecode(bytes(bound) if not isinstance(bound, str) else bound)
 
     def start(self) -> DeviceServer:
+        # A short poll: stop() waits for the serving loop to notice.
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="wal-device", daemon=True
+            target=self._server.serve_forever, args=(0.02,), name="wal-device", daemon=True
         )
         self._thread.start()
         return self
