@@ -220,6 +220,9 @@ class DeviceFailoverMachine(RuleBasedStateMachine):
 
 
 TestDeviceFailoverMachine = DeviceFailoverMachine.TestCase
+# Each step crosses a socket and threads: fewer, shorter runs than the profile's.
+_profile = settings.default
+assert _profile is not None
 TestDeviceFailoverMachine.settings = settings(
-    settings.default, stateful_step_count=20, max_examples=min(settings.default.max_examples, 100)
+    _profile, stateful_step_count=20, max_examples=min(_profile.max_examples, 100)
 )
