@@ -18,11 +18,11 @@ from automq_ref.io.storage.block_device import FileBlockDevice, ReservationConfl
 from automq_ref.io.storage.wal import AppendResult
 from automq_ref.io.storage.wal_block import BlockWal, WalFencedError, WalIOError
 from automq_ref.io.storage.wal_device import (
+    Conflict,
     DeviceServer,
     RegistrantKey,
     RemoteBlockDevice,
     Reservations,
-    _Conflict,
     serving,
 )
 from automq_ref.node import open_wal
@@ -48,16 +48,16 @@ def device(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[DeviceSer
 
 def test_acquire_is_granted_to_one_registrant_at_a_time() -> None:
     rules = Reservations()
-    with pytest.raises(_Conflict, match="not a registrant"):
+    with pytest.raises(Conflict, match="not a registrant"):
         rules.acquire(OWNER)
     rules.register(OWNER)
     rules.register(SURVIVOR)
     rules.acquire(OWNER)
     rules.acquire(OWNER)  # the holder acquiring again is granted
-    with pytest.raises(_Conflict, match="held by node 1 epoch 5"):
+    with pytest.raises(Conflict, match="held by node 1 epoch 5"):
         rules.acquire(SURVIVOR)
     rules.check_write(OWNER)
-    with pytest.raises(_Conflict, match="does not hold"):
+    with pytest.raises(Conflict, match="does not hold"):
         rules.check_write(SURVIVOR)
 
 
@@ -69,11 +69,11 @@ def test_preempt_moves_the_reservation_and_removes_the_victim() -> None:
     rules.preempt(SURVIVOR, OWNER)
     assert rules.report().holder == SURVIVOR
     assert rules.report().registrants == (SURVIVOR,)
-    with pytest.raises(_Conflict, match="no longer registered"):
+    with pytest.raises(Conflict, match="no longer registered"):
         rules.check_write(OWNER)
     # A preempt naming a key that is gone is refused: it is a compare-and-swap.
     rules.register(NEXT_EPOCH)
-    with pytest.raises(_Conflict, match="not registered"):
+    with pytest.raises(Conflict, match="not registered"):
         rules.preempt(NEXT_EPOCH, OWNER)
     assert rules.report().holder == SURVIVOR
     # Preempting a registrant that does not hold the reservation only removes it.
@@ -92,12 +92,12 @@ def test_release_and_unregister() -> None:
     rules.release(OWNER)
     assert rules.holder is None
     # Nobody holds it: this device then refuses every write (NVMe would let anyone write).
-    with pytest.raises(_Conflict, match="does not hold"):
+    with pytest.raises(Conflict, match="does not hold"):
         rules.check_write(OWNER)
     rules.acquire(SURVIVOR)
     rules.unregister(SURVIVOR)
     assert rules.holder is None and rules.report().registrants == (OWNER,)
-    with pytest.raises(_Conflict, match="an unregistered host"):
+    with pytest.raises(Conflict, match="an unregistered host"):
         rules.check_write(None)
 
 

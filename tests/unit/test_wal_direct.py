@@ -9,7 +9,7 @@ import pytest
 
 from automq_ref.io.storage.block_device import DirectBlockDevice, FileBlockDevice, open_device
 from automq_ref.io.storage.wal_block import BlockWal
-from automq_ref.io.storage.wal_device import RegistrantKey, RemoteBlockDevice, serving
+from automq_ref.io.storage.wal_device import RemoteBlockDevice, ReservationReport, serving
 from tests.loop_device import loop_device, why_no_loop_device
 
 SIZE = 8 << 20
@@ -96,5 +96,6 @@ async def test_a_wal_device_process_serves_a_raw_device(raw_device: Path, tmp_pa
         await survivor.close()
         await wal.close()
         client = RemoteBlockDevice(server.address)
-        assert client.report().registrants == (RegistrantKey(3, 1, failover=True),)
+        # Both closed: each unregistered, the holder releasing the reservation with it.
+        assert client.report() == ReservationReport(None, ())
         client.close()

@@ -136,7 +136,7 @@ class ReservationReport:
     registrants: tuple[RegistrantKey, ...]
 
 
-class _Conflict(Exception):
+class Conflict(Exception):
     """A command refused by the reservation rules (answered as CONFLICT)."""
 
 
@@ -162,7 +162,7 @@ class Reservations:
     def acquire(self, key: RegistrantKey) -> None:
         self._registered(key)
         if self.holder is not None and self.holder != key:
-            raise _Conflict(f"the reservation is held by {self.holder}, not {key}")
+            raise Conflict(f"the reservation is held by {self.holder}, not {key}")
         self.holder = key
 
     def release(self, key: RegistrantKey) -> None:
@@ -176,7 +176,7 @@ class Reservations:
             self.acquire(key)
             return
         if victim not in self.registrants:
-            raise _Conflict(f"{victim} is not registered; nothing to preempt")
+            raise Conflict(f"{victim} is not registered; nothing to preempt")
         self.registrants.discard(victim)
         if self.holder == victim:
             self.holder = key
@@ -185,16 +185,16 @@ class Reservations:
         """Write Exclusive: only the registrant holding the reservation writes or flushes."""
         if key is None or key not in self.registrants:
             who = "an unregistered host" if key is None else f"{key}, no longer registered,"
-            raise _Conflict(f"{who} may not write: the reservation is held by {self.holder}")
+            raise Conflict(f"{who} may not write: the reservation is held by {self.holder}")
         if self.holder != key:
-            raise _Conflict(f"{key} does not hold the reservation (held by {self.holder})")
+            raise Conflict(f"{key} does not hold the reservation (held by {self.holder})")
 
     def report(self) -> ReservationReport:
         return ReservationReport(self.holder, tuple(sorted(self.registrants)))
 
     def _registered(self, key: RegistrantKey | None) -> RegistrantKey:
         if key is None or key not in self.registrants:
-            raise _Conflict(f"{key or 'this host'} is not a registrant")
+            raise Conflict(f"{key or 'this host'} is not a registrant")
         return key
 
 
@@ -251,7 +251,7 @@ class DeviceServer:
             with self.lock:
                 data = self._execute_locked(connection, Op(op), body)
             return bytes([Status.OK]) + data
-        except _Conflict as conflict:
+        except Conflict as conflict:
             return bytes([Status.CONFLICT]) + str(conflict).encode()
         except (OSError, ValueError, struct.error) as error:
             log.warning("wal-device: %s failed: %s", op, error)
@@ -281,13 +281,13 @@ class DeviceServer:
         if op is Op.REGISTER:
             new_key = RegistrantKey.decode(body)
             if connection.key is not None and connection.key != new_key:
-                raise _Conflict(f"this connection is already registered as {connection.key}")
+                raise Conflict(f"this connection is already registered as {connection.key}")
             reservations.register(new_key)
             connection.key = new_key
             return b""
         key = connection.key
         if key is None:
-            raise _Conflict("register first")
+            raise Conflict("register first")
         if op is Op.UNREGISTER:
             reservations.unregister(key)
             connection.key = None
@@ -510,14 +510,14 @@ class RemoteBlockDevice:
         return ReservationReport(holder, keys)
 
     def close(self) -> None:
-        """Release the reservation if this registrant holds it, and hang up. A registrant that
-        was preempted has nothing to release; the device refuses, and that is ignored."""
+        """Unregister (which releases the reservation if this registrant holds it) and hang
+        up. A registrant that was preempted is registered no more: nothing to do."""
         if self._sock.fileno() < 0:
             return
         if self.key is not None:
             with contextlib.suppress(OSError):
-                if self.report().holder == self.key:
-                    self.release()
+                if self.key in self.report().registrants:
+                    self.unregister()
         self._sock.close()
 
     def abandon(self) -> None:
