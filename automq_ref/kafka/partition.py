@@ -145,6 +145,10 @@ class Partition:
         self.scanned_bytes = 0
         self.scan_seconds = 0.0
         self._appended = asyncio.Event()
+        # Set once an append's WAL write failed (a device error, or the WAL fenced by a
+        # takeover): the stream ends there, and the producer state already remembers batches
+        # that were never durable, so a client's retry must not be answered as a duplicate.
+        self._write_failure: BaseException | None = None
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
         self.cleaned_stream_id: int | None = None
@@ -426,6 +430,11 @@ class Partition:
         written into it in place; the storage is handed a copy (``bytes``) either way."""
         if not records:
             return ProduceResult(KafkaErrorCode.INVALID_RECORD, message="no record batch")
+        if self._write_failure is not None:
+            return ProduceResult(
+                KafkaErrorCode.KAFKA_STORAGE_ERROR,
+                message=f"an earlier append failed: {self._write_failure}",
+            )
         # A writable view (of the request frame) is patched in place; anything else is copied.
         data = (
             records
@@ -479,8 +488,15 @@ class Partition:
                     header.base_sequence + header.last_offset_delta,
                     header.base_offset,
                 )
-        durable.add_done_callback(lambda _: self._wake())
+        durable.add_done_callback(self._on_durable)
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
+
+    def _on_durable(self, durable: asyncio.Future[None]) -> None:
+        # Runs before the producer is answered (the handler awaits the future after this
+        # callback was added), so a retry already finds the failure.
+        if not durable.cancelled() and durable.exception() is not None:
+            self._write_failure = self._write_failure or durable.exception()
+        self._wake()
 
     def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
         """Kafka's rule for compacted topics: every record needs a key (a clean would drop a

@@ -4,6 +4,7 @@ and the block WAL's failover over it (a survivor's takeover, a zombie's appends 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from automq_ref.config import BrokerConfig
+from automq_ref.config import BrokerConfig, load_config
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.io.storage.block_device import FileBlockDevice, ReservationConflictError
+from automq_ref.io.storage.s3stream import StorageError
 from automq_ref.io.storage.wal import AppendResult
 from automq_ref.io.storage.wal_block import BlockWal, WalFencedError, WalIOError
 from automq_ref.io.storage.wal_device import (
@@ -25,7 +29,7 @@ from automq_ref.io.storage.wal_device import (
     Reservations,
     serving,
 )
-from automq_ref.node import open_wal
+from automq_ref.node import open_wal, start_node
 from tests.waiting import PATIENCE_S
 
 SIZE = 16 << 20
@@ -384,3 +388,56 @@ def test_the_device_runs_as_a_process_and_outlives_its_owner(tmp_path: Path) -> 
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+# ------------------------------------------------------------------- a broker on it
+
+
+async def test_a_fenced_partition_answers_a_retry_with_an_error_not_as_a_duplicate(
+    tmp_path: Path,
+) -> None:
+    """The producer state remembers a batch when it is queued; once its WAL write is refused,
+    the client's retry of that batch must not be answered with the batch's offset (which
+    would acknowledge a record that was never durable)."""
+    server = DeviceServer(FileBlockDevice(tmp_path / "wal", SIZE), str(tmp_path / "wal.sock"))
+    server.start()
+    config = load_config(
+        overrides=[
+            f"log.dirs={tmp_path / 'data'}",
+            f"s3.wal.path=0@device://{server.address}",
+            f"s3.wal.capacity={SIZE}",
+        ],
+        environment={},
+    )
+    node = await start_node(config)
+    try:
+        await node.topics.create_topic("fenced", 1, {})
+        partition = node.topics.partitions[("fenced", 0)]
+
+        def batch(sequence: int) -> bytes:
+            return build_record_batch(
+                [(b"k", b"v%d" % sequence, (), 0)],
+                producer_id=9,
+                producer_epoch=0,
+                base_sequence=sequence,
+            )
+
+        first = partition.append_nowait(batch(0), 1 << 20)
+        assert first.error is KafkaErrorCode.NONE and first.durable is not None
+        await first.durable
+        holder = server.reservations.holder
+        assert holder is not None
+        survivor = RemoteBlockDevice(server.address)
+        survivor.register(RegistrantKey(holder.node_id, holder.node_epoch, failover=True))
+        survivor.preempt(holder)
+        second = partition.append_nowait(batch(1), 1 << 20)
+        assert second.durable is not None
+        with pytest.raises(StorageError):
+            await second.durable
+        retry = partition.append_nowait(batch(1), 1 << 20)
+        assert retry.error is KafkaErrorCode.KAFKA_STORAGE_ERROR, retry
+        survivor.close()
+    finally:
+        with contextlib.suppress(Exception):
+            await node.shutdown()
+        server.stop()
