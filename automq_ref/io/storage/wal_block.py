@@ -338,6 +338,8 @@ class BlockWal:
             )
         except BaseException as error:
             await asyncio.to_thread(device.close)
+            if isinstance(error, ReservationConflictError):
+                raise WalFencedError(f"WAL device {address}: {error}") from error
             if isinstance(error, OSError):
                 raise WalIOError(f"WAL device {address}: {error}") from error
             raise

@@ -32,8 +32,9 @@ preempt-and-abort are the same here (nothing of the victim is ever half executed
 
 The fence is the device's, not the zombie's: a paused broker that resumes sends its next write,
 and the device refuses it. The block WAL acknowledges a group only after its write and its flush
-both succeeded, so a zombie acknowledges nothing it wrote after the preempt, and at most a group
-it wrote before is still on the disk, unacknowledged, for the survivor's recovery to find.
+both succeeded, so a zombie acknowledges nothing it wrote after the preempt. What it wrote
+before is on the disk for the survivor's recovery to find; of that, it acknowledges only groups
+whose flush ran before the preempt too.
 
 Where this differs from NVMe: with no reservation held, NVMe lets every host write; this device
 then refuses every write, so that a survivor releasing the reservation after its takeover does
