@@ -68,16 +68,38 @@ def _split_wal_path(raw: str) -> tuple[str, str, str]:
     return scheme, location, query
 
 
+def _wal_device_address(raw: str) -> str | None:
+    """The WAL device process a ``device://`` path names (``HOST:PORT``, or a Unix socket's
+    path for ``device:///PATH``); None for the other schemes. Raises ValueError naming what is
+    wrong."""
+    scheme, location, query = _split_wal_path(raw)
+    if scheme != "device":
+        return None
+    if query:
+        raise ValueError(f"a device:// WAL takes no parameters, not {query!r}")
+    if location.startswith("/"):
+        return location
+    host, separator, port = location.rpartition(":")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(
+            f"a device:// WAL needs HOST:PORT or a socket path: 0@device://127.0.0.1:PORT or "
+            f"0@device:///PATH, not {location!r}"
+        )
+    return location
+
+
 def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
     """The object WAL of an ``s3://`` or ``dir://`` path (None for the block WAL's forms);
     raises ValueError naming what is wrong."""
     scheme, location, query = _split_wal_path(raw)
-    if scheme in ("", "file"):
+    if scheme in ("", "file", "device"):
+        _wal_device_address(raw)
         return None
     if scheme not in ("s3", "dir"):
         raise ValueError(
-            f"unknown WAL scheme {scheme!r}: expected a file path, 0@file://PATH (block WAL), "
-            "0@s3://BUCKET?... or 0@dir://PATH (object WAL)"
+            f"unknown WAL scheme {scheme!r}: expected a file path, 0@file://PATH (block WAL on "
+            "a file or a block device), 0@device://HOST:PORT or 0@device:///SOCKET (block WAL "
+            "on a WAL device process), 0@s3://BUCKET?... or 0@dir://PATH (object WAL)"
         )
     parameters = {name: values[-1] for name, values in parse_qs(query).items()}
     known = set(OBJECT_WAL_PARAMETERS) | (_BUCKET_PARAMETERS if scheme == "s3" else set())
@@ -157,7 +179,9 @@ class BrokerConfig(BaseModel):
     # The WAL: the block WAL file (a path, created and preallocated, or AutoMQ's 0@file://PATH
     # form), or the object WAL: 0@s3://BUCKET?region=..&endpoint=..&batchInterval=..&
     # maxBytesInBatch=.. (AutoMQ's form), or 0@dir://PATH for its objects in a directory (of a
-    # shared file system: NFS, EFS).
+    # shared file system: NFS, EFS). A file path naming a raw block device opens it with
+    # O_DIRECT; 0@device://HOST:PORT or 0@device:///SOCKET is the block WAL on a WAL device
+    # process (reservations, so a survivor can take it over).
     s3_wal_path: str = Field("", alias="s3.wal.path")
     s3_wal_capacity: int = Field(1024 * MIB, alias="s3.wal.capacity", ge=4 * MIB)
     s3_wal_cache_size: int = Field(512 * MIB, alias="s3.wal.cache.size", ge=MIB)
@@ -338,11 +362,16 @@ class BrokerConfig(BaseModel):
     def wal_file(self) -> Path:
         """The block WAL's file (where it would be, when ``object_wal`` is set instead)."""
         raw = self.s3_wal_path
-        if not raw or self.object_wal is not None:
+        if not raw or self.object_wal is not None or self.wal_device is not None:
             return self.data_dir / "wal"
         raw = raw.split("@", 1)[1] if "@" in raw.split("/", 1)[0] else raw
         raw = raw.removeprefix("file://").split("?", 1)[0]
         return Path(raw)
+
+    @property
+    def wal_device(self) -> str | None:
+        """The WAL device process ``s3.wal.path`` names (``0@device://``), or None."""
+        return _wal_device_address(self.s3_wal_path)
 
     @property
     def object_wal(self) -> ObjectWalSettings | None:

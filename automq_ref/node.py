@@ -246,7 +246,17 @@ def check_listener_free(config: BrokerConfig) -> None:
 
 async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
     """The WAL ``s3.wal.path`` names, by its scheme: the block WAL file (a path or
-    ``0@file://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a directory)."""
+    ``0@file://``; a raw block device there gets ``O_DIRECT``), the block WAL on a WAL device
+    process (``0@device://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a
+    directory)."""
+    device = config.wal_device
+    if device is not None:
+        return await BlockWal.open_remote(
+            device,
+            node_id=config.node_id,
+            node_epoch=node_epoch,
+            capacity_bytes=config.s3_wal_capacity,
+        )
     settings = config.object_wal
     if settings is None:
         return await BlockWal.open_file(
@@ -278,11 +288,18 @@ def _object_wal_config(settings: ObjectWalSettings) -> ObjectWalConfig:
 async def take_over_wal(
     config: BrokerConfig, wal_path: str, node_id: int, node_epoch: int
 ) -> WriteAheadLog:
-    """Failed node ``node_id``'s object WAL, which ``wal_path`` (an ``s3.wal.path``) names,
-    taken over at ``node_epoch`` in failover mode (crash failover)."""
-    settings = config.model_copy(update={"s3_wal_path": wal_path}).object_wal
+    """Failed node ``node_id``'s WAL, which ``wal_path`` (an ``s3.wal.path``) names, taken over
+    at ``node_epoch`` in failover mode (crash failover): an object WAL, or a block WAL on a WAL
+    device process (its reservation preempted)."""
+    named = config.model_copy(update={"s3_wal_path": wal_path})
+    device = named.wal_device
+    if device is not None:
+        return await BlockWal.take_over(device, node_id=node_id, node_epoch=node_epoch)
+    settings = named.object_wal
     if settings is None:
-        raise ValueError(f"{wal_path!r} is not an object WAL: no survivor can take it over")
+        raise ValueError(
+            f"{wal_path!r} is a WAL file of the failed broker's own: no survivor can take it over"
+        )
     return await ObjectWal.take_over(
         open_object_store(settings.store_uri),
         namespace=NAMESPACE,

@@ -152,6 +152,10 @@ class Partition:
         self._meta_latest: dict[str, bytes] = {}
         self._meta_bytes = 0
         self._appended = asyncio.Event()
+        # Set once an append's WAL write failed (a device error, or the WAL fenced by a
+        # takeover): the stream ends there, and the producer state already remembers batches
+        # that were never durable, so a client's retry must not be answered as a duplicate.
+        self._write_failure: BaseException | None = None
         # Compaction: the cleaned stream and where it ends (None: never cleaned), the stream a
         # clean in progress writes, the replaced cleaned stream still to delete.
         self.cleaned_stream_id: int | None = None
@@ -550,6 +554,11 @@ class Partition:
         written into it in place; the storage is handed a copy (``bytes``) either way."""
         if not records:
             return ProduceResult(KafkaErrorCode.INVALID_RECORD, message="no record batch")
+        if self._write_failure is not None:
+            return ProduceResult(
+                KafkaErrorCode.KAFKA_STORAGE_ERROR,
+                message=f"an earlier append failed: {self._write_failure}",
+            )
         # A writable view (of the request frame) is patched in place; anything else is copied.
         data = (
             records
@@ -599,8 +608,12 @@ class Partition:
         return ProduceResult(KafkaErrorCode.NONE, base, durable)
 
     def _appended_durably(self, durable: asyncio.Future[None]) -> None:
+        # Runs before the producer is answered (the handler awaits the future after this
+        # callback was added), so a retry already finds the failure.
         if durable.cancelled() or durable.exception() is not None:
             self._lost_append = True
+        if not durable.cancelled() and durable.exception() is not None:
+            self._write_failure = self._write_failure or durable.exception()
         self._wake()
         if (
             self._unchecked_bytes >= CHECKPOINT_INTERVAL_BYTES

@@ -3,7 +3,9 @@
 A producer (acks=all, idempotent) writes while the broker is stopped gracefully or killed with
 SIGKILL and started again on the same data directory; every value whose delivery was
 acknowledged must be read back afterwards, at most once per acknowledgement and in order per
-partition. The WAL is the block WAL file (the default), or the object WAL on S3 (moto) or in a
+partition. The WAL is the block WAL file (the default), the block WAL on a WAL device served by
+this test process (``s3.wal.path=0@device://...``: the device outlives the killed broker, and
+the broker's next epoch preempts its dead registration), or the object WAL on S3 (moto) or in a
 directory (``s3.wal.path=0@s3://...`` / ``0@dir://...``).
 """
 
@@ -19,12 +21,15 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from automq_ref.io.storage.block_device import open_device
+from automq_ref.io.storage.wal_device import DeviceServer
 from tests.conftest import MotoS3
 from tests.e2e.conftest import BrokerProcess
 from tests.unit.test_object_store import fresh_bucket, moto_store
 from tests.waiting import PATIENCE_S, wait_until
 
 PARTITIONS = 3
+DEVICE_BYTES = 256 * 1024 * 1024
 
 
 def read_everything(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
@@ -61,9 +66,20 @@ def read_everything(bootstrap: str, topic: str) -> dict[int, list[bytes]]:
 
 
 def wal_broker(tmp_path: Path, wal: str, request: pytest.FixtureRequest) -> BrokerProcess:
-    """A broker on the block WAL file, or on the object WAL on S3 (moto) or in a directory."""
+    """A broker on the block WAL file or a WAL device, or on the object WAL on S3 (moto) or in
+    a directory."""
     if wal == "block":
         return BrokerProcess(tmp_path / "data")
+    if wal == "device":
+        server = DeviceServer(
+            open_device(tmp_path / "device-wal", DEVICE_BYTES), str(tmp_path / "wal.sock")
+        ).start()
+        request.addfinalizer(server.stop)
+        return BrokerProcess(
+            tmp_path / "data",
+            f"s3.wal.path=0@device://{server.address}",
+            f"s3.wal.capacity={DEVICE_BYTES}",
+        )
     if wal == "dir":
         return BrokerProcess(tmp_path / "data", f"s3.wal.path=0@dir://{tmp_path / 'wal'}")
     moto: MotoS3 = request.getfixturevalue("moto_s3")
@@ -90,6 +106,7 @@ def wal_broker(tmp_path: Path, wal: str, request: pytest.FixtureRequest) -> Brok
         ("graceful", "s3"),
         ("sigkill", "s3"),
         ("sigkill", "dir"),
+        ("sigkill", "device"),
     ],
 )
 def test_no_acknowledged_record_is_lost_across_a_restart(

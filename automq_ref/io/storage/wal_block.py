@@ -47,7 +47,16 @@ Differences from AutoMQ's implementation: a single writer with one group in flig
 sliding window of concurrent block writes (so a crash cannot leave holes, and recovery can stop
 at the first invalid record instead of scanning a window beyond it); explicit padding records
 instead of "jump to the next 4 KiB boundary on failure"; a header sequence number instead of a
-wall-clock timestamp; buffered I/O plus ``fdatasync`` instead of direct I/O; CRC-32C.
+wall-clock timestamp; buffered I/O plus ``fdatasync`` on a file (a raw block device gets direct
+I/O, as AutoMQ's does); CRC-32C.
+
+Failover: on a WAL device process (:mod:`automq_ref.io.storage.wal_device`, NVMe-like
+reservations over a local socket), :meth:`BlockWal.open_remote` registers (node, epoch) and
+takes the device's reservation, and :meth:`BlockWal.take_over` does it in failover mode for a
+survivor, preempting the failed node's registration: from then on the device refuses the old
+writer's writes and flushes, and the WAL that gets such a refusal is *fenced*
+(:class:`WalFencedError` for that group, every queued append and everything after), so a zombie
+acknowledges nothing it writes once taken over.
 
 Two seams let a caller change how the WAL meets its disk without the WAL knowing why (the
 checker's broken modes and crash recorders use them; they live in ``automq_ref.checker``, and
@@ -83,7 +92,12 @@ from automq_ref.formats.wal_record import (
     encode_padding_header,
     encode_wal_record_header,
 )
-from automq_ref.io.storage.block_device import BlockDevice, Buffer, FileBlockDevice
+from automq_ref.io.storage.block_device import (
+    BlockDevice,
+    Buffer,
+    ReservationConflictError,
+    open_device,
+)
 
 # The values and errors every WAL shares, re-exported for the block WAL's callers.
 from automq_ref.io.storage.wal import AppendResult as AppendResult
@@ -94,6 +108,7 @@ from automq_ref.io.storage.wal import WalIOError as WalIOError
 from automq_ref.io.storage.wal import WalOverCapacityError as WalOverCapacityError
 from automq_ref.io.storage.wal import WalRecordTooLargeError as WalRecordTooLargeError
 from automq_ref.io.storage.wal import WalStateError as WalStateError
+from automq_ref.io.storage.wal_device import RegistrantKey, RemoteBlockDevice, claim
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +206,7 @@ class _State(enum.Enum):
     RECOVERING = "recovering"  # recover() started; reset() allowed
     READY = "ready"  # appends accepted
     FAILED = "failed"  # device error: reopen and recover
+    FENCED = "fenced"  # the device refused a write: another registrant holds the WAL
     CLOSED = "closed"
 
 
@@ -267,11 +283,11 @@ class BlockWal:
         wrap_device: Callable[[BlockDevice], BlockDevice] | None = None,
         sync_policy: SyncPolicy | None = None,
     ) -> BlockWal:
-        """Open (creating and preallocating) a WAL file, the device wrapped by ``wrap_device``
-        and its syncs governed by ``sync_policy`` (both seams for the checker; None in
-        production)."""
+        """Open (creating and preallocating) a WAL file, or a raw block device with ``O_DIRECT``,
+        the device wrapped by ``wrap_device`` and its syncs governed by ``sync_policy`` (both
+        seams for the checker; None in production)."""
         capacity_bytes = capacity_bytes // BLOCK_SIZE_BYTES * BLOCK_SIZE_BYTES
-        file_device = await asyncio.to_thread(FileBlockDevice, path, capacity_bytes)
+        file_device = await asyncio.to_thread(open_device, path, capacity_bytes)
         device: BlockDevice = file_device
         try:
             if wrap_device is not None:
@@ -288,6 +304,70 @@ class BlockWal:
         except BaseException:
             device.close()
             raise
+
+    @classmethod
+    async def open_remote(
+        cls,
+        address: str,
+        *,
+        node_id: int,
+        node_epoch: int,
+        failover: bool = False,
+        capacity_bytes: int | None = None,
+        max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+        max_groups_in_flight: int = MAX_GROUPS_IN_FLIGHT,
+    ) -> BlockWal:
+        """Open the WAL a WAL device process serves at ``address`` (``HOST:PORT`` or a socket
+        path): register (``node_id``, ``node_epoch``, ``failover``) and take the device's
+        reservation (:func:`~automq_ref.io.storage.wal_device.claim`), then read the header as
+        :meth:`open` does. Refused with :class:`WalFencedError` if a newer epoch of the node
+        holds it, or a takeover of this very epoch."""
+        try:
+            device = await asyncio.to_thread(RemoteBlockDevice, address)
+        except OSError as error:
+            raise WalIOError(f"WAL device {address}: {error}") from error
+        try:
+            await asyncio.to_thread(claim, device, RegistrantKey(node_id, node_epoch, failover))
+            return await cls.open(
+                device,
+                node_id=node_id,
+                node_epoch=node_epoch,
+                capacity_bytes=capacity_bytes,
+                max_write_bytes=max_write_bytes,
+                max_groups_in_flight=max_groups_in_flight,
+            )
+        except BaseException as error:
+            await asyncio.to_thread(device.close)
+            if isinstance(error, ReservationConflictError):
+                raise WalFencedError(f"WAL device {address}: {error}") from error
+            if isinstance(error, OSError):
+                raise WalIOError(f"WAL device {address}: {error}") from error
+            raise
+
+    @classmethod
+    async def take_over(
+        cls,
+        address: str,
+        *,
+        node_id: int,
+        node_epoch: int,
+        max_write_bytes: int = DEFAULT_MAX_WRITE_BYTES,
+    ) -> BlockWal:
+        """Open failed node ``node_id``'s WAL, last written at ``node_epoch``, on the WAL device
+        at ``address``, in failover mode (as ``ObjectWal.take_over`` does on an object store).
+
+        The failed node's registration is preempted (and its commands aborted): the device
+        refuses every later write and flush of the old writer, should it still run, so it
+        acknowledges nothing more; then the caller recovers the WAL (:meth:`recover`), uploads
+        what it holds, and resets it. Refused with :class:`WalFencedError` if the node already
+        runs a newer epoch."""
+        return await cls.open_remote(
+            address,
+            node_id=node_id,
+            node_epoch=node_epoch,
+            failover=True,
+            max_write_bytes=max_write_bytes,
+        )
 
     @classmethod
     async def open(
@@ -381,6 +461,11 @@ class BlockWal:
     @property
     def ring_capacity_bytes(self) -> int:
         return self._ring_bytes
+
+    @property
+    def fenced(self) -> bool:
+        """The device refused a write or flush: another registrant holds the WAL now."""
+        return self._state is _State.FENCED
 
     @property
     def max_record_bytes(self) -> int:
@@ -509,6 +594,10 @@ class BlockWal:
         return future
 
     def _not_ready(self, operation: str) -> WalError:
+        if self._state is _State.FENCED:
+            error: WalError = WalFencedError(f"{operation}: {self._failure}")
+            error.__cause__ = self._failure
+            return error
         if self._state is _State.FAILED:
             error = WalIOError(f"{operation}: the WAL device failed; reopen and recover")
             error.__cause__ = self._failure
@@ -526,8 +615,8 @@ class BlockWal:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         while True:
-            if self._state is _State.FAILED:
-                self._fail_pending([], self._io_error())
+            if self._state in (_State.FAILED, _State.FENCED):
+                self._fail_pending([], self._failed_error())
             if self._pending and self._groups_in_flight < self._max_groups_in_flight:
                 group = self._take_group()
                 try:
@@ -558,10 +647,10 @@ class BlockWal:
         assert self._wakeup is not None
         self._wakeup.set()
         error = io.exception() if not io.cancelled() else asyncio.CancelledError()
-        if self._state is _State.FAILED:
+        if self._state in (_State.FAILED, _State.FENCED):
             # An earlier group failed: this one may be on disk, but never acknowledged, since
             # recovery stops at the earlier group's damage and would not return it.
-            self._fail_pending(group, self._io_error())
+            self._fail_pending(group, self._failed_error())
         elif error is not None:
             self._fail(error, group)
         else:
@@ -652,16 +741,22 @@ class BlockWal:
         self._pending.clear()
         self._pending_span = 0
 
-    def _io_error(self) -> WalIOError:
+    def _failed_error(self) -> WalError:
+        if self._state is _State.FENCED:
+            return self._not_ready("append")
         error = WalIOError(f"WAL write failed: {self._failure}")
         error.__cause__ = self._failure
         return error
 
     def _fail(self, error: BaseException, group: list[_Pending]) -> None:
-        log.error("block WAL device failed: %s", error)
-        self._state = _State.FAILED
+        if isinstance(error, ReservationConflictError):
+            log.error("block WAL fenced: the device refused a write: %s", error)
+            self._state = _State.FENCED
+        else:
+            log.error("block WAL device failed: %s", error)
+            self._state = _State.FAILED
         self._failure = error
-        self._fail_pending(group, self._io_error())
+        self._fail_pending(group, self._failed_error())
 
     # -------------------------------------------------------------------- trim
 
@@ -703,7 +798,13 @@ class BlockWal:
         )
         slot = 1 - self._header_slot
         data = header.encode()
-        await self._run_io(self._write_header_sync, data, slot * HEADER_SLOT_BYTES)
+        try:
+            await self._run_io(self._write_header_sync, data, slot * HEADER_SLOT_BYTES)
+        except ReservationConflictError as conflict:
+            if self._state is not _State.CLOSED:
+                self._state = _State.FENCED
+            self._failure = conflict
+            raise WalFencedError(f"WAL header write refused: {conflict}") from conflict
         self._header = header
         self._header_slot = slot
 
@@ -720,7 +821,8 @@ class BlockWal:
     # ------------------------------------------------------------------- close
 
     async def close(self) -> None:
-        """Finish queued appends, mark a graceful shutdown in the header, release the device."""
+        """Finish queued appends, mark a graceful shutdown in the header, release the device.
+        A WAL taken over meanwhile (the device refuses the header) just releases it."""
         if self._state is _State.CLOSED:
             return
         was_ready = self._state is _State.READY
@@ -734,6 +836,9 @@ class BlockWal:
                 await self._write_header(
                     start_offset=self._start_offset, shutdown_type=ShutdownType.GRACEFUL
                 )
+        except WalFencedError as error:
+            # Taken over: the new holder owns the header now; nothing of ours is pending.
+            log.warning("block WAL close: %s", error)
         except OSError as error:
             raise WalIOError(f"WAL close could not write its header: {error}") from error
         finally:
