@@ -229,6 +229,12 @@ class BrokerConfig(BaseModel):
     # partitions (where it is, broker.rack, is above).
     broker_heartbeat_interval_ms: int = Field(2000, alias="broker.heartbeat.interval.ms", ge=10)
     broker_session_timeout_ms: int = Field(9000, alias="broker.session.timeout.ms", ge=100)
+    # A graceful stop (SIGTERM) hands the broker's partitions over first: the controller moves
+    # them in batches and each closes here as its move is decided. The broker waits at most
+    # this long for them all, then closes what it still holds and exits.
+    controlled_shutdown_timeout_ms: int = Field(
+        60_000, alias="controlled.shutdown.timeout.ms", ge=0
+    )
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.

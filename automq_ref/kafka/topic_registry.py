@@ -245,9 +245,15 @@ class TopicRegistry:
             for name, index, epoch in sm.broker_partitions(image, self._node_id)
             if name in self.topics and index < self.topics[name].partitions
         }
-        for key in sorted(self.partitions):
-            if wanted.get(key) != self._led_at[key]:
-                await self._give_up(key, wanted.get(key))
+        # Together: each leaves the map at once (answering NOT_LEADER_OR_FOLLOWER), and the
+        # first close seals the block holding all their data, the others wait for that upload.
+        leaving = [key for key in sorted(self.partitions) if wanted.get(key) != self._led_at[key]]
+        given_up = await asyncio.gather(
+            *(self._give_up(key, wanted.get(key)) for key in leaving), return_exceptions=True
+        )
+        for failure in given_up:
+            if isinstance(failure, BaseException):
+                raise failure
         missing = sorted(key for key in wanted if key not in self.partitions)
         results = await asyncio.gather(
             *(self._take(key, wanted[key]) for key in missing), return_exceptions=True
@@ -386,6 +392,30 @@ class TopicRegistry:
         except TimeoutError:
             return False
         return True
+
+    async def wait_handed_over(self, timeout_s: float) -> bool:
+        """Wait until placement assigns this broker no partition and every one it held is
+        given up (closed, so that its new broker can open it), at most ``timeout_s``; True if
+        so. A broker in controlled shutdown waits here while the controller moves its
+        partitions away."""
+
+        def done() -> bool:
+            return not self.partitions and not sm.broker_partitions(self._view.image, self._node_id)
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    version = self._view.version
+                    if done():
+                        # A round of the follower may still be closing what it gave up.
+                        async with self._lock:
+                            if done():
+                                return True
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(RETRY_S):
+                            await self._view.wait_for_change(version)
+        except TimeoutError:
+            return False
 
     def loads(self) -> tuple[sm.PartitionLoad, ...]:
         """Each partition led here: its bytes in and out per second since the last call (or

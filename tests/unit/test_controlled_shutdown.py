@@ -1,0 +1,64 @@
+"""A broker's graceful stop (controlled shutdown) in process: it hands its partitions over before
+it closes, each with its data, and it waits for that at most ``controlled.shutdown.timeout.ms``.
+
+Two in-process nodes on a test etcd and one local object store (docs/cluster.md, "Graceful
+handover"); the bound on a node alone, whose partitions have nowhere to go.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from automq_ref.config import load_config
+from automq_ref.node import start_node
+from tests.etcd_fixture import EtcdServer, running_etcd
+from tests.unit.test_cluster_balancing import cluster, held, produce
+from tests.waiting import wait_until_async
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Any:
+    with running_etcd() as server:
+        yield server
+
+
+async def test_a_stopping_broker_hands_its_partitions_over_with_their_data(
+    tmp_path: Path, etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with cluster(tmp_path, etcd) as running:
+        first = await running.start(1)
+        second = await running.start(2)
+        await first.topics.create_topic("shared", 6, {}, assignments=[1, 2, 1, 2, 1, 2])
+        await wait_until_async(lambda: held(second, "shared") == {1, 3, 5}, "broker 2 leading")
+        for index in (1, 3, 5):
+            await produce(second.topics.partitions[("shared", index)], 10 + index)
+        stopping = running.nodes.pop(2)
+        with caplog.at_level(logging.INFO, logger="automq_ref.node"):
+            await stopping.shutdown()
+        done = [r.getMessage() for r in caplog.records if "controlled shutdown done" in r.message]
+        assert len(done) == 1 and "left=0" in done[0] and "timed_out=False" in done[0], done
+        # Every partition it held was closed before it returned: broker 1 opens them all.
+        await wait_until_async(
+            lambda: held(first, "shared") == set(range(6)), "broker 1 leading all six"
+        )
+        for index in (1, 3, 5):
+            assert first.topics.partitions[("shared", index)].log_end_offset == 10 + index
+
+
+async def test_waiting_for_the_handover_is_bounded(tmp_path: Path) -> None:
+    """A node alone keeps its partitions (placement gives them nobody else): the wait ends
+    at its bound, not handed over."""
+    config = load_config(
+        overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
+    )
+    node = await start_node(config)
+    try:
+        await node.topics.create_topic("kept", 2, {})
+        assert not await node.topics.wait_handed_over(0.2)
+        assert len(node.topics.partitions) == 2
+    finally:
+        await node.shutdown()
