@@ -387,7 +387,8 @@ class Node:
             await self._server.close()
             self._server = None
         await self.topics.stop_following()
-        partitions = self.topics.partitions.values()
+        # With those whose give-up the stop cut short: none may stay open.
+        partitions = self.topics.unclosed()
         for partition in partitions:
             partition.wake_waiters()
         try:

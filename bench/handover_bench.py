@@ -2,6 +2,7 @@
 
     python -m bench.handover_bench [--sections handover,recovery] [--runs 3] [--partitions 12]
                                    [--rate 50] [--clients defaults,fast] [--recovery-mb 100,200]
+                                   [--recovery-wals block,object]
                                    [--recovery-runs 3] [--quick] [--keep] [--dir DIR] [--out FILE]
 
 1. **handover**: a three-broker cluster as ``automq-ref cluster`` starts it (etcd, moto, the
@@ -19,9 +20,10 @@
    exit code), the broker's own ``controlled shutdown`` log line, and what the restarted broker
    recovered from its WAL (nothing, when the stop uploaded everything). Every record sent must
    be acknowledged, none refused.
-2. **recovery**: one broker alone (``automq-ref serve``, objects in a local directory, the
-   block WAL on a file) with an upload threshold and interval too large to upload anything, so
-   that ``--recovery-mb`` MB produced stay only in the WAL; then SIGKILL and a restart. The
+2. **recovery**: one broker alone (``automq-ref serve``, objects in a local directory; the
+   block WAL on a file, and the object WAL in a directory: ``--recovery-wals``) with an upload
+   threshold and interval too large to upload anything, so that ``--recovery-mb`` MB produced
+   stay only in the WAL; then SIGKILL and a restart. The
    restart's ``WAL recovered`` line gives the bytes replayed and the seconds from the WAL's
    open to the recovered records uploaded and their streams ready; reported per 100 MB, with
    the restart's wall time to serving beside it. The median over ``--recovery-runs``.
@@ -323,6 +325,7 @@ def handover_report(done: list[Handover], settings: argparse.Namespace) -> list[
 
 @dataclass
 class Recovery:
+    wal: str
     mb: float
     bytes: int
     records: int
@@ -330,11 +333,12 @@ class Recovery:
     to_serving_s: float  # from the restart's spawn to serving
 
 
-def recovery_run(workdir: Path, mb: float) -> Recovery:
+def recovery_run(workdir: Path, mb: float, wal: str) -> Recovery:
     data = workdir / f"recovery-{time.monotonic_ns()}"
     never = str(1 << 40)
     broker = BrokerProcess(
         data,
+        *([f"s3.wal.path=0@dir://{data}-wal-objects"] if wal == "object" else []),
         f"s3.wal.capacity={int(max(mb * 2, 64) * MEGABYTE)}",
         f"s3.wal.cache.size={int(max(mb * 3, 64) * MEGABYTE)}",
         f"s3.wal.upload.threshold={never}",
@@ -356,34 +360,37 @@ def recovery_run(workdir: Path, mb: float) -> Recovery:
         raise
     line = found[-1]
     return Recovery(
-        mb, int(line["bytes"]), int(line["records"]), float(line["seconds"]), to_serving
+        wal, mb, int(line["bytes"]), int(line["records"]), float(line["seconds"]), to_serving
     )
 
 
 def recovery_section(settings: argparse.Namespace) -> list[str]:
-    results: dict[float, list[Recovery]] = {mb: [] for mb in settings.recovery_mb}
+    results: dict[tuple[str, float], list[Recovery]] = {
+        (wal, mb): [] for wal in settings.recovery_wals for mb in settings.recovery_mb
+    }
     for run in range(settings.recovery_runs):
-        for mb in settings.recovery_mb:
-            log(f"recovery run {run + 1}: {mb} MB only in the WAL, kill -9, restart")
-            found = recovery_run(settings.workdir, mb)
+        for wal, mb in results:
+            log(f"recovery run {run + 1}: {mb} MB only in the {wal} WAL, kill -9, restart")
+            found = recovery_run(settings.workdir, mb, wal)
             log(
                 f"  recovered {found.records} records, {found.bytes} bytes in "
                 f"{found.seconds:.2f} s (serving after {found.to_serving_s:.2f} s)"
             )
-            results[mb].append(found)
+            results[(wal, mb)].append(found)
     lines = [
-        "## WAL recovery after kill -9 (block WAL on a file, objects in a local directory)",
+        "## WAL recovery after kill -9 (objects in a local directory; the block WAL on a file, "
+        "the object WAL in a directory)",
         "",
-        "| produced MB | runs | replayed MB (median) | recovery s (median) | s per 100 MB | "
-        "restart to serving s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| WAL | produced MB | runs | replayed MB (median) | recovery s (median) | "
+        "s per 100 MB | restart to serving s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for mb, runs in results.items():
+    for (wal, mb), runs in results.items():
         replayed = statistics.median(r.bytes for r in runs) / MEGABYTE
         seconds = statistics.median(r.seconds for r in runs)
         per_100 = statistics.median(r.seconds / (r.bytes / (100 * MEGABYTE)) for r in runs)
         lines.append(
-            f"| {mb:g} | {len(runs)} | {replayed:.1f} | {seconds:.2f} | {per_100:.2f} | "
+            f"| {wal} | {mb:g} | {len(runs)} | {replayed:.1f} | {seconds:.2f} | {per_100:.2f} | "
             f"{statistics.median(r.to_serving_s for r in runs):.2f} |"
         )
     return lines
@@ -401,6 +408,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--clients", default=",".join(CLIENTS))
     parser.add_argument("--recovery-mb", default="100,200")
     parser.add_argument("--recovery-runs", type=int, default=3)
+    parser.add_argument("--recovery-wals", default="block,object")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--dir", type=Path, default=None)
@@ -408,11 +416,16 @@ def main(argv: list[str] | None = None) -> None:
     settings = parser.parse_args(argv)
     settings.clients = [c for c in settings.clients.split(",") if c]
     settings.recovery_mb = [float(mb) for mb in settings.recovery_mb.split(",") if mb]
+    settings.recovery_wals = [w for w in settings.recovery_wals.split(",") if w]
     if settings.quick:
         settings.runs, settings.partitions, settings.clients = 1, 4, ["defaults"]
         settings.recovery_mb, settings.recovery_runs = [5.0], 1
     sections = [s for s in settings.sections.split(",") if s]
-    unknown = set(sections) - set(SECTIONS) or set(settings.clients) - set(CLIENTS)
+    unknown = (
+        set(sections) - set(SECTIONS)
+        or set(settings.clients) - set(CLIENTS)
+        or set(settings.recovery_wals) - {"block", "object"}
+    )
     if unknown:
         parser.error(f"unknown: {sorted(unknown)}")
     with tempfile.TemporaryDirectory(prefix="handover-bench-", dir=settings.dir) as workdir:

@@ -123,6 +123,9 @@ class TopicRegistry:
         # The leader epoch each held partition was taken at (its streams' epoch, except for
         # streams written before placement, opened above their own epoch).
         self._led_at: dict[tuple[str, int], int] = {}
+        # Partitions given up whose close has not finished: a follower stopped in the middle
+        # of one leaves it here, and the broker's shutdown closes it (see :meth:`unclosed`).
+        self._leaving: dict[tuple[str, int], Partition] = {}
         # Each topic's KV record as this registry read or last wrote it: the condition of the
         # topic's next change (compare-and-set, compare-and-delete), so that a change another
         # node made meanwhile is never overwritten unseen.
@@ -318,6 +321,7 @@ class TopicRegistry:
         NOT_LEADER_OR_FOLLOWER), then its streams closed (what the WAL holds uploaded)."""
         partition = self.partitions.pop(key)
         del self._led_at[key]
+        self._leaving[key] = partition
         partition.wake_waiters()
         await self._tell_given_up(partition)
         log_end = partition.log_end_offset
@@ -331,6 +335,7 @@ class TopicRegistry:
                 "partition not closed %s",
                 fields(topic=key[0], partition=key[1], error=str(error)),
             )
+        del self._leaving[key]
         image = self._view.image
         log.info(
             "partition given up %s",
@@ -392,6 +397,13 @@ class TopicRegistry:
         except TimeoutError:
             return False
         return True
+
+    def unclosed(self) -> list[Partition]:
+        """Every partition whose streams this broker may still hold open: those it leads, and
+        those given up whose close was cut short (the follower stopped in the middle of it).
+        A broker that stops closes them all; one left open would keep its next broker out
+        (``STREAM_NOT_CLOSED``) until this broker's next start."""
+        return [*self.partitions.values(), *self._leaving.values()]
 
     async def wait_handed_over(self, timeout_s: float) -> bool:
         """Wait until placement assigns this broker no partition and every one it held is

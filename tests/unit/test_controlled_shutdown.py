@@ -2,11 +2,14 @@
 it closes, each with its data, and it waits for that at most ``controlled.shutdown.timeout.ms``.
 
 Two in-process nodes on a test etcd and one local object store (docs/cluster.md, "Graceful
-handover"); the bound on a node alone, whose partitions have nowhere to go.
+handover"); the bound on a node alone, whose partitions have nowhere to go; a give-up cut
+short by the stop still closed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 
 from automq_ref.config import load_config
 from automq_ref.node import start_node
+from automq_ref.vocabulary.metadata_records import StreamState
 from tests.etcd_fixture import EtcdServer, running_etcd
 from tests.unit.test_cluster_balancing import cluster, held, produce
 from tests.waiting import wait_until_async
@@ -62,3 +66,30 @@ async def test_waiting_for_the_handover_is_bounded(tmp_path: Path) -> None:
         assert len(node.topics.partitions) == 2
     finally:
         await node.shutdown()
+
+
+async def test_a_give_up_cut_short_is_closed_at_shutdown(tmp_path: Path) -> None:
+    """The follower stopped in the middle of a partition's close (a stop right after its move
+    was decided): the partition left the map, but the shutdown still closes its streams, which
+    would otherwise keep its next broker out until this one started again."""
+    config = load_config(
+        overrides=[f"log.dirs={tmp_path}", "s3.wal.capacity=16777216"], environment={}
+    )
+    node = await start_node(config)
+    try:
+        await node.topics.create_topic("cut", 1, {})
+        partition = node.topics.partitions[("cut", 0)]
+        await produce(partition, 5)
+        streams = (partition.data_stream_id, partition.meta_stream_id)
+        await node.topics.stop_following()
+        giving_up = asyncio.create_task(node.topics._give_up(("cut", 0), None))
+        await asyncio.sleep(0)  # out of the map; its close waits for the upload
+        giving_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await giving_up
+        assert ("cut", 0) not in node.topics.partitions
+        assert node.topics.unclosed() == [partition]
+        assert node.view.image.streams[streams[-1]].state is StreamState.OPENED
+    finally:
+        await node.shutdown()
+    assert all(node.view.image.streams[s].state is StreamState.CLOSED for s in streams)
