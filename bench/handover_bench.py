@@ -245,9 +245,8 @@ def handover_run(cluster: Cluster, client: str, run: int, settings: argparse.Nam
         time.sleep(SETTLE_S)
         wait_for(f"{topic} steady again", lambda: producer.acks.steady(every, time.time()))
     # Each run starts from the same partitions: this run's topic goes.
-    for future in (
-        AdminClient({"bootstrap.servers": cluster.bootstrap}).delete_topics([topic]).values()
-    ):
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    for future in admin.delete_topics([topic], operation_timeout=30).values():
         future.result(WAIT_S)
     if producer.acks.errors or sum(len(t) for t in producer.acks.times.values()) != producer.sent:
         acked = sum(len(t) for t in producer.acks.times.values())

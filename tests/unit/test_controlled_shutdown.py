@@ -3,7 +3,7 @@ it closes, each with its data, and it waits for that at most ``controlled.shutdo
 
 Two in-process nodes on a test etcd and one local object store (docs/cluster.md, "Graceful
 handover"); the bound on a node alone, whose partitions have nowhere to go; a give-up cut
-short by the stop still closed.
+short by the stop still closed; Metadata listing the stopping broker until it has handed over.
 """
 
 from __future__ import annotations
@@ -17,9 +17,21 @@ from typing import Any
 import pytest
 
 from automq_ref.config import load_config
+from automq_ref.kafka.handlers.metadata import _handing_over
 from automq_ref.node import start_node
+from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.stream_metadata import (
+    BrokerHeartbeat,
+    CloseStream,
+    ControlledShutdown,
+    CreateStream,
+    CreateTopic,
+    OpenStream,
+    RegisterNode,
+)
 from automq_ref.vocabulary.metadata_records import StreamState
 from tests.etcd_fixture import EtcdServer, running_etcd
+from tests.properties.test_placement import PARAMS, listeners, run, topic_value
 from tests.unit.test_cluster_balancing import cluster, held, produce
 from tests.waiting import wait_until_async
 
@@ -93,3 +105,30 @@ async def test_a_give_up_cut_short_is_closed_at_shutdown(tmp_path: Path) -> None
     finally:
         await node.shutdown()
     assert all(node.view.image.streams[s].state is StreamState.CLOSED for s in streams)
+
+
+def test_metadata_lists_a_broker_until_it_has_handed_over() -> None:
+    """A broker in controlled shutdown stays in Metadata's brokers while it holds a moved
+    partition's stream open (a client must not see it vanish in the answer that moves the
+    partition: librdkafka then loses the partition until its next leader query), and leaves
+    the list once it closed it."""
+    image = run(
+        sm.EMPTY_IMAGE,
+        RegisterNode(1, 0, "a", listeners(1)),
+        RegisterNode(2, 0, "b", listeners(2)),
+        BrokerHeartbeat(1, 0, 1_000),
+        BrokerHeartbeat(2, 0, 1_000),
+        CreateTopic("t0", topic_value("t0", 1), (1,)),
+    )
+    placed = sm.placed_topic(image, "t0")
+    assert placed is not None
+    created = sm.step(image, CreateStream(1, 0, placed.topic_id, 0), PARAMS)
+    stream_id = sm.response_of(created).stream_id
+    assert stream_id is not None
+    image = run(created.state, OpenStream(1, 0, stream_id, 0))
+    assert _handing_over(image) == []  # live, not shutting down
+    image = run(image, ControlledShutdown(1, 0))
+    assert sm.broker_partitions(image, 1) == []  # moved to broker 2 ...
+    assert [b.node_id for b in _handing_over(image)] == [1]  # ... but still open on 1
+    image = run(image, CloseStream(1, 0, stream_id, 0))
+    assert _handing_over(image) == []
