@@ -299,6 +299,8 @@ class TopicRegistry:
             )
         self.partitions[key] = partition
         self._led_at[key] = epoch
+        # Opened here again at a later epoch: an earlier close left unfinished is moot.
+        self._leaving.pop(key, None)
         log.info(
             "partition led %s",
             fields(
