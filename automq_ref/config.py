@@ -258,6 +258,12 @@ class BrokerConfig(BaseModel):
     # younger than this: a broker that just (re)started is left to recover its WAL itself
     # (AutoMQ's one minute).
     failover_new_epoch_grace_ms: int = Field(60_000, alias="failover.new.epoch.grace.ms", ge=0)
+    # A graceful stop (SIGTERM) hands the broker's partitions over first: the controller moves
+    # them in batches and each closes here as its move is decided. The broker waits at most
+    # this long for them all, then closes what it still holds and exits.
+    controlled_shutdown_timeout_ms: int = Field(
+        60_000, alias="controlled.shutdown.timeout.ms", ge=0
+    )
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.

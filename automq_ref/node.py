@@ -409,25 +409,36 @@ class Node:
             await self._store.close()
 
     async def shutdown(self) -> None:
-        """Graceful: stop listening, close every partition (uploading its data), then the
-        storage."""
-        if self._server is not None:
-            await self._server.close()
-            self._server = None
-        # The controller hears of the stop before the partitions close: it moves them now, and
-        # this broker still closes their streams at its epoch.
-        await self.session.shutdown()
-        # The loops stop before the partitions close: a clean cut short here is discarded by
-        # the next open (automq_ref/kafka/compaction.py).
+        """Graceful (a controlled shutdown): the partitions are handed over while the listener
+        still answers, then everything closes and the WAL's data is uploaded.
+
+        The controller hears of the stop first (``ControlledShutdown``) and moves this broker's
+        partitions away in batches; the topic registry, still following the image, gives each
+        up as its move is decided: it answers ``NOT_LEADER_OR_FOLLOWER`` from then on (clients
+        move to the new broker), its appends in flight become durable, its streams are uploaded
+        and closed, and its new broker opens them. Once none is left here (or after
+        ``controlled.shutdown.timeout.ms``) the listener closes and what remains closes."""
+        # The loops stop first: a clean cut short here is discarded by the next open
+        # (automq_ref/kafka/compaction.py).
         for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
+        # The controller hears of the stop before the partitions close: it moves them now, and
+        # this broker still closes their streams at its epoch.
+        held = len(self.topics.partitions)
+        accepted = await self.session.shutdown()
+        if accepted and self.config.etcd_endpoints and self._server is not None:
+            await self._hand_over(held)
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
         await self.topics.stop_following()
         if self.failover is not None:
             await self.failover.close()
-        partitions = self.topics.partitions.values()
+        # With those whose give-up the stop cut short: none may stay open.
+        partitions = self.topics.unclosed()
         for partition in partitions:
             partition.wake_waiters()
         try:
@@ -442,6 +453,26 @@ class Node:
             await self.ticks.close()
             await self.metadata.close()
             await self._store.close()
+
+    async def _hand_over(self, held: int) -> None:
+        """Until the controller has moved every partition off this broker and the registry has
+        given each up (closed), at most ``controlled.shutdown.timeout.ms``; ``held`` partitions
+        were here before."""
+        began_s = self.clock.monotonic_s()
+        timeout_s = self.config.controlled_shutdown_timeout_ms / 1000
+        handed_over = await self.topics.wait_handed_over(timeout_s)
+        left = len(self.topics.partitions)
+        log.log(
+            logging.INFO if handed_over else logging.WARNING,
+            "controlled shutdown done %s",
+            fields(
+                node_id=self.config.node_id,
+                handed_over=held - left,
+                left=left,
+                timed_out=not handed_over,
+                seconds=round(self.clock.monotonic_s() - began_s, 3),
+            ),
+        )
 
 
 async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:

@@ -18,8 +18,9 @@
 (* atomically.  A broker registers (a new node epoch; it starts fenced),   *)
 (* heartbeats (the first unfences it: it joins), may have its session      *)
 (* expire (fenced, node epoch bumped: that registration is over; it must   *)
-(* register again), may shut down (fenced, epoch kept)                     *)
-(* or be unregistered.  Every partition is assigned to one broker at a     *)
+(* register again), may shut down (fenced, epoch kept; its partitions      *)
+(* leave it in batches, held on it meanwhile) or be unregistered.          *)
+(* Every partition is assigned to one broker at a                          *)
 (* leader epoch; each change of the live brokers moves partitions in the   *)
 (* same step, and so do reassignments and balancing rounds; every move     *)
 (* bumps the leader epoch.  A partition's streams are created and opened   *)
@@ -30,7 +31,8 @@
 (*                                                                         *)
 (* WHAT IS ABSTRACTED AWAY, AND WHY.                                       *)
 (* - Time: a session "may lapse at any moment": ExpireSessions fences any  *)
-(*   non-empty set of live brokers; a heartbeat of a live broker changes   *)
+(*   set of live brokers (empty too, when it only moves a batch off a      *)
+(*   broker in controlled shutdown); a heartbeat of a live broker changes  *)
 (*   nothing here (it renews the controller's soft state).                 *)
 (* - Where partitions go: the machine picks targets by counts, racks and   *)
 (*   loads (placement.py, property-tested); the spec lets a move pick any  *)
@@ -109,6 +111,8 @@ Registered(b) == regEpoch[b] >= 0
 Current(b) == Registered(b) /\ regEpoch[b] = nodeEpoch[b]
 \* Registered, unfenced, not shutting down: the brokers partitions may live on.
 Live == {b \in Brokers : Registered(b) /\ ~fenced[b] /\ ~shutdown[b]}
+\* In controlled shutdown: their partitions stay on them until a batch moves them.
+Draining == {b \in Brokers : shutdown[b]}
 Created == {p \in Partitions : leaderEpoch[p] >= 0}
 StreamsOf(p) == {s \in Streams : streamPartition[s] = p}
 OpenStreamsOf(p) == {s \in StreamsOf(p) : streamState[s] = "OPENED"}
@@ -133,24 +137,29 @@ MoveWithin(Dest(_)) ==
     /\ \A p \in Moved : NewEpoch(p) <= MaxLeaderEpoch
     /\ leaderEpoch' = [p \in Partitions |-> IF p \in Moved THEN NewEpoch(p) ELSE leaderEpoch[p]]
 
-\* With L the live brokers after a step: the created partitions that are on none of them
-\* (and are not already without a broker while none is live).
-Stranded(L) ==
-    {p \in Created : leader[p] \notin L /\ ~(L = {} /\ leader[p] = NoBroker)}
+\* With L the live brokers and D the draining ones after a step: the created partitions that
+\* are on none of them (and are not already without a broker while none is live).
+Stranded(L, D) ==
+    {p \in Created : leader[p] \notin L \cup D /\ ~(L = {} /\ leader[p] = NoBroker)}
 
 \* Where a stranded partition may go: a live broker, or none if none is live.
 StrandedTargets(L) == IF L = {} /\ CheckLiveTarget THEN {NoBroker} ELSE Targets(L)
 
-\* Brokers left (L is the live set after the step): the stranded partitions move to live
-\* brokers (or to none if none is live); no other partition moves.
-Rehome(L) ==
-    MoveWithin(LAMBDA p : IF p \in Stranded(L) THEN StrandedTargets(L) ELSE {leader[p]})
+\* Brokers left (L and D are the live and draining sets after the step): the stranded
+\* partitions move to live brokers (or to none if none is live); any partitions of the
+\* draining brokers may move the same way (a batch: placement.drain picks which) or stay; no
+\* other partition moves.
+Rehome(L, D) ==
+    MoveWithin(LAMBDA p :
+        IF p \in Stranded(L, D) THEN StrandedTargets(L)
+        ELSE IF p \in Created /\ leader[p] \in D THEN StrandedTargets(L) \cup {leader[p]}
+        ELSE {leader[p]})
 
 \* Broker j joined (L is the live set after the step, j in it): the stranded partitions move
 \* to live brokers, and any partitions of the others may move to j (its share).
 Join(L, j) ==
     MoveWithin(LAMBDA p :
-        IF p \in Stranded(L) THEN StrandedTargets(L)
+        IF p \in Stranded(L, Draining) THEN StrandedTargets(L)
         ELSE IF p \in Created /\ leader[p] \in L \ {j} THEN {leader[p], j}
         ELSE {leader[p]})
 
@@ -204,7 +213,7 @@ RegisterNode(b) ==
         /\ regEpoch' = [regEpoch EXCEPT ![b] = e]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = FALSE]
-    /\ Rehome(Live \ {b})
+    /\ Rehome(Live \ {b}, Draining \ {b})
     /\ UNCHANGED <<streamVars, historyVars>>
 
 \* ACTION: BrokerHeartbeat(b) mirrors the first heartbeat of a registered broker: it is
@@ -218,23 +227,25 @@ BrokerHeartbeat(b) ==
     /\ Join(Live \cup {b}, b)
     /\ UNCHANGED <<nodeEpoch, regEpoch, shutdown, streamVars, historyVars>>
 
-\* ACTION: ExpireSessions(S) mirrors the controller's session check: the live brokers S,
-\* whose sessions lapsed, are fenced and their node epochs bumped; their partitions move.
+\* ACTION: ExpireSessions(S) mirrors the controller's session check, once a second: the live
+\* brokers S, whose sessions lapsed, are fenced and their node epochs bumped; their partitions
+\* move; and the next batch leaves each broker in controlled shutdown (S may then be empty).
 ExpireSessions(S) ==
-    /\ S # {} /\ S \subseteq Live
+    /\ (S # {} \/ Draining # {}) /\ S \subseteq Live
     /\ \A b \in S : nodeEpoch[b] < MaxNodeEpoch
     /\ nodeEpoch' = [b \in Brokers |-> IF b \in S THEN nodeEpoch[b] + 1 ELSE nodeEpoch[b]]
     /\ fenced' = [b \in Brokers |-> b \in S \/ fenced[b]]
-    /\ Rehome(Live \ S)
+    /\ Rehome(Live \ S, Draining)
     /\ UNCHANGED <<regEpoch, shutdown, streamVars, historyVars>>
 
-\* ACTION: ControlledShutdown(b) mirrors a stopping broker's request: fenced, its partitions
-\* move now; it keeps its node epoch to close its streams.
+\* ACTION: ControlledShutdown(b) mirrors a stopping broker's request: fenced, the first batch
+\* of its partitions moves now, the rest at the next ExpireSessions ticks; it keeps its node
+\* epoch to close its streams.
 ControlledShutdown(b) ==
     /\ Current(b) /\ ~shutdown[b]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = TRUE]
-    /\ Rehome(Live \ {b})
+    /\ Rehome(Live \ {b}, Draining \cup {b})
     /\ UNCHANGED <<nodeEpoch, regEpoch, streamVars, historyVars>>
 
 \* ACTION: UnregisterBroker(b) mirrors Kafka's UnregisterBroker: refused (STREAM_NOT_CLOSED)
@@ -247,7 +258,7 @@ UnregisterBroker(b) ==
     /\ regEpoch' = [regEpoch EXCEPT ![b] = -1]
     /\ fenced' = [fenced EXCEPT ![b] = TRUE]
     /\ shutdown' = [shutdown EXCEPT ![b] = FALSE]
-    /\ Rehome(Live \ {b})
+    /\ Rehome(Live \ {b}, Draining \ {b})
     /\ UNCHANGED <<streamVars, historyVars>>
 
 \* ACTION: CreateTopic mirrors CreateTopics (and CreatePartitions): new partitions, each on a
@@ -346,9 +357,11 @@ TypeOK ==
     /\ strayOpen \in BOOLEAN
 
 \* Once the controller has acted, no partition is on a broker that is not live: each is on a
-\* live broker, or on none when no broker is live.
+\* live broker, or on one draining in a controlled shutdown (until its batch), or on none when
+\* no broker is live.
 PartitionsOnLiveBrokers ==
-    \A p \in Created : leader[p] \in Live \/ (leader[p] = NoBroker /\ Live = {})
+    \A p \in Created :
+        leader[p] \in Live \cup Draining \/ (leader[p] = NoBroker /\ Live = {})
 
 \* A partition's open streams are all on one broker; one open at the partition's leader epoch
 \* is on the partition's broker; none is at a higher epoch.  So the streams are open only on

@@ -123,6 +123,9 @@ class TopicRegistry:
         # The leader epoch each held partition was taken at (its streams' epoch, except for
         # streams written before placement, opened above their own epoch).
         self._led_at: dict[tuple[str, int], int] = {}
+        # Partitions given up whose close has not finished: a follower stopped in the middle
+        # of one leaves it here, and the broker's shutdown closes it (see :meth:`unclosed`).
+        self._leaving: dict[tuple[str, int], Partition] = {}
         # Each topic's KV record as this registry read or last wrote it: the condition of the
         # topic's next change (compare-and-set, compare-and-delete), so that a change another
         # node made meanwhile is never overwritten unseen.
@@ -245,9 +248,15 @@ class TopicRegistry:
             for name, index, epoch in sm.broker_partitions(image, self._node_id)
             if name in self.topics and index < self.topics[name].partitions
         }
-        for key in sorted(self.partitions):
-            if wanted.get(key) != self._led_at[key]:
-                await self._give_up(key, wanted.get(key))
+        # Together: each leaves the map at once (answering NOT_LEADER_OR_FOLLOWER), and the
+        # first close seals the block holding all their data, the others wait for that upload.
+        leaving = [key for key in sorted(self.partitions) if wanted.get(key) != self._led_at[key]]
+        given_up = await asyncio.gather(
+            *(self._give_up(key, wanted.get(key)) for key in leaving), return_exceptions=True
+        )
+        for failure in given_up:
+            if isinstance(failure, BaseException):
+                raise failure
         missing = sorted(key for key in wanted if key not in self.partitions)
         results = await asyncio.gather(
             *(self._take(key, wanted[key]) for key in missing), return_exceptions=True
@@ -290,6 +299,8 @@ class TopicRegistry:
             )
         self.partitions[key] = partition
         self._led_at[key] = epoch
+        # Opened here again at a later epoch: an earlier close left unfinished is moot.
+        self._leaving.pop(key, None)
         log.info(
             "partition led %s",
             fields(
@@ -312,6 +323,7 @@ class TopicRegistry:
         NOT_LEADER_OR_FOLLOWER), then its streams closed (what the WAL holds uploaded)."""
         partition = self.partitions.pop(key)
         del self._led_at[key]
+        self._leaving[key] = partition
         partition.wake_waiters()
         await self._tell_given_up(partition)
         log_end = partition.log_end_offset
@@ -325,6 +337,7 @@ class TopicRegistry:
                 "partition not closed %s",
                 fields(topic=key[0], partition=key[1], error=str(error)),
             )
+        del self._leaving[key]
         image = self._view.image
         log.info(
             "partition given up %s",
@@ -386,6 +399,37 @@ class TopicRegistry:
         except TimeoutError:
             return False
         return True
+
+    def unclosed(self) -> list[Partition]:
+        """Every partition whose streams this broker may still hold open: those it leads, and
+        those given up whose close was cut short (the follower stopped in the middle of it).
+        A broker that stops closes them all; one left open would keep its next broker out
+        (``STREAM_NOT_CLOSED``) until this broker's next start."""
+        return [*self.partitions.values(), *self._leaving.values()]
+
+    async def wait_handed_over(self, timeout_s: float) -> bool:
+        """Wait until placement assigns this broker no partition and every one it held is
+        given up (closed, so that its new broker can open it), at most ``timeout_s``; True if
+        so. A broker in controlled shutdown waits here while the controller moves its
+        partitions away."""
+
+        def done() -> bool:
+            return not self.partitions and not sm.broker_partitions(self._view.image, self._node_id)
+
+        try:
+            async with asyncio.timeout(timeout_s):
+                while True:
+                    version = self._view.version
+                    if done():
+                        # A round of the follower may still be closing what it gave up.
+                        async with self._lock:
+                            if done():
+                                return True
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(RETRY_S):
+                            await self._view.wait_for_change(version)
+        except TimeoutError:
+            return False
 
     def loads(self) -> tuple[sm.PartitionLoad, ...]:
         """Each partition led here: its bytes in and out per second since the last call (or

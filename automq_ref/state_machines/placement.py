@@ -21,6 +21,13 @@ The rules, each the smallest change that does the job:
 - **A broker leaves** (fenced, shut down, unregistered, restarted: ``move_off``): only the
   partitions that are on no live broker move, each to the live broker with the fewest partitions
   (same tie-breaks). Nothing else moves.
+- **A broker shuts down** (controlled shutdown, ``drain``): its partitions stay on it, held
+  (no other rule moves them), and leave in batches, one batch per round (the controller runs a
+  round at the shutdown request and then once a second), AutoMQ's batch:
+  ``max(ceil(leaders / 60), 100)`` of its partitions, lowest keys first, each to the live broker
+  with the fewest partitions (same tie-breaks), so even a broker leading thousands is drained
+  within about a minute without moving everything in one decision. With no live broker left
+  there is nowhere to spread the load: all of them are left with none at once.
 - **A broker joins** (``share_with``): it takes partitions, one at a time, from the broker with
   the most partitions (ties: the busier by reported load, then the lower id) until no broker has
   two more than it: exactly as many moves as it takes to give it its share.
@@ -164,12 +171,17 @@ def place_partitions(
     return tuple(chosen)
 
 
-def move_off(brokers: Collection[Broker], assignment: Assignment) -> dict[PartitionKey, int]:
+def move_off(
+    brokers: Collection[Broker], assignment: Assignment, held: Collection[int] = ()
+) -> dict[PartitionKey, int]:
     """New brokers for the partitions on no live broker (their broker left, or none was live):
     only those move, each to the live broker with the fewest partitions. With no live broker
-    they are left with none (``NO_BROKER``)."""
+    they are left with none (``NO_BROKER``). The partitions of the brokers ``held`` (shutting
+    down: :func:`drain` moves theirs) stay where they are."""
     live = {broker.node_id for broker in brokers}
-    stranded = sorted(key for key, node_id in assignment.items() if node_id not in live)
+    stranded = sorted(
+        key for key, node_id in assignment.items() if node_id not in live and node_id not in held
+    )
     if not brokers:
         return {key: NO_BROKER for key in stranded if assignment[key] != NO_BROKER}
     ordered = rack_order(brokers)
@@ -183,6 +195,37 @@ def move_off(brokers: Collection[Broker], assignment: Assignment) -> dict[Partit
         previous_rack = racks[broker.node_id]
         moves[key] = broker.node_id
     return moves
+
+
+# AutoMQ's controlled shutdown: a round moves max(ceil(leaders / ROUNDS), MIN) partitions.
+SHUTDOWN_BATCH_ROUNDS: Final = 60
+SHUTDOWN_BATCH_MIN: Final = 100
+
+
+def shutdown_batch_size(leaders: int) -> int:
+    """How many of its ``leaders`` partitions a shutting-down broker gives up in one round.
+
+    post: __return__ >= min(leaders, SHUTDOWN_BATCH_MIN)
+    post: __return__ * SHUTDOWN_BATCH_ROUNDS >= leaders
+    """
+    return max(-(-leaders // SHUTDOWN_BATCH_ROUNDS), SHUTDOWN_BATCH_MIN)
+
+
+def drain(
+    brokers: Collection[Broker], assignment: Assignment, draining: Collection[int]
+) -> dict[PartitionKey, int]:
+    """One round of controlled shutdowns: for each broker of ``draining``, its
+    :func:`shutdown_batch_size` lowest partitions move as :func:`move_off` moves a broker's
+    that left (all of them when no broker is live: they are left with none)."""
+    batch: set[PartitionKey] = set()
+    for node_id in sorted(set(draining)):
+        mine = sorted(key for key, held_by in assignment.items() if held_by == node_id)
+        batch.update(mine[: shutdown_batch_size(len(mine))] if brokers else mine)
+    if not batch:
+        return {}
+    rest = {key: node_id for key, node_id in assignment.items() if node_id not in draining}
+    moves = move_off(brokers, {**rest, **{key: assignment[key] for key in batch}})
+    return {key: node_id for key, node_id in moves.items() if key in batch}
 
 
 def _broker_loads(

@@ -142,6 +142,40 @@ def test_a_departure_moves_only_the_stranded_partitions(
     }
 
 
+@given(clusters())
+def test_a_shutting_down_broker_is_drained_in_batches(
+    cluster: tuple[list[pl.Broker], dict[pl.PartitionKey, int]],
+) -> None:
+    """Broker 10 shuts down: its partitions are held by every other rule and leave in rounds
+    of AutoMQ's batch, each round to live brokers only (none when none is live), until none is
+    left; the others' partitions never move."""
+    brokers, assignment = cluster
+    live = {broker.node_id for broker in brokers}
+    assert not set(pl.move_off(brokers, assignment, held=[10])) & {
+        key for key, node_id in assignment.items() if node_id == 10
+    }
+    current = dict(assignment)
+    rounds = 0
+    while any(node_id == 10 for node_id in current.values()):
+        mine = sum(1 for node_id in current.values() if node_id == 10)
+        moves = pl.drain(brokers, current, [10])
+        assert {current[key] for key in moves} == {10}
+        assert len(moves) == (min(mine, pl.shutdown_batch_size(mine)) if brokers else mine)
+        assert set(moves.values()) <= (live or {pl.NO_BROKER})
+        current.update(moves)
+        rounds += 1
+    assert rounds <= 1 + len(assignment) // pl.SHUTDOWN_BATCH_MIN
+    assert {k: v for k, v in current.items() if assignment[k] != 10} == {
+        k: v for k, v in assignment.items() if v != 10
+    }
+
+
+def test_the_shutdown_batch_is_automqs() -> None:
+    """max(ceil(leaders / 60), 100): a broker with thousands of partitions drains in a minute."""
+    sizes = [pl.shutdown_batch_size(n) for n in (0, 1, 100, 6000, 6001, 12000)]
+    assert sizes == [100, 100, 100, 100, 101, 200]
+
+
 @given(clusters(min_brokers=2), st.data())
 def test_a_joining_broker_takes_only_its_share(
     cluster: tuple[list[pl.Broker], dict[pl.PartitionKey, int]], data: st.DataObject
@@ -719,6 +753,34 @@ def test_a_new_empty_broker_receives_its_share_under_load() -> None:
             totals[assignment.leader] += (1 + index % 3) * 1024 * 1024
     mean = sum(totals.values()) / 3
     assert max(totals.values()) <= mean * 1.2, totals
+
+
+def test_a_controlled_shutdown_moves_the_partitions_in_batches_one_a_tick() -> None:
+    """250 partitions on broker 1, which shuts down: the first 100 move at the request, 100 at
+    each session tick after; meanwhile a broker that joins takes none of them, and every step
+    keeps PartitionsOnLiveBrokers (broker 1 is draining)."""
+    image = run(
+        EMPTY_IMAGE,
+        RegisterNode(1, 0, "a"),
+        RegisterNode(2, 0, "b"),
+        BrokerHeartbeat(1, 0, 1_000),
+        BrokerHeartbeat(2, 0, 1_000),
+    )
+    image = run(image, CreateTopic("t0", topic_value("t0", 250), (1,) * 250))
+    image = run(image, ControlledShutdown(1, 0))
+    sm.inv_partitions_on_live_brokers(image)
+    assert counts_of(image) == {1: 150, 2: 100}
+    image = run(image, RegisterNode(3, 0, "c"), BrokerHeartbeat(3, 0, 1_500))
+    assert counts_of(image)[1] == 150  # held: only the drain moves them
+    image = run(image, ExpireSessions(2_000))
+    sm.inv_partitions_on_live_brokers(image)
+    assert counts_of(image)[1] == 50
+    image = run(image, ExpireSessions(3_000))
+    assert 1 not in counts_of(image) and sum(counts_of(image).values()) == 250
+    assert sm.records_of(sm.step(image, ExpireSessions(4_000), PARAMS)) == ()
+    # It comes back: a new registration, no longer draining, and it takes its share.
+    image = run(image, RegisterNode(1, 0, "a"), BrokerHeartbeat(1, 1, 4_500))
+    assert not image.brokers[1].in_controlled_shutdown and counts_of(image)[1] >= 83
 
 
 def test_a_lapsed_session_fences_and_moves_and_the_broker_must_register_again() -> None:

@@ -107,19 +107,21 @@ class BrokerSession:
         await stop(self._task)
         self._task = None
 
-    async def shutdown(self) -> None:
+    async def shutdown(self) -> bool:
         """Stop heartbeating and tell the controller this broker is stopping (its partitions
-        move now, while it still closes its streams at its epoch)."""
+        move now, in batches, while it still closes their streams at its epoch). True if the
+        controller took it: the partitions are on their way; False if it could not be told
+        (they move when the session lapses)."""
         await self.stop_heartbeats()
         if self.expired.is_set():
-            return
+            return False
         try:
             response = await self._client.submit(
                 sm.ControlledShutdown(self.node_id, self.node_epoch)
             )
         except Exception as error:  # stopping anyway: the session lapses instead
             log.warning("broker %d controlled shutdown failed: %s", self.node_id, error)
-            return
+            return False
         if not response.ok:
             log.warning(
                 "broker %d controlled shutdown refused: %s: %s",
@@ -127,6 +129,8 @@ class BrokerSession:
                 response.error.value,
                 response.message,
             )
+            return False
+        return True
 
 
 class ControllerTicks:

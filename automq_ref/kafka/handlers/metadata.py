@@ -1,11 +1,15 @@
 """Metadata and DescribeCluster: the cluster's brokers, its topics and their partitions' leaders.
 
 Both answer from this broker's metadata view: the brokers are the live ones (unfenced, not
-shutting down) with their rack and the listener they registered, this broker always among them
-(it answers, so it serves); a partition's leader is the broker placement assigned it to, at its
-leader epoch (``LEADER_NOT_AVAILABLE`` while no broker is live to take it), whether or not that
-broker has opened it yet: a request sent there early is answered ``NOT_LEADER_OR_FOLLOWER`` and
-retried.
+shutting down) and those in controlled shutdown that are still handing partitions over (they
+lead some, or hold a stream open), as Kafka lists a broker until its controlled shutdown ends,
+with their rack and the listener they registered, this broker always among them (it answers, so
+it serves). A client that saw a broker it was producing to vanish from the list in the same
+answer that moved its partitions away would drop them from that connection and find them again
+only at its next periodic leader query (librdkafka: hundreds of ms). A partition's leader is the
+broker placement assigned it to, at its leader epoch (``LEADER_NOT_AVAILABLE`` while no broker
+is live to take it), whether or not that broker has opened it yet: a request sent there early is
+answered ``NOT_LEADER_OR_FOLLOWER`` and retried.
 
 The controller Metadata names is this broker: clients send it their admin requests (CreateTopics
 and the like), and every broker takes those and hands them to the active controller. Naming the
@@ -189,12 +193,25 @@ def _brokers(context: Context) -> list[_Broker]:
             context.config.broker_rack or None,
         )
     ]
-    for broker in sm.live_brokers(context.topics.view.image):
+    image = context.topics.view.image
+    for broker in [*sm.live_brokers(image), *_handing_over(image)]:
         if broker.node_id == node_id or not broker.listeners:
             continue
         endpoint = broker.listeners[0]
         found.append(_Broker(broker.node_id, endpoint.host, endpoint.port, broker.rack or None))
     return sorted(found, key=lambda b: b.node_id)
+
+
+def _handing_over(image: sm.StreamMetadataImage) -> list[sm.BrokerRegistration]:
+    """Brokers in controlled shutdown that still lead a partition or hold a stream open."""
+    return [
+        broker
+        for broker in image.brokers.values()
+        if broker.in_controlled_shutdown
+        and (
+            sm.broker_partitions(image, broker.node_id) or sm.opening_streams(image, broker.node_id)
+        )
+    ]
 
 
 def _controller_id(context: Context, brokers: list[_Broker]) -> int:

@@ -7,7 +7,9 @@ session that each heartbeat extends by Kafka's ``broker.session.timeout.ms``; ``
 fences a broker whose session ended and bumps its node epoch, so every later request of that
 incarnation gets ``NODE_EPOCH_EXPIRED`` (AutoMQ's node-level fencing; the failover of its WAL
 acts at the bumped epoch). ``ControlledShutdown`` fences a stopping broker but keeps its epoch:
-it still closes its streams. ``UnregisterBroker`` removes a broker that holds no stream open.
+it still closes its streams, and its partitions leave it in batches (``placement.drain``,
+AutoMQ's rule): the first at the request, the next at each ``ExpireSessions`` tick.
+``UnregisterBroker`` removes a broker that holds no stream open.
 
 Placement. Every partition has one broker, its *leader* (the one replica, the preferred leader),
 and a *leader epoch*: the stream epoch at which that broker opens the partition's streams. A
@@ -17,9 +19,11 @@ uploads what its WAL holds for those streams and closes them; the new one opens 
 epoch, which the stream epochs turn into fencing of the old owner. Every change of the set of
 live brokers moves partitions in the same decision (``placement`` computes where to):
 
-- a broker leaves (fenced by its session, shut down, unregistered, re-registered after a
-  restart): its partitions go to live brokers evenly, nothing else moves; with no live broker
-  left they have no leader (``NO_LEADER``) until one joins;
+- a broker leaves (fenced by its session, unregistered, re-registered after a restart): its
+  partitions go to live brokers evenly, nothing else moves; with no live broker left they have
+  no leader (``NO_LEADER``) until one joins;
+- a broker shuts down (controlled shutdown): its partitions go the same way, in batches of
+  ``max(ceil(leaders / 60), 100)`` a round, and no other decision moves them meanwhile;
 - a broker joins (its first heartbeat): partitions without a leader come to live brokers, then
   it takes its share from the brokers with the most.
 
@@ -128,16 +132,31 @@ def _move_records(
     return records
 
 
+def draining(image: StreamMetadataImage) -> set[int]:
+    """The brokers in controlled shutdown: their partitions stay on them until a round of
+    :func:`placement.drain` moves them."""
+    return {b.node_id for b in image.brokers.values() if b.in_controlled_shutdown}
+
+
 def _then(
-    image: StreamMetadataImage, records: list[MetadataRecord], *, joined: int | None = None
+    image: StreamMetadataImage,
+    records: list[MetadataRecord],
+    *,
+    joined: int | None = None,
+    drain: bool = False,
 ) -> list[MetadataRecord]:
     """``records`` (a change of the live brokers) followed by the moves it calls for: the
-    partitions on no live broker move to live ones; a broker that ``joined`` takes its share.
-    A partition moves once per decision, to where it ends, one leader epoch up."""
+    partitions on no live broker move to live ones, except those of brokers in controlled
+    shutdown, which leave in batches (one batch each when ``drain``); a broker that ``joined``
+    takes its share. A partition moves once per decision, to where it ends, one leader epoch
+    up."""
     after = replay_all(image, records)
     brokers = _brokers(after)
     assignment = _assignment(after)
-    moves = placement.move_off(brokers, assignment)
+    held = draining(after)
+    moves = placement.move_off(brokers, assignment, held)
+    if drain:
+        moves.update(placement.drain(brokers, {**assignment, **moves}, held))
     if joined is not None:
         loads = {key: reported.load for key, reported in image.loads.items()}
         moves.update(placement.share_with(brokers, {**assignment, **moves}, joined, loads))
@@ -235,7 +254,8 @@ def _on_expire_sessions(
         fence.append(
             BrokerRegistrationChangeRecord(node_id, image.brokers[node_id].node_epoch, True, False)
         )
-    records = departure_records(image, fence) if fence else []
+    # The same tick moves the next batch off each broker in controlled shutdown.
+    records = _then(image, fence, drain=True) if fence or draining(image) else []
     return Decision(records, Response(), sessions=_without(sessions, lapsed))
 
 
@@ -251,7 +271,8 @@ def _on_controlled_shutdown(image: StreamMetadataImage, event: ControlledShutdow
     change: list[MetadataRecord] = [
         BrokerRegistrationChangeRecord(event.node_id, broker.node_epoch, True, True)
     ]
-    records = departure_records(image, change)
+    # The first batch of its partitions moves now, the next ones at the following ticks.
+    records = _then(image, change, drain=True)
     return Decision(records, Response(), sessions=_without(image.sessions, [event.node_id]))
 
 

@@ -132,13 +132,15 @@ INVARIANTS: Final = (
 
 def inv_partitions_on_live_brokers(image: StreamMetadataImage) -> None:
     """PartitionsOnLiveBrokers: every partition is assigned to a live broker (registered,
-    unfenced, not shutting down), or to none when no broker is live."""
+    unfenced, not shutting down) or to one draining in a controlled shutdown (its partitions
+    leave it in batches), or to none when no broker is live."""
     live = {broker.node_id for broker in live_brokers(image)}
+    draining = {b.node_id for b in image.brokers.values() if b.in_controlled_shutdown}
     for placed in image.topics.values():
         for index, assignment in placed.partitions.items():
             if assignment.leader == NO_LEADER and not live:
                 continue
-            if assignment.leader not in live:
+            if assignment.leader not in live | draining:
                 raise InvariantViolation(
                     f"{placed.name}-{index} is on broker {assignment.leader}; live: {sorted(live)}"
                 )
