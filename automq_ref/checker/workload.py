@@ -59,6 +59,9 @@ class WorkloadSettings:
     nemeses: tuple[str, ...] = ("kill", "pause")
     fault_interval_s: float = 6.0  # a fault starts about this often
     fault_length_s: float = 1.5  # how long a pause lasts / a killed broker stays down
+    # At least this many faults: the workload goes on past ``duration_s`` until they were
+    # injected (a short run that must meet several kinds of fault, whatever the machine's speed).
+    min_faults: int = 0
     seed: int = 0
     send_interval_s: float = 0.002  # per producer
 
@@ -178,7 +181,10 @@ def _nemesis(
     deadline = time.monotonic() + settings.duration_s
     while True:
         wait = rng.uniform(0.5, 1.5) * settings.fault_interval_s
-        if time.monotonic() + wait + settings.fault_length_s + 2 > deadline or not settings.nemeses:
+        enough = len(faults) >= settings.min_faults
+        if (
+            enough and time.monotonic() + wait + settings.fault_length_s + 2 > deadline
+        ) or not settings.nemeses:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
         time.sleep(wait)
