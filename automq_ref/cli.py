@@ -282,6 +282,13 @@ def _check(arguments: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if arguments.wal != "file" and "wal-loss" in requested:
+        print(
+            "automq-ref check: the wal-loss nemesis undoes what a WAL file wrote; with --wal "
+            f"{arguments.wal} leave it out of --nemesis",
+            file=sys.stderr,
+        )
+        return 2
     if arguments.fault_interval <= 0:
         print(
             f"automq-ref check: --fault-interval must be positive, not {arguments.fault_interval}",

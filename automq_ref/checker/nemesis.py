@@ -198,6 +198,8 @@ class Environment:
             raise ValueError(f"brokers must be at least 1, not {brokers}")
         if wal not in WALS:
             raise ValueError(f"unknown wal {wal!r} (known: {', '.join(WALS)})")
+        if wal != "file" and "wal-loss" in nemeses:
+            raise ValueError("the wal-loss nemesis undoes a WAL file's writes: it needs wal=file")
         needs_cluster = sorted(name for name in nemeses if NEMESES[name].needs_cluster)
         if needs_cluster and brokers == 1:
             raise ValueError(f"nemesis {', '.join(needs_cluster)} needs a cluster (brokers > 1)")

@@ -216,6 +216,16 @@ def test_no_runs_and_no_fault_interval_are_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_wal_loss_needs_the_file_wal(tmp_path: Path) -> None:
+    result = run_cli("check", "--wal", "s3", "--nemesis", "wal-loss", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: the wal-loss nemesis undoes what a WAL file wrote; with --wal s3 "
+        "leave it out of --nemesis"
+    )
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_cluster_of_no_brokers_is_refused(tmp_path: Path) -> None:
     result = run_cli("check", "--brokers", "0", "--out", "out", cwd=tmp_path)
     assert result.returncode == 2
