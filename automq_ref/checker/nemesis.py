@@ -92,6 +92,9 @@ CLUSTER_BROKER_SETTINGS = (
 # a second, so the broker is fenced before it resumes.
 LONG_PAUSE_MARGIN_S = 2.5
 ETCD_PAUSE_S = (1.5, 4.5)
+# The checked object WAL's batch interval (AutoMQ's default is 250 ms): each producer waits for
+# one send's answer before the next, so the default would leave a run with few operations.
+S3_WAL_BATCH_INTERVAL_MS = 50
 # pause-past-session: how long the broker stays paused once its fence is in the log (time for
 # a survivor to take over its partitions), and how often the log is read meanwhile.
 ZOMBIE_HOLD_S = 2.0
@@ -227,6 +230,7 @@ class Environment:
                     overrides.append(
                         f"s3.wal.path=0@s3://{S3_BUCKET}?region=us-east-1"
                         f"&endpoint={s3_proxy.url}&pathStyle=true"
+                        f"&batchInterval={S3_WAL_BATCH_INTERVAL_MS}"
                     )
             if brokers > 1:
                 data_dir.mkdir(parents=True, exist_ok=True)
