@@ -164,7 +164,8 @@ def run_check(
     if outcome.unreadable:
         lines.append(
             f"unreadable at the end: partition {', '.join(map(str, outcome.unreadable))} "
-            f"(no offsets within {FINAL_READ_TIMEOUT_S:.0f} s of the last heal)"
+            f"(no offsets within {FINAL_READ_TIMEOUT_S:.0f} s of the final read's start, every "
+            "fault healed)"
         )
     if outcome.fenced_restarts is not None:
         lines.append(

@@ -46,8 +46,12 @@ log = logging.getLogger(__name__)
 # of stderr; the history records every outcome the clients saw. Lower the level to see them.
 CLIENT_LOG = logging.getLogger("automq_ref.checker.librdkafka")
 CLIENT_LOG.setLevel(logging.CRITICAL)
-# How long the final read waits for a partition's offsets (it may be moving between brokers).
+# How long the final read waits for the partitions' offsets (they may be moving between
+# brokers): one deadline for all, counted from the start of the final read, so that a cluster
+# whose partitions never come back costs a minute, not a minute per partition; a partition asked
+# after the deadline still gets FINAL_READ_GRACE_S.
 FINAL_READ_TIMEOUT_S = 60.0
+FINAL_READ_GRACE_S = 5.0
 
 
 @dataclass
@@ -331,7 +335,8 @@ def _final_read(
 ) -> list[int]:
     """Every partition from its start to its end, recorded as one final poll per partition;
     the partitions it could not read (their offsets not given within
-    :data:`FINAL_READ_TIMEOUT_S`: a partition that never came back) are returned."""
+    :data:`FINAL_READ_TIMEOUT_S` of the final read's start: a partition that never came back)
+    are returned."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -342,11 +347,13 @@ def _final_read(
     )
     process = 1000
     unreadable: list[int] = []
+    deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
     try:
         for partition in range(settings.partitions):
             history.add(process, "invoke", "poll", {"partitions": [partition], "final": True})
             try:
-                low, high = watermarks(consumer, topic, partition)
+                wait_s = max(deadline - time.monotonic(), FINAL_READ_GRACE_S)
+                low, high = watermarks(consumer, topic, partition, wait_s)
             except KafkaException as error:  # the partition never came back: nothing observed
                 log.warning("final read of partition %d: %s", partition, error)
                 history.add(process, "info", "poll", {"error": str(error), "final": True})
