@@ -26,6 +26,9 @@ PROBE_TIMEOUT_S = 3.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The checked topic's partitions in a cluster: two led by each of three brokers.
 CLUSTER_PARTITIONS = 6
+# The workload's (automq_ref/checker/workload.py), repeated here: the command line does not load
+# the checker's clients to print its help.
+WORKLOAD_FAULT_INTERVAL_S = 6.0
 
 log = logging.getLogger("automq_ref")
 
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nemesis",
         default=None,
         help=f"comma-separated, any of: {', '.join(NEMESES)} (default: kill,pause; with "
-        "--brokers above 1: kill,pause,etcd-pause)",
+        "--brokers above 1: kill,pause,etcd-pause; docs/verification.md says what each does)",
     )
     check.add_argument(
         "--brokers",
@@ -93,7 +96,32 @@ def main(argv: list[str] | None = None) -> int:
         "the check starts, one shared object store, node ids 1..N in racks az1..azN",
     )
     check.add_argument("--duration", type=float, default=60.0, help="seconds of workload")
-    check.add_argument("--seed", type=int, default=None, help="fault schedule seed")
+    check.add_argument(
+        "--fault-interval",
+        type=float,
+        default=WORKLOAD_FAULT_INTERVAL_S,
+        help=f"a fault starts about this often, in seconds (default {WORKLOAD_FAULT_INTERVAL_S:g})",
+    )
+    check.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="fault schedule seed (with --runs: of the first run; run i uses seed+i)",
+    )
+    check.add_argument(
+        "--runs",
+        type=int,
+        default=None,
+        help="repeat the whole run this many times on fresh data, each in <out>/seed-<seed>, "
+        "with a line per run and the aggregate (runs passed and failed, the failed seeds)",
+    )
+    check.add_argument(
+        "--wal",
+        default="file",
+        choices=("file", "s3"),
+        help="the brokers' WAL: file (default: each broker's block WAL in its data) or s3 "
+        "(the object WAL in the checked bucket, behind the S3 fault proxy)",
+    )
     check.add_argument(
         "--partitions",
         type=int,
@@ -254,6 +282,25 @@ def _check(arguments: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
+    if arguments.wal != "file" and "wal-loss" in requested:
+        print(
+            "automq-ref check: the wal-loss nemesis undoes what a WAL file wrote; with --wal "
+            f"{arguments.wal} leave it out of --nemesis",
+            file=sys.stderr,
+        )
+        return 2
+    if arguments.fault_interval <= 0:
+        print(
+            f"automq-ref check: --fault-interval must be positive, not {arguments.fault_interval}",
+            file=sys.stderr,
+        )
+        return 2
+    if arguments.runs is not None and arguments.runs < 1:
+        print(
+            f"automq-ref check: --runs must be at least 1, not {arguments.runs}",
+            file=sys.stderr,
+        )
+        return 2
     if cluster and shutil.which("etcd") is None:
         print(
             "automq-ref check: etcd is not on PATH; a cluster check (--brokers above 1) runs "
@@ -278,15 +325,30 @@ def _check(arguments: argparse.Namespace) -> int:
     settings = WorkloadSettings(
         partitions=partitions,
         duration_s=arguments.duration,
+        fault_interval_s=arguments.fault_interval,
         nemeses=nemeses,
         seed=seed,
     )
+    if arguments.runs is not None:
+        from automq_ref.checker.soak import run_checks
+
+        total = run_checks(
+            arguments.out,
+            settings,
+            arguments.runs,
+            tuple(arguments.broker_override),
+            broken=tuple(arguments.broken),
+            brokers=arguments.brokers,
+            wal=arguments.wal,
+        )
+        return 0 if total.ok else 1
     outcome = run_check(
         arguments.out,
         settings,
         tuple(arguments.broker_override),
         broken=tuple(arguments.broken),
         brokers=arguments.brokers,
+        wal=arguments.wal,
     )
     return 0 if outcome.valid else 1
 

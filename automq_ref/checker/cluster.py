@@ -1,5 +1,6 @@
 """Processes for tests and checks: a broker (``automq-ref serve`` on a free port, data in a
-directory) and, for a checked cluster, an etcd member.
+directory) and, for a checked cluster, an etcd member (:class:`EtcdProcess`, the checker's
+settings of the shared launcher in :mod:`automq_ref.checker.etcd_member`).
 
 It runs through ``automq_ref.checker.serve``, which builds the node with the checker's broken
 modes (``broken``: :mod:`automq_ref.checker.broken`) when asked.
@@ -21,35 +22,21 @@ itself dies (Linux).
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import ctypes
-import json
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Collection
 from pathlib import Path
 
+from automq_ref.checker.etcd_member import EtcdMember, free_port
+
 SERVING = re.compile(r"serving Kafka on ([\d.]+):(\d+)")
 START_TIMEOUT_S = 60
-ETCD_START_ATTEMPTS = 3
-PR_SET_PDEATHSIG = 1
 FENCED = "broker fenced"
-
-
-def free_port() -> int:
-    """A port nothing listens on right now (to fix a broker's port before its first start)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+__all__ = ["FENCED", "SERVING", "BrokerProcess", "EtcdProcess", "free_port"]
 
 
 class BrokerProcess:
@@ -189,110 +176,19 @@ class BrokerProcess:
         self.process.send_signal(signal.SIGCONT)
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: be killed when the checker dies (Linux only), so a checker
-    killed from outside leaves no etcd behind."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class EtcdProcess:
-    """One etcd member on loopback, its data in ``directory`` and its log at
+class EtcdProcess(EtcdMember):
+    """The checker's etcd member: its data in ``directory`` and its log at
     ``<directory>.log``; :meth:`stop` kills it and removes ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.log_path = directory.parent / f"{directory.name}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        self.client_port = 0
+        super().__init__(
+            directory,
+            name="automq-ref-check",
+            start_timeout_s=START_TIMEOUT_S,
+            install_hint="a cluster check needs Debian's etcd-server "
+            "(apt-get install -y etcd-server)",
+        )
 
     @property
-    def endpoint(self) -> str:
-        return f"127.0.0.1:{self.client_port}"
-
-    def start(self) -> None:
-        """Start the member and wait until ``/health`` answers; ports taken between the probe
-        and etcd's bind are tried again with fresh ones."""
-        binary = shutil.which("etcd")
-        if binary is None:
-            raise RuntimeError(
-                "etcd is not on PATH: a cluster check needs Debian's etcd-server "
-                "(apt-get install -y etcd-server)"
-            )
-        for _ in range(ETCD_START_ATTEMPTS):
-            self.client_port, peer_port = free_port(), free_port()
-            client_url = f"http://127.0.0.1:{self.client_port}"
-            peer_url = f"http://127.0.0.1:{peer_port}"
-            with self.log_path.open("ab") as log_file:
-                self.process = subprocess.Popen(
-                    [
-                        binary,
-                        "--name=automq-ref-check",
-                        f"--data-dir={self.directory}",
-                        f"--listen-client-urls={client_url}",
-                        f"--advertise-client-urls={client_url}",
-                        f"--listen-peer-urls={peer_url}",
-                        f"--initial-advertise-peer-urls={peer_url}",
-                        f"--initial-cluster=automq-ref-check={peer_url}",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
-                )
-            if self._wait_healthy(f"{client_url}/health"):
-                return
-            self._kill()
-            shutil.rmtree(self.directory, ignore_errors=True)
-        raise RuntimeError(f"etcd did not start; see {self.log_path}")
-
-    def _wait_healthy(self, url: str) -> bool:
-        assert self.process is not None
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                return False
-            with (
-                contextlib.suppress(OSError, ValueError),
-                urllib.request.urlopen(url, timeout=1) as reply,
-            ):
-                if json.loads(reply.read()).get("health") == "true":
-                    return True
-            time.sleep(0.05)
-        return False
-
-    def range_value(self, key: bytes) -> bytes | None:
-        """The value of ``key`` (through etcd's JSON gateway), or None when it is absent or
-        etcd does not answer within a second."""
-        body = json.dumps({"key": base64.b64encode(key).decode()}).encode()
-        request = urllib.request.Request(
-            f"http://{self.endpoint}/v3/kv/range", data=body, method="POST"
-        )
-        with (
-            contextlib.suppress(OSError, ValueError, KeyError, IndexError),
-            urllib.request.urlopen(request, timeout=1) as reply,
-        ):
-            return base64.b64decode(json.loads(reply.read())["kvs"][0]["value"])
-        return None
-
-    def pause(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)
-
-    def _kill(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def stop(self) -> None:
-        """Kill the member and remove its data (its log stays, beside the brokers')."""
-        self._kill()
-        shutil.rmtree(self.directory, ignore_errors=True)
+    def directory(self) -> Path:
+        return self.data_dir

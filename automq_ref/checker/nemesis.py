@@ -32,6 +32,25 @@ schedule it always gave.
 ``etcd-pause``  (a cluster only) SIGSTOP the etcd member for 1.5 to 4.5 s, some pauses longer
                 than the controller's lease; heal: SIGCONT.
 ==============  ============================================================================
+
+Three more, for failover:
+
+======================  ====================================================================
+``pause-past-session``  (a cluster only) SIGSTOP a broker until the metadata log shows the
+                        controller fenced it (its session lapsed), then ``ZOMBIE_HOLD_S``
+                        more; heal: SIGCONT. The resumed broker is a zombie until it learns
+                        of the fence: whatever it acknowledges then must still be in the log.
+``graceful-restart``    SIGTERM a broker and wait for it to exit (killed, and said so, if it
+                        has not within ``GRACEFUL_EXIT_S``); heal: start it again with the
+                        same node id, data and port.
+``s3-faults``           S3 faults during failover: the object store (moto behind the S3 fault
+                        proxy) answers 503 SlowDown (to PUTs or to every request), delays PUTs
+                        or loses their answers (the PUT lands), and while it does a broker is
+                        killed and kept down past its session (a cluster's controller fences
+                        it, so a failover would run under the faults); heal: the broker starts
+                        and recovers with the faults still on for ``RECOVER_UNDER_FAULTS_S``,
+                        then the store is healed.
+======================  ====================================================================
 """
 
 from __future__ import annotations
@@ -40,6 +59,7 @@ import json
 import logging
 import math
 import random
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +70,7 @@ from automq_ref.checker.cluster import BrokerProcess, EtcdProcess, free_port
 from automq_ref.config import load_config
 
 if TYPE_CHECKING:
+    from automq_ref.checker.metadata_dump import Registration
     from automq_ref.checker.proxies import S3FaultProxy, TcpProxy
 
 log = logging.getLogger(__name__)
@@ -71,6 +92,17 @@ CLUSTER_BROKER_SETTINGS = (
 # a second, so the broker is fenced before it resumes.
 LONG_PAUSE_MARGIN_S = 2.5
 ETCD_PAUSE_S = (1.5, 4.5)
+# The checked object WAL's batch interval (AutoMQ's default is 250 ms): each producer waits for
+# one send's answer before the next, so the default would leave a run with few operations.
+S3_WAL_BATCH_INTERVAL_MS = 50
+# pause-past-session: how long the broker stays paused once its fence is in the log (time for
+# a survivor to take over its partitions), and how often the log is read meanwhile.
+ZOMBIE_HOLD_S = 2.0
+FENCE_POLL_S = 0.5
+# graceful-restart: how long a broker may take to exit after SIGTERM before it is killed.
+GRACEFUL_EXIT_S = 30.0
+# s3-faults: how long a restarted broker recovers with the store still failing.
+RECOVER_UNDER_FAULTS_S = 2.0
 
 
 @dataclass
@@ -117,6 +149,16 @@ class Environment:
         node_id = index + 1
         return f"broker {node_id}" + (" (active controller)" if controller == node_id else "")
 
+    def registration(self, node_id: int) -> Registration | None:
+        """Node ``node_id``'s latest registration in the metadata log (its node epoch, fenced
+        or not); None without a cluster or when the log cannot be read now."""
+        if self.etcd is None:
+            return None
+        from automq_ref.checker.metadata_dump import registrations
+
+        found = registrations(self.etcd.endpoint, CLUSTER_ID)
+        return None if found is None else found.get(node_id)
+
     def controller(self) -> int | None:
         """The node id of the active controller (etcd's election key), None when unknown."""
         if self.etcd is None:
@@ -142,11 +184,14 @@ class Environment:
         seed: int = 0,
         brokers: int = 1,
         metadata_path: Path | None = None,
+        wal: str = "file",
     ) -> Environment:
         """Start what ``nemeses`` need and the brokers (``data_dir`` is the broker's data with
         one broker; with more, ``data_dir`` holds ``broker-N``, ``etcd`` and ``objects``).
         With a cluster the ``broken`` modes are given to broker 1 only, and ``close`` writes
-        the metadata log to ``metadata_path`` (when given) before etcd stops."""
+        the metadata log to ``metadata_path`` (when given) before etcd stops. ``wal`` is
+        ``file`` (each broker's block WAL in its data directory) or ``s3`` (the object WAL, in
+        the S3 bucket behind the fault proxy, so S3 faults hit WAL writes too)."""
         unknown = sorted(set(nemeses) - set(NEMESES))
         if unknown:
             raise ValueError(
@@ -154,6 +199,10 @@ class Environment:
             )
         if brokers < 1:
             raise ValueError(f"brokers must be at least 1, not {brokers}")
+        if wal not in WALS:
+            raise ValueError(f"unknown wal {wal!r} (known: {', '.join(WALS)})")
+        if wal != "file" and "wal-loss" in nemeses:
+            raise ValueError("the wal-loss nemesis undoes a WAL file's writes: it needs wal=file")
         needs_cluster = sorted(name for name in nemeses if NEMESES[name].needs_cluster)
         if needs_cluster and brokers == 1:
             raise ValueError(f"nemesis {', '.join(needs_cluster)} needs a cluster (brokers > 1)")
@@ -169,7 +218,7 @@ class Environment:
             modes += NEMESES[name].broken
         started: list[BrokerProcess] = []
         try:
-            if "s3" in nemeses:
+            if any(NEMESES[name].needs_s3 for name in nemeses) or wal == "s3":
                 s3_proxy, stop_moto = _start_s3(seed)
                 closers += [s3_proxy.stop, stop_moto]
                 overrides += [
@@ -177,6 +226,12 @@ class Environment:
                     f"&endpoint={s3_proxy.url}&pathStyle=true",
                 ]
                 env.update(S3_CREDENTIALS)
+                if wal == "s3":  # every broker's WAL in the same bucket, behind the same proxy
+                    overrides.append(
+                        f"s3.wal.path=0@s3://{S3_BUCKET}?region=us-east-1"
+                        f"&endpoint={s3_proxy.url}&pathStyle=true"
+                        f"&batchInterval={S3_WAL_BATCH_INTERVAL_MS}"
+                    )
             if brokers > 1:
                 data_dir.mkdir(parents=True, exist_ok=True)
                 etcd = EtcdProcess(data_dir / "etcd")
@@ -312,6 +367,7 @@ class Nemesis(ABC):
     broker_overrides: ClassVar[tuple[str, ...]] = ()
     broken: ClassVar[tuple[str, ...]] = ()  # the checker's broker modes it needs
     needs_cluster: ClassVar[bool] = False
+    needs_s3: ClassVar[bool] = False  # the brokers' objects in moto behind the S3 fault proxy
 
     @abstractmethod
     def inject(self, env: Environment, rng: random.Random) -> Injected: ...
@@ -377,6 +433,7 @@ class WalLoss(Nemesis):
 
 class S3Faults(Nemesis):
     name = "s3"
+    needs_s3 = True
     # Upload often so that uploads (and their retries) fall inside the fault windows.
     broker_overrides = ("s3.wal.upload.interval.ms=1000", "s3.wal.upload.threshold=1048576")
     MODES = ("503", "latency", "ambiguous")
@@ -433,9 +490,144 @@ class EtcdPause(Nemesis):
         return Injected(f"SIGSTOP for {length_s:.1f} s", etcd.resume, "etcd", length_s)
 
 
+class PausePastSession(Nemesis):
+    """The zombie: paused until the controller has fenced it, resumed after a survivor may
+    have taken over."""
+
+    name = "pause-past-session"
+    needs_cluster = True
+
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        index = env.pick(rng)
+        node_id = index + 1
+        controller = env.controller()
+        target = env.name(index, controller)
+        broker = env.brokers[index]
+        before = env.registration(node_id)
+        # The controller expires sessions about once a second; when the paused broker is the
+        # controller, a new one must first be elected, and it gives every broker a whole session.
+        limit_s = 2 * (env.session_timeout_s + LONG_PAUSE_MARGIN_S)
+        if controller == node_id:
+            limit_s += env.lease_ttl_s
+        started = time.monotonic()
+        broker.pause()
+        fenced_after = _wait_fenced(env, node_id, before, started + limit_s)
+        if fenced_after is None:
+            detail = (
+                f"SIGSTOP for {time.monotonic() - started:.1f} s: no fence in the metadata log "
+                f"(session {env.session_timeout_s:.0f} s)"
+            )
+            return Injected(detail, broker.resume, target, 0.0)
+        detail = (
+            f"SIGSTOP; fenced {fenced_after:.1f} s in (session {env.session_timeout_s:.0f} s); "
+            f"resumed {ZOMBIE_HOLD_S:.0f} s later, a zombie until it sees the fence"
+        )
+        return Injected(detail, broker.resume, target, ZOMBIE_HOLD_S)
+
+
+def _wait_fenced(
+    env: Environment, node_id: int, before: Registration | None, deadline: float
+) -> float | None:
+    """Seconds from now-ish until node ``node_id``'s registration ``before`` (read before the
+    pause) is fenced in the metadata log (or replaced, which only a fence allows); None when
+    the deadline passes first."""
+    started = time.monotonic()
+    while time.monotonic() < deadline:
+        now = env.registration(node_id)
+        replaced = now is not None and before is not None and now.node_epoch != before.node_epoch
+        if now is not None and (now.fenced or replaced):
+            return time.monotonic() - started
+        time.sleep(FENCE_POLL_S)
+    return None
+
+
+class GracefulRestart(Nemesis):
+    name = "graceful-restart"
+
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        index = env.pick(rng)
+        target = env.name(index, env.controller())
+        broker = env.brokers[index]
+        started = time.monotonic()
+        broker.terminate()
+        code = broker.wait_stopped(GRACEFUL_EXIT_S)
+        took = time.monotonic() - started
+        if code is None:
+            detail = f"SIGTERM: not exited within {GRACEFUL_EXIT_S:.0f} s, killed"
+        else:
+            detail = f"SIGTERM: exited ({code}) after {took:.1f} s"
+        return Injected(detail, broker.start, target)
+
+
+class S3DuringFailover(Nemesis):
+    """S3 faults in force while a broker dies, stays down past its session and recovers."""
+
+    name = "s3-faults"
+    needs_s3 = True
+    broker_overrides = S3Faults.broker_overrides
+    MODES = ("put-503", "any-503", "slow-put", "ambiguous-put")
+
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        proxy = env.s3_proxy
+        assert proxy is not None
+        mode = rng.choice(self.MODES)
+        if mode == "put-503":
+            rate = rng.choice((0.5, 1.0))
+            proxy.set_faults(error_rate=rate, methods=("PUT",))
+            fault = f"503 SlowDown on {rate:.0%} of PUTs"
+        elif mode == "any-503":
+            proxy.set_faults(error_rate=0.5)
+            fault = "503 SlowDown on 50% of requests"
+        elif mode == "slow-put":
+            latency = rng.uniform(0.5, 2.0)
+            proxy.set_faults(latency_s=latency, methods=("PUT",))
+            fault = f"PUTs {latency * 1000:.0f} ms slow"
+        else:
+            rate = rng.choice((0.5, 1.0))
+            proxy.set_faults(ambiguous_rate=rate, methods=("PUT",))
+            fault = f"ambiguous success on {rate:.0%} of PUTs"
+        index = env.pick(rng)
+        target = env.name(index, env.controller())
+        broker = env.brokers[index]
+        broker.kill()
+        length_s = None
+        down = "killed"
+        if env.cluster:
+            # Down past its session: the controller fences it, and a failover, where there is
+            # one, runs while the store fails.
+            length_s = env.session_timeout_s + LONG_PAUSE_MARGIN_S
+            down = f"killed for {length_s:.1f} s, past the {env.session_timeout_s:.0f} s session"
+
+        def heal() -> None:
+            broker.spawn()
+            try:
+                time.sleep(RECOVER_UNDER_FAULTS_S)  # it recovers while the store still fails
+            finally:
+                proxy.heal()
+            broker.wait_serving()
+
+        detail = (
+            f"{fault}; broker {down}; restarted {RECOVER_UNDER_FAULTS_S:.0f} s before the "
+            "store heals"
+        )
+        return Injected(detail, heal, f"{target}, object store" if target else "", length_s)
+
+
 NEMESES: dict[str, Nemesis] = {
     nemesis.name: nemesis
-    for nemesis in (Kill(), Pause(), WalLoss(), S3Faults(), NetFaults(), EtcdPause())
+    for nemesis in (
+        Kill(),
+        Pause(),
+        WalLoss(),
+        S3Faults(),
+        NetFaults(),
+        EtcdPause(),
+        PausePastSession(),
+        GracefulRestart(),
+        S3DuringFailover(),
+    )
 }
+# The WALs a checked run's brokers can run on: each its block WAL file, or the object WAL in S3.
+WALS = ("file", "s3")
 # The nemeses a run against one broker can use (etcd-pause needs a cluster's etcd).
 ONE_BROKER_NEMESES = tuple(name for name, nemesis in NEMESES.items() if not nemesis.needs_cluster)

@@ -49,7 +49,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Collection, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
@@ -368,6 +368,7 @@ class S3FaultProxy:
         self._latency_s = 0.0
         self._ambiguous_rate = 0.0
         self._ambiguous_count = 0
+        self._methods: frozenset[str] | None = None
         self._stats = {"requests": 0, "errors_injected": 0, "ambiguous_injected": 0, "delayed": 0}
         self._loop_thread: _LoopThread | None = None
         self._runner: web.AppRunner | None = None
@@ -395,8 +396,15 @@ class S3FaultProxy:
         self.port = self._loop_thread.call(self._listen())
 
     def set_faults(
-        self, *, error_rate: float = 0.0, latency_s: float = 0.0, ambiguous_rate: float = 0.0
+        self,
+        *,
+        error_rate: float = 0.0,
+        latency_s: float = 0.0,
+        ambiguous_rate: float = 0.0,
+        methods: Collection[str] | None = None,
     ) -> None:
+        """Faults from now on; ``methods`` (e.g. ``("PUT",)``) limits them to requests of those
+        HTTP methods, the others pass untouched (None: every request)."""
         for name, rate in (("error_rate", error_rate), ("ambiguous_rate", ambiguous_rate)):
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], not {rate}")
@@ -406,6 +414,7 @@ class S3FaultProxy:
             self._error_rate = error_rate
             self._latency_s = latency_s
             self._ambiguous_rate = ambiguous_rate
+            self._methods = None if methods is None else frozenset(m.upper() for m in methods)
 
     def heal(self) -> None:
         self.set_faults()
@@ -439,10 +448,12 @@ class S3FaultProxy:
         if self._session is not None:
             await self._session.close()
 
-    def _decide(self) -> tuple[str, float]:
+    def _decide(self, method: str) -> tuple[str, float]:
         """This request's fate: ("error" | "ambiguous-500" | "ambiguous-cut" | "pass", delay)."""
         with self._lock:
             self._stats["requests"] += 1
+            if self._methods is not None and method.upper() not in self._methods:
+                return "pass", 0.0
             latency = self._latency_s
             if latency > 0:
                 self._stats["delayed"] += 1
@@ -458,7 +469,7 @@ class S3FaultProxy:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        fate, latency = self._decide()
+        fate, latency = self._decide(request.method)
         if latency > 0:
             await asyncio.sleep(latency)
         if fate == "error":

@@ -68,13 +68,17 @@ def run_check(
     *,
     broken: tuple[str, ...] = (),
     brokers: int = 1,
+    wal: str = "file",
 ) -> CheckOutcome:
     """Run the workload against ``brokers`` brokers (more than one: a cluster) under
     ``settings.nemeses``; ``broken`` names the deliberately broken modes of
-    :mod:`automq_ref.checker.broken` the broker runs in (in a cluster, broker 1 alone)."""
+    :mod:`automq_ref.checker.broken` the broker runs in (in a cluster, broker 1 alone);
+    ``wal`` the brokers' WAL (``file``, or ``s3``: the object WAL in the checked bucket)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     where = f", {brokers} brokers on etcd" if brokers > 1 else ""
+    if wal != "file":
+        where += f", {wal} WAL"
     print(
         f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}{where}",
         flush=True,
@@ -93,6 +97,7 @@ def run_check(
             seed=settings.seed,
             brokers=brokers,
             metadata_path=out_dir / "metadata.txt",
+            wal=wal,
         )
         try:
             result = run_workload(env, settings, tally)
@@ -159,7 +164,8 @@ def run_check(
     if outcome.unreadable:
         lines.append(
             f"unreadable at the end: partition {', '.join(map(str, outcome.unreadable))} "
-            f"(no offsets within {FINAL_READ_TIMEOUT_S:.0f} s of the last heal)"
+            f"(no offsets within {FINAL_READ_TIMEOUT_S:.0f} s of the final read's start, every "
+            "fault healed)"
         )
     if outcome.fenced_restarts is not None:
         lines.append(

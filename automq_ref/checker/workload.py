@@ -46,8 +46,12 @@ log = logging.getLogger(__name__)
 # of stderr; the history records every outcome the clients saw. Lower the level to see them.
 CLIENT_LOG = logging.getLogger("automq_ref.checker.librdkafka")
 CLIENT_LOG.setLevel(logging.CRITICAL)
-# How long the final read waits for a partition's offsets (it may be moving between brokers).
+# How long the final read waits for the partitions' offsets (they may be moving between
+# brokers): one deadline for all, counted from the start of the final read, so that a cluster
+# whose partitions never come back costs a minute, not a minute per partition; a partition asked
+# after the deadline still gets FINAL_READ_GRACE_S.
 FINAL_READ_TIMEOUT_S = 60.0
+FINAL_READ_GRACE_S = 5.0
 
 
 @dataclass
@@ -59,6 +63,9 @@ class WorkloadSettings:
     nemeses: tuple[str, ...] = ("kill", "pause")
     fault_interval_s: float = 6.0  # a fault starts about this often
     fault_length_s: float = 1.5  # how long a pause lasts / a killed broker stays down
+    # At least this many faults: the workload goes on past ``duration_s`` until they were
+    # injected (a short run that must meet several kinds of fault, whatever the machine's speed).
+    min_faults: int = 0
     seed: int = 0
     send_interval_s: float = 0.002  # per producer
 
@@ -178,7 +185,10 @@ def _nemesis(
     deadline = time.monotonic() + settings.duration_s
     while True:
         wait = rng.uniform(0.5, 1.5) * settings.fault_interval_s
-        if time.monotonic() + wait + settings.fault_length_s + 2 > deadline or not settings.nemeses:
+        enough = len(faults) >= settings.min_faults
+        if (
+            enough and time.monotonic() + wait + settings.fault_length_s + 2 > deadline
+        ) or not settings.nemeses:
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
         time.sleep(wait)
@@ -325,7 +335,8 @@ def _final_read(
 ) -> list[int]:
     """Every partition from its start to its end, recorded as one final poll per partition;
     the partitions it could not read (their offsets not given within
-    :data:`FINAL_READ_TIMEOUT_S`: a partition that never came back) are returned."""
+    :data:`FINAL_READ_TIMEOUT_S` of the final read's start: a partition that never came back)
+    are returned."""
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -336,11 +347,13 @@ def _final_read(
     )
     process = 1000
     unreadable: list[int] = []
+    deadline = time.monotonic() + FINAL_READ_TIMEOUT_S
     try:
         for partition in range(settings.partitions):
             history.add(process, "invoke", "poll", {"partitions": [partition], "final": True})
             try:
-                low, high = watermarks(consumer, topic, partition)
+                wait_s = max(deadline - time.monotonic(), FINAL_READ_GRACE_S)
+                low, high = watermarks(consumer, topic, partition, wait_s)
             except KafkaException as error:  # the partition never came back: nothing observed
                 log.warning("final read of partition %d: %s", partition, error)
                 history.add(process, "info", "poll", {"error": str(error), "final": True})

@@ -2,7 +2,10 @@
 etcd member the check starts, over one shared object store, clients bootstrapped to all three.
 
 One short run with a broker killed, a broker paused past its session (fenced, it starts itself
-again in its process) and etcd paused must find nothing, and leave no etcd behind. A cluster in
+again in its process) and etcd paused must find nothing, and leave no etcd behind. One more,
+through ``check --runs``' runner, under the failover nemeses: a broker paused until the
+controller fenced it and then resumed (the zombie), a graceful restart, and S3 faults while a
+broker is down past its session, must find nothing either. A cluster in
 which broker 1 throws its WAL away at start-up, killed, must be caught: the check cannot pass
 because it looked at nothing. The seeds are chosen so that the faults the assertions name come
 first in the schedule (one seed, one schedule of kinds and brokers).
@@ -13,11 +16,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from automq_ref.checker.run import run_check
+from automq_ref.checker.soak import run_checks
 from automq_ref.checker.workload import WorkloadSettings
 
 # kill, pause past the session and etcd-pause within the first three faults
 CLUSTER_SEED = 79
+# pause-past-session (broker 2), graceful-restart (broker 3), s3-faults (ambiguous PUTs, broker 1)
+FAILOVER_SEED = 53
 # the first two kills hit broker 1
 BROKEN_SEED = 8
 
@@ -66,3 +74,50 @@ def test_a_cluster_with_a_broker_that_loses_its_wal_is_caught(tmp_path: Path) ->
     assert not outcome.valid
     assert outcome.anomalies.get("lost-write", 0) > 0
     assert outcome.linearizable == "fail"
+
+
+def test_a_cluster_under_the_failover_nemeses_leaves_no_anomaly(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    total = run_checks(
+        out,
+        WorkloadSettings(
+            partitions=6,
+            duration_s=20,
+            fault_interval_s=2,
+            min_faults=3,
+            seed=FAILOVER_SEED,
+            nemeses=("pause-past-session", "graceful-restart", "s3-faults"),
+        ),
+        1,
+        brokers=3,
+    )
+    report = json.loads((out / f"seed-{FAILOVER_SEED}" / "report.json").read_text())
+    windows = {window["kind"]: window for window in report["fault_windows_ns"]}
+    assert set(windows) == {"pause-past-session", "graceful-restart", "s3-faults"}, windows
+    # Safety first: nothing acknowledged lost, duplicated, reordered or contradicted.
+    assert set(total.anomalies) <= {"unseen"}, (total.anomalies, (out / "soak.txt").read_text())
+    assert report["linearizable"] == "ok"
+    if report["unreadable"] and _lost_a_controller_answer(out / f"seed-{FAILOVER_SEED}"):
+        # Unseen values are then acknowledged ones past a final read that could not reach them.
+        pytest.xfail(
+            "known defect (docs/verification.md, 'Soaks run so far'): a controller request "
+            "whose answer died with the active controller (its outcome unknown) leaves the "
+            "requesting broker's storage failed, or a partition unopened, for good"
+        )
+    assert total.ok, (total.anomalies, (out / "soak.txt").read_text())
+    assert total.acknowledged > 200
+    # The pause lasted until the controller had fenced the broker, which restarted itself.
+    assert "fenced" in windows["pause-past-session"]["detail"], windows
+    assert "no fence" not in windows["pause-past-session"]["detail"]
+    assert sum(report["fenced_restarts"].values()) >= 1
+    assert "exited (0)" in windows["graceful-restart"]["detail"]
+    assert "object store" in windows["s3-faults"]["target"]
+
+
+def _lost_a_controller_answer(run_dir: Path) -> bool:
+    """A broker of the run logged a partition it could not take because a controller request's
+    answer was lost (its storage failed by it, or the open itself)."""
+    return any(
+        "partition not taken" in text and "outcome is unknown" in text
+        for text in (log.read_text(errors="replace") for log in run_dir.glob("data/broker-*.log"))
+    )

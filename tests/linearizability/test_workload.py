@@ -4,16 +4,21 @@ One 75-second run with every nemesis (kill, pause, loss of the un-fsynced WAL ta
 faults behind the S3 proxy, client connections through the TCP proxy) must find no anomaly.
 Two deliberately broken brokers must be caught: one acknowledges before its WAL is fsynced (a
 crash that loses the unsynced tail then loses acknowledged records), one throws its WAL away at
-start-up.
+start-up. ``check --runs 2`` repeats a short run with the next seed, on fresh data, and
+aggregates.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+
+import pytest
 
 from automq_ref.checker.nemesis import ONE_BROKER_NEMESES
 from automq_ref.checker.run import run_check
 from automq_ref.checker.workload import WorkloadSettings
+from automq_ref.cli import main
 
 SEED = 20261122
 
@@ -53,3 +58,39 @@ def test_a_broker_that_loses_its_wal_is_caught(tmp_path: Path) -> None:
     assert not outcome.valid
     assert outcome.anomalies.get("lost-write", 0) > 0
     assert outcome.linearizable == "fail"
+
+
+def test_check_runs_repeats_short_seeded_runs_and_aggregates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "soak"
+    code = main(
+        [
+            "check",
+            "--runs",
+            "2",
+            "--seed",
+            str(SEED),
+            "--duration",
+            "5",
+            "--fault-interval",
+            "1",
+            "--nemesis",
+            "kill,graceful-restart",
+            "--out",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    saved = json.loads((out / "soak.json").read_text())
+    runs = saved["runs"]
+    assert [run["seed"] for run in runs] == [SEED, SEED + 1]
+    assert all(run["valid"] and run["acknowledged"] > 0 and run["faults"] for run in runs), runs
+    assert saved["aggregate"]["passed"] == 2 and saved["aggregate"]["failed_seeds"] == []
+    assert f"run 2/2 seed {SEED + 1}: valid" in printed
+    assert "2 runs: 2 passed, 0 failed" in printed
+    for seed in (SEED, SEED + 1):  # each run its own report, its data gone, its log kept
+        assert (out / f"seed-{seed}" / "report.json").exists()
+        assert not (out / f"seed-{seed}" / "data").exists()
+        assert (out / f"seed-{seed}" / "data.log").exists()

@@ -148,7 +148,8 @@ def test_an_unknown_nemesis_lists_the_known_ones(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert one_line(result) == (
         "automq-ref check: unknown nemesis 'explode'; --nemesis takes a comma-separated list "
-        "of kill, pause, wal-loss, s3, net, etcd-pause"
+        "of kill, pause, wal-loss, s3, net, etcd-pause, pause-past-session, graceful-restart, "
+        "s3-faults"
     )
     assert not (tmp_path / "out").exists()
 
@@ -173,7 +174,17 @@ def test_check_help_lists_every_nemesis(tmp_path: Path) -> None:
     assert result.returncode == 0
     help_text = " ".join(result.stdout.split())
     assert f"any of: {', '.join(NEMESES)}" in help_text
-    assert set(NEMESES) == {"kill", "pause", "wal-loss", "s3", "net", "etcd-pause"}
+    assert set(NEMESES) == {
+        "kill",
+        "pause",
+        "wal-loss",
+        "s3",
+        "net",
+        "etcd-pause",
+        "pause-past-session",
+        "graceful-restart",
+        "s3-faults",
+    }
 
 
 def test_etcd_pause_needs_a_cluster(tmp_path: Path) -> None:
@@ -182,6 +193,35 @@ def test_etcd_pause_needs_a_cluster(tmp_path: Path) -> None:
     assert one_line(result) == (
         "automq-ref check: the etcd-pause nemesis needs a cluster (one broker runs without etcd); "
         "add --brokers 3, or leave it out of --nemesis"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_pause_past_session_needs_a_cluster(tmp_path: Path) -> None:
+    result = run_cli("check", "--nemesis", "pause-past-session", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result).startswith(
+        "automq-ref check: the pause-past-session nemesis needs a cluster"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_runs_and_no_fault_interval_are_refused(tmp_path: Path) -> None:
+    result = run_cli("check", "--runs", "0", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == "automq-ref check: --runs must be at least 1, not 0"
+    result = run_cli("check", "--fault-interval", "0", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == "automq-ref check: --fault-interval must be positive, not 0.0"
+    assert not (tmp_path / "out").exists()
+
+
+def test_wal_loss_needs_the_file_wal(tmp_path: Path) -> None:
+    result = run_cli("check", "--wal", "s3", "--nemesis", "wal-loss", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 2
+    assert one_line(result) == (
+        "automq-ref check: the wal-loss nemesis undoes what a WAL file wrote; with --wal s3 "
+        "leave it out of --nemesis"
     )
     assert not (tmp_path / "out").exists()
 

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
@@ -390,6 +391,30 @@ async def test_s3_proxy_latency_shows(moto_s3: MotoS3, s3_proxy: S3FaultProxy) -
         assert s3_proxy.stats["delayed"] == 1  # the healed proxy delays nothing more
 
 
+async def test_s3_proxy_faults_limited_to_puts_leave_reads_alone(
+    moto_s3: MotoS3, s3_proxy: S3FaultProxy
+) -> None:
+    """The s3-faults nemesis fails or slows PUTs alone: reads and lists pass untouched."""
+    async with proxied_store(moto_s3, s3_proxy, fresh_bucket()) as store:
+        await store.create_bucket_if_missing()
+        await store.put("old", b"readable")
+        s3_proxy.set_faults(error_rate=1.0, methods=("put",))
+        with pytest.raises(ObjectStoreUnavailable):
+            await store.put("new", b"refused")
+        assert await store.get("old") == b"readable"
+        assert [item.key for item in await store.list()] == ["old"]
+        assert s3_proxy.stats["errors_injected"] == 3  # the three PUT attempts, nothing else
+        s3_proxy.set_faults(latency_s=0.25, methods=("PUT",))
+        started = time.monotonic()
+        assert await store.get("old") == b"readable"
+        assert time.monotonic() - started < 0.25
+        await store.put("slow", b"landed")
+        assert time.monotonic() - started >= 0.25
+        assert s3_proxy.stats["delayed"] == 1
+        s3_proxy.heal()
+        assert await store.get("slow") == b"landed"
+
+
 # ---------------------------------------------------------------------------------------------
 # A broker whose objects go through the S3 proxy
 
@@ -508,7 +533,7 @@ def test_broker_keeps_every_acked_record_through_s3_faults(
         print(f"broker started, topic created in {time.monotonic() - began:.1f} s")
         producer = AckedProducer(broker.bootstrap, topic, partitions)
         producer.start()
-        windows: list[dict[str, float]] = [
+        windows: list[dict[str, Any]] = [
             {"error_rate": 1.0},
             {"ambiguous_rate": 1.0},
             {"latency_s": 0.3},
