@@ -234,6 +234,9 @@ class BrokerConfig(BaseModel):
     # younger than this: a broker that just (re)started is left to recover its WAL itself
     # (AutoMQ's one minute).
     failover_new_epoch_grace_ms: int = Field(60_000, alias="failover.new.epoch.grace.ms", ge=0)
+    # Where this broker records the Failover machine's steps it takes, one file per start, for
+    # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
+    failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.
