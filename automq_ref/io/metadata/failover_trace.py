@@ -18,11 +18,13 @@ Who records what:
 
 Order across processes: every line carries the metadata log index it is placed at and whether
 it was *committed* at that index (a step whose effect is a metadata record: the round's
-contexts, an open, a failover's commit or its first close) or is *local* (a step of one process
-between two records: a WAL fence, a crash), placed after the index the process had applied when
-it took the step. :func:`merge` sorts by (index, committed before local, process, the process's
-own sequence number): committed steps are totally ordered by the log, and a local step comes
-after every record its process had seen. Two local steps of different processes at the same
+contexts, an open, a failover's recovery) or is *local* (a step of one process between two
+records: a WAL fence, a crash), placed after the index the process had applied when it took the
+step. ``CloseFailedStreams``, one close per stream in the shell, is placed as a local step right
+after the index applied before its first close (the runner's docstring says why).
+:func:`merge` sorts by (index, committed before local, process, the process's own sequence
+number): committed steps are totally ordered by the log, and a local step comes after every
+record its process had seen. Two local steps of different processes at the same
 index are concurrent; the merge puts them in process order.
 
 Recording is off unless a directory is given (``failover.trace.dir``): :func:`open_trace`
