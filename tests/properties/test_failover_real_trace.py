@@ -17,16 +17,17 @@ rejected at the line that breaks it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
 
 from automq_ref.io.clock import SystemClock
 from automq_ref.io.metadata import failover_trace as ft
-from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
+from automq_ref.io.metadata.client import connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, run_failover_round
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
@@ -55,138 +56,191 @@ pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs 
 LATE = 10 * SESSION_MS  # the controller's clock once broker 1 missed its heartbeats
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[Metadata, Stores]]:
-    """The in-process controller and the WAL and object directories of the brokers."""
-    meta_log = await FileMetadataLog.open(tmp_path / "meta")
+@contextlib.asynccontextmanager
+async def in_process(root: Path) -> AsyncIterator[tuple[Metadata, Stores]]:
+    """An in-process controller and the WAL and object directories of the brokers."""
+    meta_log = await FileMetadataLog.open(root / "meta")
     controller = await Controller.open(meta_log)
     client, image_view = connect_in_process(controller)
-    wal = LocalDirectoryObjectStore(tmp_path / "wal", fsync=False)
-    data = LocalDirectoryObjectStore(tmp_path / "objects", fsync=False)
-    yield Metadata(controller, client, image_view), Stores(wal, data, tmp_path / "wal")
-    await wal.close()
-    await data.close()
-    await meta_log.close()
+    wal = LocalDirectoryObjectStore(root / "wal", fsync=False)
+    data = LocalDirectoryObjectStore(root / "objects", fsync=False)
+    try:
+        yield Metadata(controller, client, image_view), Stores(wal, data, root / "wal")
+    finally:
+        await wal.close()
+        await data.close()
+        await meta_log.close()
 
 
-async def start_broker(
-    metadata: Metadata, stores: Stores, node_id: int, proposed: int, client: ControllerClient
-) -> S3Storage:
-    registration = await register_node(client, node_id, proposed)
-    wal = await ObjectWal.open(
-        stores.wal, namespace=NS, node_id=node_id, node_epoch=registration.node_epoch,
-        config=WAL_CONFIG,
-    )  # fmt: skip
-    return await S3Storage.start(
-        wal=wal,
-        store=stores.data,
-        client=client,
-        view=metadata.view,
-        registration=registration,
-        namespace=NS,
-        params=PARAMS,
-        runs_lifecycle=lambda: False,
-    )
+class Recorded:
+    """Three brokers with recording on (one trace file per process under ``directory``) and
+    broker 2's failover runner (not started)."""
 
+    def __init__(self, metadata: Metadata, stores: Stores, directory: Path) -> None:
+        self.metadata = metadata
+        self.stores = stores
+        self.directory = directory
+        self.test = self.trace("test")  # whoever crashes and restarts brokers
+        self.controller = self.trace("controller")
+        self.traces = {node_id: self.trace(f"node{node_id}") for node_id in (1, 2, 3)}
+        self.clients = {n: ft.TracingClient(metadata.client, t) for n, t in self.traces.items()}
+        self.brokers: dict[int, S3Storage] = {}
+        self.streams: dict[int, int] = {}
+        self.settings = FailoverSettings(grace_ms=0, wal_config=f"0@dir://{stores.wal_dir}")
+        self.runner: FailoverRunner | None = None
 
-async def heartbeat(metadata: Metadata, storage: S3Storage, at_ms: int) -> None:
-    event = sm.BrokerHeartbeat(storage.node_id, storage.node_epoch, at_ms, ())
-    assert (await metadata.client.submit(event)).ok
-
-
-async def run_crash_failover(metadata: Metadata, stores: Stores, directory: Path) -> None:
-    """The run, recorded under ``directory``."""
-
-    def index() -> int:
-        return metadata.controller.applied_index
-
-    def trace(process: str) -> ft.FailoverTrace:
-        opened = ft.open_trace(directory, process, index)
+    def trace(self, process: str) -> ft.FailoverTrace:
+        opened = ft.open_trace(
+            self.directory, process, lambda: self.metadata.controller.applied_index
+        )
         assert opened is not None
         return opened
 
-    test, controller = trace("test"), trace("controller")
-    traces = {node_id: trace(f"node{node_id}") for node_id in (1, 2, 3)}
-    clients = {n: ft.TracingClient(metadata.client, t) for n, t in traces.items()}
-    brokers = {n: await start_broker(metadata, stores, n, 1_000 * n, clients[n]) for n in traces}
-    settings = FailoverSettings(grace_ms=0, wal_config=f"0@dir://{stores.wal_dir}")
-    runner = FailoverRunner(
-        take_over_wal=take_over_from(stores),
-        store=stores.data,
-        client=clients[2],
-        view=metadata.view,
-        node_id=2,
-        node_epoch=brokers[2].node_epoch,
-        namespace=NS,
-        params=PARAMS,
-        clock=SystemClock(),
-        retry_base_s=0.05,
-        trace=traces[2],
-    )
-    runner.start()
-    try:
-        for broker in brokers.values():
-            await heartbeat(metadata, broker, 0)
-        streams = {}
-        for node_id, broker in brokers.items():
-            streams[node_id] = await broker.create_stream()
-            await broker.open_stream(streams[node_id], 0)
-        acked = [b"r%d" % i for i in range(20)]
-        for payload in acked:
-            await brokers[1].append(streams[1], 0, payload, 1)
-
-        test.record(fo.Crash(1))  # kill -9: what it acknowledged lives in its WAL only
-        await brokers[1].abandon()
-        for node_id in (2, 3):
-            await heartbeat(metadata, brokers[node_id], LATE)
-        assert (await metadata.client.submit(sm.ExpireSessions(LATE))).ok
-        await run_failover_round(
-            metadata.client, metadata.controller.image, LATE, settings, controller
-        )
-        for _ in range(400):
-            if runner.completed:
-                break
-            await asyncio.sleep(0.05)
-        assert [r.records for _, r in runner.completed] == [len(acked)]
-        await run_failover_round(
-            metadata.client, metadata.controller.image, LATE, settings, controller
-        )
-        assert FAILOVER_CONTEXTS_KEY not in metadata.controller.image.kv
-
-        # Broker 1's partition reopens on broker 3 with every acknowledged record.
-        assert await brokers[3].open_stream(streams[1], 1) == (0, len(acked))
-
-        # Broker 1 restarts: a new epoch, its WAL taken over and reset, nothing to recover.
-        registration = await register_node(clients[1], 1, LATE + 1_000)
-        test.record(fo.Restart(1), committed=True)
+    async def start(self, node_id: int, proposed: int) -> S3Storage:
+        client = self.clients[node_id]
+        registration = await register_node(client, node_id, proposed)
+        restarted = node_id in self.brokers
+        if restarted:
+            self.test.record(fo.Restart(node_id), committed=True)
         wal = await ObjectWal.open(
-            stores.wal, namespace=NS, node_id=1, node_epoch=registration.node_epoch,
-            config=WAL_CONFIG,
+            self.stores.wal, namespace=NS, node_id=node_id,
+            node_epoch=registration.node_epoch, config=WAL_CONFIG,
         )  # fmt: skip
-        restarted = await S3Storage.start(
+        broker = await S3Storage.start(
             wal=wal,
-            store=stores.data,
-            client=clients[1],
-            view=metadata.view,
+            store=self.stores.data,
+            client=client,
+            view=self.metadata.view,
             registration=registration,
             namespace=NS,
             params=PARAMS,
             runs_lifecycle=lambda: False,
         )
-        assert restarted.recovered.records == 0
-        test.record(fo.RecoverOwnWal(1))
-        await heartbeat(metadata, restarted, LATE + 1)
+        if restarted:
+            self.test.record(fo.RecoverOwnWal(node_id))
+        self.brokers[node_id] = broker
+        return broker
+
+    async def heartbeat(self, node_id: int, at_ms: int) -> None:
+        broker = self.brokers[node_id]
+        event = sm.BrokerHeartbeat(node_id, broker.node_epoch, at_ms, ())
+        assert (await self.metadata.client.submit(event)).ok
+
+    async def round(self, now_ms: int) -> None:
+        image = self.metadata.controller.image
         await run_failover_round(
-            metadata.client, metadata.controller.image, LATE + 1, settings, controller
+            self.metadata.client, image, now_ms, self.settings, self.controller
         )
-        await restarted.shutdown()
-    finally:
-        await runner.close()
+
+    async def three_brokers_with_a_stream_each(self, acked: list[bytes]) -> None:
+        """Broker 1's stream holds ``acked``, in its WAL only."""
+        for node_id in (1, 2, 3):
+            await self.start(node_id, 1_000 * node_id)
+        self.runner = FailoverRunner(
+            take_over_wal=take_over_from(self.stores),
+            store=self.stores.data,
+            client=self.clients[2],
+            view=self.metadata.view,
+            node_id=2,
+            node_epoch=self.brokers[2].node_epoch,
+            namespace=NS,
+            params=PARAMS,
+            clock=SystemClock(),
+            retry_base_s=0.05,
+            trace=self.traces[2],
+        )
+        for node_id, broker in self.brokers.items():
+            await self.heartbeat(node_id, 0)
+            self.streams[node_id] = await broker.create_stream()
+            await broker.open_stream(self.streams[node_id], 0)
+        for payload in acked:
+            await self.brokers[1].append(self.streams[1], 0, payload, 1)
+
+    async def crash_and_assign(self) -> None:
+        """Broker 1 is killed; its session lapses; the round assigns it to broker 2."""
+        self.test.record(fo.Crash(1))  # kill -9: what it acknowledged lives in its WAL only
+        await self.brokers[1].abandon()
         for node_id in (2, 3):
-            await brokers[node_id].shutdown()
+            await self.heartbeat(node_id, LATE)
+        assert (await self.metadata.client.submit(sm.ExpireSessions(LATE))).ok
+        await self.round(LATE)
+        assert FAILOVER_CONTEXTS_KEY in self.metadata.controller.image.kv
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.close()
+        for node_id in (2, 3):
+            await self.brokers[node_id].shutdown()
 
 
-EXPECTED = [
+async def wait_for(check: Callable[[], bool]) -> None:
+    for _ in range(400):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not reached in 20 s")
+
+
+async def takeover(root: Path) -> Path:
+    """Broker 1 crashes and is failed over to broker 2; broker 3 reopens its stream; broker 1
+    restarts clean and gets its session back. The trace directory."""
+    directory = root / "trace"
+    async with in_process(root) as (metadata, stores):
+        run = Recorded(metadata, stores, directory)
+        acked = [b"r%d" % i for i in range(20)]
+        try:
+            await run.three_brokers_with_a_stream_each(acked)
+            assert run.runner is not None
+            run.runner.start()
+            await run.crash_and_assign()
+            runner = run.runner
+            await wait_for(lambda: bool(runner.completed))
+            assert [r.records for _, r in runner.completed] == [len(acked)]
+            await run.round(LATE)
+            assert FAILOVER_CONTEXTS_KEY not in metadata.controller.image.kv
+            # Broker 1's stream reopens on broker 3 with every acknowledged record.
+            assert await run.brokers[3].open_stream(run.streams[1], 1) == (0, len(acked))
+            # Broker 1 restarts: its WAL was taken over and reset, nothing to recover.
+            restarted = await run.start(1, LATE + 1_000)
+            assert restarted.recovered.records == 0
+            await run.heartbeat(1, LATE + 1)
+            await run.round(LATE + 1)
+            await restarted.shutdown()
+        finally:
+            await run.close()
+    return directory
+
+
+async def restart_first(root: Path) -> Path:
+    """Broker 1 crashes and is assigned to broker 2, but restarts before broker 2's runner
+    starts: it recovers its WAL itself, broker 2's task is aborted, the round forgets the
+    context, broker 3 reopens the stream. The trace directory."""
+    directory = root / "trace"
+    async with in_process(root) as (metadata, stores):
+        run = Recorded(metadata, stores, directory)
+        acked = [b"s%d" % i for i in range(10)]
+        try:
+            await run.three_brokers_with_a_stream_each(acked)
+            await run.crash_and_assign()
+            restarted = await run.start(1, LATE + 1_000)
+            assert restarted.recovered.records == len(acked)
+            assert run.runner is not None
+            run.runner.start()
+            trace_file = run.traces[2].path
+            await wait_for(
+                lambda: trace_file.exists() and "AbortFailover" in trace_file.read_text()
+            )
+            await run.heartbeat(1, LATE + 1)
+            await run.round(LATE + 1)
+            assert FAILOVER_CONTEXTS_KEY not in metadata.controller.image.kv
+            assert await run.brokers[3].open_stream(run.streams[1], 1) == (0, len(acked))
+            await restarted.shutdown()
+        finally:
+            await run.close()
+    return directory
+
+
+TAKEOVER = [
     "OpenStream",
     "OpenStream",
     "OpenStream",
@@ -203,6 +257,23 @@ EXPECTED = [
     "Heartbeat",
 ]
 
+RESTART_FIRST = [
+    "OpenStream",
+    "OpenStream",
+    "OpenStream",
+    "Crash",
+    "ExpireSession",
+    "AssignFailover",
+    "Restart",
+    # Both local steps after the restarted broker's last close: concurrent, merged in process
+    # order (node2 before test); they commute in the spec.
+    "AbortFailover",
+    "RecoverOwnWal",
+    "Heartbeat",
+    "ClearFailover",
+    "OpenStream",
+]
+
 
 def swapped(lines: list[tv.TraceLine], first: int) -> list[tv.TraceLine]:
     """The trace with lines ``first`` and ``first + 1`` (1-based) in the other order."""
@@ -211,17 +282,15 @@ def swapped(lines: list[tv.TraceLine], first: int) -> list[tv.TraceLine]:
     return broken
 
 
-async def test_a_recorded_crash_failover_is_a_behaviour_of_the_spec(
-    cluster: tuple[Metadata, Stores], tmp_path: Path
-) -> None:
-    metadata, stores = cluster
-    directory = tmp_path / "trace"
-    await run_crash_failover(metadata, stores, directory)
-
+def merged(directory: Path, expected: list[str]) -> ft.Replayed:
     steps = ft.merge(ft.read_steps(directory))
     events = [step.event for step in steps]
-    assert [type(event).__name__ for event in events] == EXPECTED, steps
-    replayed = ft.replay(events)
+    assert [type(event).__name__ for event in events] == expected, steps
+    return ft.replay(events)
+
+
+async def test_recorded_crash_failovers_are_behaviours_of_the_spec(tmp_path: Path) -> None:
+    replayed = merged(await takeover(tmp_path / "takeover"), TAKEOVER)
     # The one refusal: the round forgets the context the machine dropped when the target
     # closed the streams (the spec's CloseFailedStreams removes it at once): a stutter.
     assert [(type(e).__name__, error) for _, e, error in replayed.refused] == [
@@ -231,11 +300,19 @@ async def test_a_recorded_crash_failover_is_a_behaviour_of_the_spec(
     assert final.completed == frozenset({fo.Completion(1, 0, False)})
     assert final.nodes[1].phase is fo.Phase.SERVING and final.nodes[1].node_epoch == 1
 
+    aborted = merged(await restart_first(tmp_path / "restart"), RESTART_FIRST)
+    assert aborted.refused == ()
+    assert aborted.states[-1].completed == frozenset()
+    assert all(node.task is None for node in aborted.states[-1].nodes.values())
+
     lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(replayed)]
-    recover = 1 + EXPECTED.index("RecoverFailedWal") + 1  # 1-based, after the Init line
+    restart_lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(aborted)]
+    recover = 1 + TAKEOVER.index("RecoverFailedWal") + 1  # 1-based, after the Init line
     broken = swapped(lines, recover)  # CloseFailedStreams before RecoverFailedWal
-    good_verdict, broken_verdict = tv.validate_many([lines, broken], "Failover")
-    assert good_verdict.accepted, f"{good_verdict}\n{good_verdict.log_tail}"
-    assert good_verdict.matched == len(lines)
+    verdicts = tv.validate_many([lines, restart_lines, broken], "Failover")
+    for trace, verdict in zip((lines, restart_lines), verdicts, strict=False):
+        assert verdict.accepted, f"{verdict}\n{verdict.log_tail}"
+        assert verdict.matched == len(trace)
+    broken_verdict = verdicts[2]
     assert not broken_verdict.accepted, broken_verdict
     assert broken_verdict.matched == recover - 1, broken_verdict

@@ -65,7 +65,6 @@ from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.failover import AbortFailover, CloseFailedStreams
 from automq_ref.state_machines.failover import target as fo_target
-from automq_ref.state_machines.failover.controller import abort_failover
 
 log = logging.getLogger(__name__)
 
@@ -339,8 +338,15 @@ class FailoverRunner:
         """Why this task should stop, if it should: the failed node restarted, or the
         controller no longer asks this broker."""
         node = self._view.image.nodes.get(context.failed_node_id)
-        if node is not None and abort_failover(self.node_id, context.context, node.node_epoch):
-            return "the failed node restarted"
+        if node is not None:
+            view = fo_target.start_task(self.node_id, context.context, node.node_epoch)
+            decided = fo_target.next_step(view)
+            if isinstance(decided, fo_target.TargetStep) and isinstance(
+                decided.event, AbortFailover
+            ):
+                if self._trace is not None:
+                    self._trace.record(decided.event)
+                return "the failed node restarted"
         if (context.failed_node_id, context.node_epoch) not in self._mine():
             return "the context is gone"
         return None
