@@ -512,7 +512,8 @@ async def _start_bound(
     )
     recovered = storage.recovered
     if trace is not None and restarted:
-        trace.record(fo.RecoverOwnWal(config.node_id))
+        closed = frozenset(s.stream_id for s in registration.opening_streams)
+        trace.record(fo.RecoverOwnWal(config.node_id), closed=closed)
     log.info(
         "WAL recovered %s",
         fields(

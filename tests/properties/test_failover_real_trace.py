@@ -117,7 +117,8 @@ class Recorded:
             runs_lifecycle=lambda: False,
         )
         if restarted:
-            self.test.record(fo.RecoverOwnWal(node_id))
+            closed = frozenset(s.stream_id for s in registration.opening_streams)
+            self.test.record(fo.RecoverOwnWal(node_id), closed=closed)
         self.brokers[node_id] = broker
         return broker
 
@@ -286,7 +287,9 @@ def merged(directory: Path, expected: list[str]) -> ft.Replayed:
     steps = ft.merge(ft.read_steps(directory))
     events = [step.event for step in steps]
     assert [type(event).__name__ for event in events] == expected, steps
-    return ft.replay(events)
+    replayed = ft.replay(events)
+    assert ft.effect_mismatches(steps, replayed) == []
+    return replayed
 
 
 async def test_recorded_crash_failovers_are_behaviours_of_the_spec(tmp_path: Path) -> None:

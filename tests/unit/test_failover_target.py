@@ -100,3 +100,23 @@ def test_a_replay_reports_what_the_machine_refused() -> None:
     assert replayed.states[-1].candidate(1)
     lines = ft.tla_lines(replayed)
     assert [action for action, _ in lines][:2] == ["Init", "OpenStream"]
+
+
+def test_a_close_the_machine_did_not_make_is_a_mismatch() -> None:
+    def step(
+        seq: int, event: fo.FailoverEvent, closed: frozenset[int] | None = None
+    ) -> ft.RecordedStep:
+        return ft.RecordedStep("p", seq, seq, True, event, closed)
+
+    opened = [step(1, fo.OpenStream(1, 0)), step(2, fo.OpenStream(1, 1)), step(3, fo.Crash(1))]
+    takeover = [
+        step(4, fo.ExpireSession(1)),
+        step(5, fo.AssignFailover(1, 2)),
+        step(6, fo.FenceWal(2)),
+        step(7, fo.RecoverFailedWal(2)),
+    ]
+    for closed, mismatches in ((frozenset({0, 1}), 0), (frozenset({0}), 1)):
+        steps = [*opened, *takeover, step(8, fo.CloseFailedStreams(2), closed)]
+        replayed = ft.replay([s.event for s in steps])
+        assert replayed.refused == ()
+        assert len(ft.effect_mismatches(steps, replayed)) == mismatches

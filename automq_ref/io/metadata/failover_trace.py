@@ -34,7 +34,9 @@ returns None and the callers skip recording with one ``is None`` test.
 and every stream CLOSED: the states it passes through, mapped by ``tla_state``, are the trace
 TLC checks; a step the machine refuses is a stutter, and is reported so that a test can say
 which refusals it expects (the round forgetting a context the machine already dropped when its
-target closed the streams).
+target closed the streams). :func:`effect_mismatches` compares what the shell recorded doing
+(the streams a takeover or a node's own recovery closed) with the effects the machine returned
+for the same step.
 """
 
 from __future__ import annotations
@@ -81,19 +83,22 @@ class RecordedStep:
     index: int  # the metadata log index the step is placed at
     committed: bool  # committed at ``index`` (else: local, after ``index``)
     event: fo.FailoverEvent
+    # What the shell did, to compare with the machine's effects: ``closed``, the stream ids a
+    # CloseFailedStreams or RecoverOwnWal closed.
+    closed: frozenset[int] | None = None
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "process": self.process,
-                "seq": self.seq,
-                "index": self.index,
-                "committed": self.committed,
-                "action": type(self.event).__name__,
-                "args": asdict(self.event),
-            },
-            separators=(",", ":"),
-        )
+        line: dict[str, object] = {
+            "process": self.process,
+            "seq": self.seq,
+            "index": self.index,
+            "committed": self.committed,
+            "action": type(self.event).__name__,
+            "args": asdict(self.event),
+        }
+        if self.closed is not None:
+            line["closed"] = sorted(self.closed)
+        return json.dumps(line, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> RecordedStep:
@@ -105,6 +110,7 @@ class RecordedStep:
             int(item["index"]),
             bool(item["committed"]),
             kind(**{name: int(value) for name, value in item["args"].items()}),
+            None if "closed" not in item else frozenset(int(s) for s in item["closed"]),
         )
 
 
@@ -121,13 +127,18 @@ class FailoverTrace:
         self._sessions: dict[int, fo.Session] = {}
 
     def record(
-        self, event: fo.FailoverEvent, *, committed: bool = False, index: int | None = None
+        self,
+        event: fo.FailoverEvent,
+        *,
+        committed: bool = False,
+        index: int | None = None,
+        closed: frozenset[int] | None = None,
     ) -> None:
         """``event`` was taken: committed at ``index`` (by default the index applied now), or
-        local, right after it."""
+        local, right after it; ``closed``: the streams it closed."""
         self._seq += 1
         at = self.index() if index is None else index
-        step = RecordedStep(self.process, self._seq, at, committed, event)
+        step = RecordedStep(self.process, self._seq, at, committed, event, closed)
         with self.path.open("a") as out:
             out.write(step.to_json() + "\n")
 
@@ -188,6 +199,16 @@ class Replayed:
     events: tuple[fo.FailoverEvent, ...]
     states: tuple[fo.FailoverState, ...]
     refused: tuple[tuple[int, fo.FailoverEvent, fo.FailoverError], ...]
+    effects: tuple[tuple[fo.FailoverEffect, ...], ...] = ()  # per event
+
+    def closed_by(self, number: int) -> frozenset[int]:
+        """The streams the machine closed at event ``number`` (1-based)."""
+        return frozenset(
+            stream_id
+            for effect in self.effects[number - 1]
+            if isinstance(effect, fo.CloseStreams)
+            for stream_id in effect.stream_ids
+        )
 
 
 def _nodes_and_streams(events: Sequence[fo.FailoverEvent]) -> tuple[set[int], set[int]]:
@@ -210,13 +231,28 @@ def replay(
     state = fo.initial_state(sorted(named_nodes | set(nodes)), sorted(named_streams | set(streams)))
     states = [state]
     refused = []
+    effects = []
     for number, event in enumerate(events, start=1):
         transition = fo.step(state, event)
         if transition.refusal is not None:
             refused.append((number, event, transition.refusal))
         state = transition.state
         states.append(state)
-    return Replayed(tuple(events), tuple(states), tuple(refused))
+        effects.append(transition.effects)
+    return Replayed(tuple(events), tuple(states), tuple(refused), tuple(effects))
+
+
+def effect_mismatches(steps: Sequence[RecordedStep], replayed: Replayed) -> list[str]:
+    """Where the shell did other than the machine's effects say: a step that recorded the
+    streams it closed, and the machine closed others."""
+    mismatches = []
+    for number, step in enumerate(steps, start=1):
+        if step.closed is not None and step.closed != replayed.closed_by(number):
+            mismatches.append(
+                f"event {number} {step.event}: the shell closed {sorted(step.closed)}, "
+                f"the machine {sorted(replayed.closed_by(number))}"
+            )
+    return mismatches
 
 
 def tla_lines(replayed: Replayed) -> list[tuple[str, dict[str, object]]]:

@@ -151,7 +151,7 @@ async def take_over_failed_node(
                 # close and the last one only steps it commutes with can commit (the failed
                 # node's streams are still OPENED on it until closed), while a new broker's
                 # open of a closed stream may, and must come after it.
-                trace.record(decided.event, index=before)
+                trace.record(decided.event, index=before, closed=takeover.opened)
             elif trace is not None:
                 trace.record(decided.event, committed=committed)
             if isinstance(decided.event, AbortFailover):
