@@ -293,7 +293,8 @@ def merged(directory: Path, expected: list[str]) -> ft.Replayed:
 
 
 async def test_recorded_crash_failovers_are_behaviours_of_the_spec(tmp_path: Path) -> None:
-    replayed = merged(await takeover(tmp_path / "takeover"), TAKEOVER)
+    directory = await takeover(tmp_path / "takeover")
+    replayed = merged(directory, TAKEOVER)
     # The one refusal: the round forgets the context the machine dropped when the target
     # closed the streams (the spec's CloseFailedStreams removes it at once): a stutter.
     assert [(type(e).__name__, error) for _, e, error in replayed.refused] == [
@@ -309,6 +310,9 @@ async def test_recorded_crash_failovers_are_behaviours_of_the_spec(tmp_path: Pat
     assert all(node.task is None for node in aborted.states[-1].nodes.values())
 
     lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(replayed)]
+    # The command line writes the same trace, for specs/trace_validate.py.
+    assert ft.main([str(directory), str(tmp_path / "takeover.ndjson")]) == 0
+    assert tv.read_ndjson(tmp_path / "takeover.ndjson") == lines
     restart_lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(aborted)]
     recover = 1 + TAKEOVER.index("RecoverFailedWal") + 1  # 1-based, after the Init line
     broken = swapped(lines, recover)  # CloseFailedStreams before RecoverFailedWal

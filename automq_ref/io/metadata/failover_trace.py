@@ -262,3 +262,32 @@ def tla_lines(replayed: Replayed) -> list[tuple[str, dict[str, object]]]:
         (action, fo.tla_state(state))
         for action, state in zip(actions, replayed.states, strict=True)
     ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m automq_ref.io.metadata.failover_trace DIR OUT``: merge the trace files of a
+    run under DIR, replay them through the machine, write the spec's trace to OUT (the NDJSON
+    ``specs/trace_validate.py OUT --spec Failover`` reads) and say what the machine refused and
+    where the shell's closes differ from its effects. Exit 0, or 1 on a mismatch."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m automq_ref.io.metadata.failover_trace")
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    steps = merge(read_steps(args.directory))
+    replayed = replay([step.event for step in steps])
+    with args.out.open("w") as out:
+        for action, state in tla_lines(replayed):
+            out.write(json.dumps({"action": action, "state": state}, sort_keys=True) + "\n")
+    print(f"{len(steps)} steps from {args.directory} -> {args.out}")
+    for number, event, error in replayed.refused:
+        print(f"refused (a stutter): step {number} {event}: {error.value}")
+    mismatches = effect_mismatches(steps, replayed)
+    for mismatch in mismatches:
+        print(f"mismatch: {mismatch}")
+    return 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
