@@ -86,6 +86,15 @@ def test_sessions_are_recorded_when_they_change(tmp_path: Path) -> None:
     assert events == [fo.ExpireSession(1), fo.Heartbeat(1)]
 
 
+def test_the_end_of_a_grace_is_recorded(tmp_path: Path) -> None:
+    trace = ft.FailoverTrace(tmp_path, "controller", lambda: 7)
+    trace.observe_grace([(1, False), (2, True)])
+    trace.observe_grace([(1, False), (2, True)])
+    trace.observe_grace([(1, True), (2, False)])
+    events = [s.event for s in ft.merge(ft.read_steps(tmp_path))]
+    assert events == [fo.EndGrace(2)]
+
+
 def test_recording_is_off_without_a_directory() -> None:
     assert ft.open_trace(None, "node1", lambda: 0) is None
     assert ft.open_trace("", "node1", lambda: 0) is None

@@ -15,8 +15,8 @@ which candidate to assign to whom (session lapsed, streams still OPENED, node ep
 ``failover.new.epoch.grace.ms``, at most one in flight), and writes the new list with a
 compare-and-set, so a round decided on a stale image writes nothing. With a trace
 (:mod:`automq_ref.io.metadata.failover_trace`) it records the machine's steps it committed
-(``ClearFailover``, ``AssignFailover``) and the session changes it saw (``ExpireSession``,
-``Heartbeat``).
+(``ClearFailover``, ``AssignFailover``) and the session and grace changes it saw
+(``ExpireSession``, ``Heartbeat``, ``EndGrace``).
 
 The WAL named in a context is the controller's own ``s3.wal.path``: the brokers of a cluster
 share one WAL bucket or directory (each node's WAL under keys of its own id), so the
@@ -153,6 +153,7 @@ async def run_failover_round(
     views = node_views(image, now_ms, settings.grace_ms)
     if trace is not None:
         trace.observe_sessions((view.node_id, view.session) for view in views)
+        trace.observe_grace((view.node_id, view.in_grace) for view in views)
     decided = failover_round(views, [s.context for s in stored])
     if not decided.assigned and not decided.cleared:
         return

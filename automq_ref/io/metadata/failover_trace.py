@@ -7,7 +7,8 @@ Who records what:
 - the active controller's failover round (:mod:`automq_ref.io.metadata.failover_contexts`):
   ``AssignFailover`` and ``ClearFailover`` once its compare-and-set of the contexts committed,
   and ``ExpireSession`` / ``Heartbeat`` when a node's session in its view changed since the
-  last round (:meth:`FailoverTrace.observe_sessions`);
+  last round (:meth:`FailoverTrace.observe_sessions`), ``EndGrace`` when a node's grace after a
+  start ran out (:meth:`FailoverTrace.observe_grace`);
 - the failover target (:mod:`automq_ref.io.storage.failover_runner`): ``FenceWal``,
   ``RecoverFailedWal``, ``CloseFailedStreams`` and ``AbortFailover``, the steps its projection of
   the machine took, each once its I/O is done;
@@ -125,6 +126,7 @@ class FailoverTrace:
         self.index = index
         self._seq = 0
         self._sessions: dict[int, fo.Session] = {}
+        self._grace: dict[int, bool] = {}
 
     def record(
         self,
@@ -153,6 +155,16 @@ class FailoverTrace:
                 self.record(fo.ExpireSession(node_id), committed=True)
             elif before is fo.Session.FENCED and session is fo.Session.ACTIVE:
                 self.record(fo.Heartbeat(node_id), committed=True)
+
+    def observe_grace(self, grace: Iterable[tuple[int, bool]]) -> None:
+        """Record ``EndGrace`` for each node whose grace after a (re)start ran out since the
+        last observation. (A first start is in its grace too, which the machine's initial
+        state is not: that ``EndGrace`` is refused, a stutter.)"""
+        for node_id, in_grace in grace:
+            before = self._grace.get(node_id, False)
+            self._grace[node_id] = in_grace
+            if before and not in_grace:
+                self.record(fo.EndGrace(node_id), committed=True)
 
 
 def open_trace(
