@@ -7,8 +7,9 @@ recording on (docs/trace_validation.md, "Failover traces from real runs"): each 
 controller client records the opens the controller granted, the failover round records the
 session it saw lapse and the context it assigned and later forgot, broker 2's failover runner
 records the steps its projection of the machine took (``FenceWal``, ``RecoverFailedWal``,
-``CloseFailedStreams``), and the test, which crashes and restarts broker 1, records ``Crash``,
-``Restart`` and ``RecoverOwnWal``. The per-process files are merged into one behaviour by
+``CloseFailedStreams``), and the test, which crashes and restarts broker 1 and produces its
+records, records ``Crash``, ``Restart``, ``RecoverOwnWal`` and each acknowledged record
+(``AppendRecord``, ``AckAppend``). The per-process files are merged into one behaviour by
 metadata log index, replayed through the machine, mapped by ``tla_state``, and validated by TLC
 together with a corrupted copy (the streams closed before the WAL was recovered), which must be
 rejected at the line that breaks it.
@@ -155,7 +156,9 @@ class Recorded:
             self.streams[node_id] = await broker.create_stream()
             await broker.open_stream(self.streams[node_id], 0)
         for payload in acked:
-            await self.brokers[1].append(self.streams[1], 0, payload, 1)
+            offset = await self.brokers[1].append(self.streams[1], 0, payload, 1)
+            # The producer (this test) saw the acknowledgement.
+            self.test.record_acknowledged(1, self.streams[1], offset)
 
     async def crash_and_assign(self) -> None:
         """Broker 1 is killed; its session lapses; the round assigns it to broker 2."""
@@ -188,7 +191,7 @@ async def takeover(root: Path) -> Path:
     directory = root / "trace"
     async with in_process(root) as (metadata, stores):
         run = Recorded(metadata, stores, directory)
-        acked = [b"r%d" % i for i in range(20)]
+        acked = [b"r%d" % i for i in range(RECORDS)]
         try:
             await run.three_brokers_with_a_stream_each(acked)
             assert run.runner is not None
@@ -219,7 +222,7 @@ async def restart_first(root: Path) -> Path:
     directory = root / "trace"
     async with in_process(root) as (metadata, stores):
         run = Recorded(metadata, stores, directory)
-        acked = [b"s%d" % i for i in range(10)]
+        acked = [b"s%d" % i for i in range(RECORDS - 2)]
         try:
             await run.three_brokers_with_a_stream_each(acked)
             await run.crash_and_assign()
@@ -241,10 +244,11 @@ async def restart_first(root: Path) -> Path:
     return directory
 
 
+RECORDS = 6  # acknowledged by broker 1 before its crash, in its WAL only
+OPENED_AND_ACKED = ["OpenStream"] * 3 + ["AppendRecord", "AckAppend"] * RECORDS
+
 TAKEOVER = [
-    "OpenStream",
-    "OpenStream",
-    "OpenStream",
+    *OPENED_AND_ACKED,
     "Crash",
     "ExpireSession",
     "AssignFailover",
@@ -259,9 +263,7 @@ TAKEOVER = [
 ]
 
 RESTART_FIRST = [
-    "OpenStream",
-    "OpenStream",
-    "OpenStream",
+    *OPENED_AND_ACKED[: -2 * 2],
     "Crash",
     "ExpireSession",
     "AssignFailover",
@@ -285,7 +287,7 @@ def swapped(lines: list[tv.TraceLine], first: int) -> list[tv.TraceLine]:
 
 def merged(directory: Path, expected: list[str]) -> ft.Replayed:
     steps = ft.merge(ft.read_steps(directory))
-    events = [step.event for step in steps]
+    events = ft.events_of(steps)
     assert [type(event).__name__ for event in events] == expected, steps
     replayed = ft.replay(events)
     assert ft.effect_mismatches(steps, replayed) == []
@@ -301,12 +303,15 @@ async def test_recorded_crash_failovers_are_behaviours_of_the_spec(tmp_path: Pat
         ("ClearFailover", fo.FailoverError.NO_FAILOVER_TASK)
     ]
     final = replayed.states[-1]
-    assert final.completed == frozenset({fo.Completion(1, 0, False)})
+    # Every record broker 1 acknowledged was uploaded by the takeover.
+    assert final.completed == frozenset({fo.Completion(1, 0, True)})
+    assert final.committed == frozenset(range(1, RECORDS + 1)) == final.acked_records()
     assert final.nodes[1].phase is fo.Phase.SERVING and final.nodes[1].node_epoch == 1
 
     aborted = merged(await restart_first(tmp_path / "restart"), RESTART_FIRST)
     assert aborted.refused == ()
     assert aborted.states[-1].completed == frozenset()
+    assert aborted.states[-1].committed == frozenset(range(1, RECORDS - 1))  # by broker 1 itself
     assert all(node.task is None for node in aborted.states[-1].nodes.values())
 
     lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(replayed)]

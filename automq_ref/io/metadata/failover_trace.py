@@ -15,7 +15,10 @@ Who records what:
 - a broker's controller client (:class:`TracingClient`): every ``OpenStream`` the controller
   granted;
 - whoever crashes and restarts a node (a test, a nemesis): ``Crash``, ``Restart`` and, once the
-  restarted node recovered its own WAL, ``RecoverOwnWal``.
+  restarted node recovered its own WAL, ``RecoverOwnWal`` (a broker started with the setting
+  records its own restart and recovery);
+- a producer: ``AppendRecord`` and ``AckAppend`` for each record acknowledged to it
+  (:meth:`FailoverTrace.record_acknowledged`), named by stream and offset.
 
 Order across processes: every line carries the metadata log index it is placed at and whether
 it was *committed* at that index (a step whose effect is a metadata record: the round's
@@ -65,6 +68,9 @@ EVENTS: dict[str, type[fo.FailoverEvent]] = {
         fo.FinishShutdown,
         fo.OpenStream,
         fo.CloseStream,
+        fo.AppendRecord,
+        fo.AckAppend,
+        fo.UploadWal,
         fo.AssignFailover,
         fo.FenceWal,
         fo.RecoverFailedWal,
@@ -87,6 +93,9 @@ class RecordedStep:
     # What the shell did, to compare with the machine's effects: ``closed``, the stream ids a
     # CloseFailedStreams or RecoverOwnWal closed.
     closed: frozenset[int] | None = None
+    # A record's name in the run (``<stream>:<offset>``) on AppendRecord and AckAppend: the
+    # machine numbers records in the order they were appended (:func:`events_of`).
+    key: str | None = None
 
     def to_json(self) -> str:
         line: dict[str, object] = {
@@ -99,6 +108,8 @@ class RecordedStep:
         }
         if self.closed is not None:
             line["closed"] = sorted(self.closed)
+        if self.key is not None:
+            line["key"] = self.key
         return json.dumps(line, separators=(",", ":"))
 
     @classmethod
@@ -112,6 +123,7 @@ class RecordedStep:
             bool(item["committed"]),
             kind(**{name: int(value) for name, value in item["args"].items()}),
             None if "closed" not in item else frozenset(int(s) for s in item["closed"]),
+            None if "key" not in item else str(item["key"]),
         )
 
 
@@ -135,14 +147,23 @@ class FailoverTrace:
         committed: bool = False,
         index: int | None = None,
         closed: frozenset[int] | None = None,
+        key: str | None = None,
     ) -> None:
         """``event`` was taken: committed at ``index`` (by default the index applied now), or
-        local, right after it; ``closed``: the streams it closed."""
+        local, right after it; ``closed``: the streams it closed; ``key``: its record."""
         self._seq += 1
         at = self.index() if index is None else index
-        step = RecordedStep(self.process, self._seq, at, committed, event, closed)
+        step = RecordedStep(self.process, self._seq, at, committed, event, closed, key)
         with self.path.open("a") as out:
             out.write(step.to_json() + "\n")
+
+    def record_acknowledged(self, node_id: int, stream_id: int, offset: int) -> None:
+        """A producer's record acknowledged by ``node_id`` at ``offset`` of ``stream_id``: it
+        landed in the node's WAL (``AppendRecord``) and its append was acknowledged
+        (``AckAppend``), both local steps."""
+        key = f"{stream_id}:{offset}"
+        self.record(fo.AppendRecord(node_id, stream_id), key=key)
+        self.record(fo.AckAppend(node_id, 0), key=key)
 
     def observe_sessions(self, sessions: Iterable[tuple[int, fo.Session]]) -> None:
         """Record ``ExpireSession`` / ``Heartbeat`` for each node whose session went from
@@ -228,8 +249,26 @@ def _nodes_and_streams(events: Sequence[fo.FailoverEvent]) -> tuple[set[int], se
     streams: set[int] = set()
     for event in events:
         for name, value in asdict(event).items():
-            (streams if name == "stream_id" else nodes).add(value)
+            if name == "stream_id":
+                streams.add(value)
+            elif name in ("node_id", "failed_node_id", "target_node_id"):
+                nodes.add(value)
     return nodes, streams
+
+
+def events_of(steps: Sequence[RecordedStep]) -> list[fo.FailoverEvent]:
+    """The merged steps' events, records numbered as the machine numbers them: the n-th
+    ``AppendRecord`` appends record n, and an ``AckAppend`` acknowledges the record of its key."""
+    numbers: dict[str, int] = {}
+    events: list[fo.FailoverEvent] = []
+    for step in steps:
+        event = step.event
+        if isinstance(event, fo.AppendRecord) and step.key is not None:
+            numbers[step.key] = len(numbers) + 1
+        elif isinstance(event, fo.AckAppend) and step.key is not None:
+            event = fo.AckAppend(event.node_id, numbers.get(step.key, 0))
+        events.append(event)
+    return events
 
 
 def replay(
@@ -288,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     args = parser.parse_args(argv)
     steps = merge(read_steps(args.directory))
-    replayed = replay([step.event for step in steps])
+    replayed = replay(events_of(steps))
     with args.out.open("w") as out:
         for action, state in tla_lines(replayed):
             out.write(json.dumps({"action": action, "state": state}, sort_keys=True) + "\n")
