@@ -151,6 +151,8 @@ async def run_failover_round(
     current_value = image.kv.get(FAILOVER_CONTEXTS_KEY)
     stored = decode_contexts(current_value)
     views = node_views(image, now_ms, settings.grace_ms)
+    # The index of the image the round decides on (read before any await, with the image).
+    decided_at = trace.index() if trace is not None else 0
     if trace is not None:
         trace.observe_sessions((view.node_id, view.session) for view in views)
         trace.observe_grace((view.node_id, view.in_grace) for view in views)
@@ -177,10 +179,13 @@ async def run_failover_round(
         log.info("failover contexts changed meanwhile: %s", response.error.value)
         return
     if trace is not None:
+        # Placed right after the image the round decided on: the target acts on an image at
+        # or past the write, while the index applied after the answer may already include
+        # later records of other writers.
         for gone in decided.cleared:
-            trace.record(ClearFailover(gone.failed_node_id), committed=True)
+            trace.record(ClearFailover(gone.failed_node_id), index=decided_at)
         for new in decided.assigned:
-            trace.record(AssignFailover(new.failed_node_id, new.target_node_id), committed=True)
+            trace.record(AssignFailover(new.failed_node_id, new.target_node_id), index=decided_at)
     for cleared in decided.cleared:
         log.info("failover context removed %s", _fields(cleared))
     for context in added:

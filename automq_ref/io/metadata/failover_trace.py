@@ -6,6 +6,7 @@ Who records what:
 
 - the active controller's failover round (:mod:`automq_ref.io.metadata.failover_contexts`):
   ``AssignFailover`` and ``ClearFailover`` once its compare-and-set of the contexts committed,
+  placed as local steps right after the index of the image the round decided on,
   and ``ExpireSession`` / ``Heartbeat`` when a node's session in its view changed since the
   last round (:meth:`FailoverTrace.observe_sessions`), ``EndGrace`` when a node's grace after a
   start ran out (:meth:`FailoverTrace.observe_grace`);
@@ -168,7 +169,8 @@ class FailoverTrace:
     def observe_sessions(self, sessions: Iterable[tuple[int, fo.Session]]) -> None:
         """Record ``ExpireSession`` / ``Heartbeat`` for each node whose session went from
         ACTIVE to FENCED or back since the last observation (every node starts ACTIVE, as in
-        the machine's initial state)."""
+        the machine's initial state), as committed at the index applied now (the image
+        observed)."""
         for node_id, session in sessions:
             before = self._sessions.get(node_id, fo.Session.ACTIVE)
             self._sessions[node_id] = session
