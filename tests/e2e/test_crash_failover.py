@@ -40,6 +40,8 @@ from kio.static.primitive import Records, i32
 
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.formats.record_batch_builder import build_record_batch
+from automq_ref.io.metadata import failover_trace as ft
+from automq_ref.state_machines import failover as fo
 from tests.conftest import MotoS3
 from tests.e2e.test_cluster import (
     NODES,
@@ -71,6 +73,7 @@ class FailoverCluster(Cluster):
 
     def __init__(self, root: Path, etcd: EtcdServer, moto: MotoS3, bucket: str) -> None:
         super().__init__(root, etcd)
+        self.trace_dir = root / "failover-trace"  # every broker records its failover steps
         location = f"{bucket}?region={moto.region}&endpoint={moto.endpoint_url}&pathStyle=true"
         common = (
             f"metadata.etcd.endpoints={etcd.endpoint}",
@@ -81,6 +84,7 @@ class FailoverCluster(Cluster):
             f"broker.session.timeout.ms={SESSION_MS}",
             f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
             f"failover.new.epoch.grace.ms={GRACE_MS}",
+            f"failover.trace.dir={self.trace_dir}",
         )
         env = {
             "AWS_ACCESS_KEY_ID": moto.access_key_id,
@@ -219,12 +223,34 @@ def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
     )
     assert not producer.failures, producer.failures[:5]
     assert cluster.failovers_done(victim) > before, "no survivor logged the failover"
+    assert_failover_recorded(cluster, victim)
     log = read_all(cluster.bootstrap(survivors), topic, PARTITIONS)
     check(log, producer.acks, ["ck"])
     # Started again, the broker finds its WAL taken over and uploaded: nothing to recover.
     cluster.brokers[victim].start()
     recovered = re.findall(r"WAL recovered records=(\d+)", cluster.log(victim))
     assert recovered and recovered[-1] == "0", recovered[-3:]
+
+
+def assert_failover_recorded(cluster: FailoverCluster, victim: int) -> None:
+    """The brokers' trace files, merged by metadata log index, hold the victim's last failover
+    as the machine's steps, in its order: the active controller's AssignFailover, then its
+    target's FenceWal, RecoverFailedWal and CloseFailedStreams (recorded by other processes)."""
+    steps = ft.merge(ft.read_steps(cluster.trace_dir))
+    assigned = [
+        number
+        for number, step in enumerate(steps)
+        if isinstance(step.event, fo.AssignFailover) and step.event.failed_node_id == victim
+    ]
+    assert assigned, [step.event for step in steps][-20:]
+    target = steps[assigned[-1]].event.target_node_id  # type: ignore[union-attr]
+    taken = [
+        type(step.event).__name__
+        for step in steps[assigned[-1] :]
+        if getattr(step.event, "target_node_id", None) == target
+        and not isinstance(step.event, fo.AssignFailover)
+    ]
+    assert taken[:3] == ["FenceWal", "RecoverFailedWal", "CloseFailedStreams"], taken
 
 
 def produce_frame(topic: str, partition: int, value: bytes) -> bytes:
