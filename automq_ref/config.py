@@ -264,6 +264,9 @@ class BrokerConfig(BaseModel):
     controlled_shutdown_timeout_ms: int = Field(
         60_000, alias="controlled.shutdown.timeout.ms", ge=0
     )
+    # Where this broker records the Failover machine's steps it takes, one file per start, for
+    # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
+    failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.

@@ -56,6 +56,7 @@ from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
 from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings
+from automq_ref.io.metadata.failover_trace import TracingClient, open_trace
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.failover_runner import FailoverRunner
@@ -72,6 +73,7 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.placement import BalanceParams
@@ -517,6 +519,7 @@ async def _start_bound(
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
     host, port = config.advertised_address or bound
+    restarted = config.node_id in view.image.nodes  # for the failover trace: not the first start
     registration = await register_node(
         client,
         config.node_id,
@@ -524,6 +527,15 @@ async def _start_bound(
         rack=config.broker_rack,
         listeners=(sm.Endpoint("PLAINTEXT", host, port),),
     )
+    trace = open_trace(
+        config.failover_trace_dir,
+        f"node{config.node_id}-{registration.node_epoch}",
+        lambda: metadata.controller.applied_index,
+    )
+    if trace is not None:
+        client = TracingClient(client, trace)  # records the opens the controller grants
+        if restarted:
+            trace.record(fo.Restart(config.node_id), committed=True)
     wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
     store = open_object_store(config.object_store_uri)
     await store.__aenter__()
@@ -547,6 +559,9 @@ async def _start_bound(
         runs_lifecycle=metadata.is_active,
     )
     recovered = storage.recovered
+    if trace is not None and restarted:
+        closed = frozenset(s.stream_id for s in registration.opening_streams)
+        trace.record(fo.RecoverOwnWal(config.node_id), closed=closed)
     log.info(
         "WAL recovered %s",
         fields(
@@ -583,6 +598,7 @@ async def _start_bound(
             if shared_wal
             else None
         ),
+        trace=trace,
     )
     await session.heartbeat()
     groups = GroupCoordinator(storage, client, view, config, seams.clock)
@@ -628,6 +644,7 @@ async def _start_bound(
             namespace=NAMESPACE,
             params=params,
             clock=seams.clock,
+            trace=trace,
         )
         failover.start()
     return Node(

@@ -24,6 +24,7 @@ import re
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import time
 import urllib.request
@@ -40,6 +41,8 @@ from kio.static.primitive import Records, i32
 
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.formats.record_batch_builder import build_record_batch
+from automq_ref.io.metadata import failover_trace as ft
+from automq_ref.state_machines import failover as fo
 from tests.conftest import MotoS3
 from tests.e2e.test_cluster import (
     NODES,
@@ -58,6 +61,9 @@ from tests.etcd_fixture import EtcdServer
 from tests.unit.test_broker_node import request_frame
 from tests.waiting import wait_until
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
+import trace_validate as tv
+
 SESSION_MS = 2000
 HEARTBEAT_MS = 500
 TTL_MS = 2000
@@ -71,6 +77,7 @@ class FailoverCluster(Cluster):
 
     def __init__(self, root: Path, etcd: EtcdServer, moto: MotoS3, bucket: str) -> None:
         super().__init__(root, etcd)
+        self.trace_dir = root / "failover-trace"  # every broker records its failover steps
         location = f"{bucket}?region={moto.region}&endpoint={moto.endpoint_url}&pathStyle=true"
         common = (
             f"metadata.etcd.endpoints={etcd.endpoint}",
@@ -81,6 +88,7 @@ class FailoverCluster(Cluster):
             f"broker.session.timeout.ms={SESSION_MS}",
             f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
             f"failover.new.epoch.grace.ms={GRACE_MS}",
+            f"failover.trace.dir={self.trace_dir}",
         )
         env = {
             "AWS_ACCESS_KEY_ID": moto.access_key_id,
@@ -219,12 +227,66 @@ def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
     )
     assert not producer.failures, producer.failures[:5]
     assert cluster.failovers_done(victim) > before, "no survivor logged the failover"
+    record_crash(cluster, victim)
+    assert_failover_recorded(cluster, victim)
+    if which == "broker" and shutil.which("java") is not None:
+        assert_trace_is_a_behaviour_until_the_restart(cluster, victim)
     log = read_all(cluster.bootstrap(survivors), topic, PARTITIONS)
     check(log, producer.acks, ["ck"])
     # Started again, the broker finds its WAL taken over and uploaded: nothing to recover.
     cluster.brokers[victim].start()
     recovered = re.findall(r"WAL recovered records=(\d+)", cluster.log(victim))
     assert recovered and recovered[-1] == "0", recovered[-3:]
+
+
+def record_crash(cluster: FailoverCluster, victim: int) -> None:
+    """The kill, as this test's own trace step: right after the victim's last recorded step
+    (a process killed takes no step after its last)."""
+    mine = [s for s in ft.read_steps(cluster.trace_dir) if s.process.startswith(f"node{victim}-")]
+    last = max((s.index for s in mine), default=0)
+    ft.FailoverTrace(cluster.trace_dir, "test", lambda: last).record(fo.Crash(victim))
+
+
+def assert_trace_is_a_behaviour_until_the_restart(cluster: FailoverCluster, victim: int) -> None:
+    """The three processes' traces of a fresh cluster, merged and replayed through the
+    machine up to the victim's restart, are a behaviour of specs/Failover.tla. (After the
+    restart partitions move back to it from live brokers, a close the spec leaves out.) The
+    machine refuses only a first start's EndGrace (the machine's nodes start outside their
+    grace) and the round's ClearFailover of a context the takeover already removed."""
+    steps = ft.merge(ft.read_steps(cluster.trace_dir))
+    restarts = [n for n, s in enumerate(steps) if s.event == fo.Restart(victim)]
+    steps = steps[: restarts[0]] if restarts else steps
+    replayed = ft.replay(ft.events_of(steps))
+    refused = {(type(event).__name__, error) for _, event, error in replayed.refused}
+    assert refused <= {
+        ("EndGrace", fo.FailoverError.NOT_IN_GRACE),
+        ("ClearFailover", fo.FailoverError.NO_FAILOVER_TASK),
+    }, replayed.refused
+    assert ft.effect_mismatches(steps, replayed) == []
+    lines = [tv.TraceLine(action, state) for action, state in ft.tla_lines(replayed)]
+    verdict = tv.validate(lines, "Failover")
+    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}"
+
+
+def assert_failover_recorded(cluster: FailoverCluster, victim: int) -> None:
+    """The brokers' trace files, merged by metadata log index, hold the victim's last failover
+    as the machine's steps, in its order: the active controller's AssignFailover, then its
+    target's FenceWal, RecoverFailedWal and CloseFailedStreams (recorded by other processes)."""
+    steps = ft.merge(ft.read_steps(cluster.trace_dir))
+    assigned = [
+        number
+        for number, step in enumerate(steps)
+        if isinstance(step.event, fo.AssignFailover) and step.event.failed_node_id == victim
+    ]
+    assert assigned, [step.event for step in steps][-20:]
+    target = steps[assigned[-1]].event.target_node_id  # type: ignore[union-attr]
+    taken = [
+        type(step.event).__name__
+        for step in steps[assigned[-1] :]
+        if getattr(step.event, "target_node_id", None) == target
+        and not isinstance(step.event, fo.AssignFailover)
+    ]
+    assert taken[:3] == ["FenceWal", "RecoverFailedWal", "CloseFailedStreams"], taken
 
 
 def produce_frame(topic: str, partition: int, value: bytes) -> bytes:

@@ -33,6 +33,7 @@ from automq_ref.io.metadata.background import stop
 from automq_ref.io.metadata.client import ControllerClient, InProcessControllerClient
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, run_failover_round
+from automq_ref.io.metadata.failover_trace import FailoverTrace
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
@@ -145,9 +146,11 @@ class ControllerTicks:
         heartbeat_interval_ms: int,
         balance_interval_ms: int | None,
         failover: FailoverSettings | None = None,
+        trace: FailoverTrace | None = None,
     ) -> None:
         self._controller = controller
         self._failover = failover
+        self._trace = trace
         self._is_active = is_active
         self._clock = clock
         self._grace_s = heartbeat_interval_ms / 1000 + EXPIRE_INTERVAL_S
@@ -200,6 +203,7 @@ class ControllerTicks:
                 self._controller.image,
                 self._clock.now_ms(),
                 settings,
+                self._trace,
             )
         except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
             log.debug("failover round: %s", error)

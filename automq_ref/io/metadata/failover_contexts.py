@@ -13,7 +13,10 @@ Failover machine's projection (:mod:`automq_ref.state_machines.failover.controll
 which contexts to forget (the node restarted, has no stream open any more, its target left) and
 which candidate to assign to whom (session lapsed, streams still OPENED, node epoch older than
 ``failover.new.epoch.grace.ms``, at most one in flight), and writes the new list with a
-compare-and-set, so a round decided on a stale image writes nothing.
+compare-and-set, so a round decided on a stale image writes nothing. With a trace
+(:mod:`automq_ref.io.metadata.failover_trace`) it records the machine's steps it committed
+(``ClearFailover``, ``AssignFailover``) and the session and grace changes it saw
+(``ExpireSession``, ``Heartbeat``, ``EndGrace``).
 
 The WAL named in a context is the controller's own ``s3.wal.path``: the brokers of a cluster
 share one WAL bucket or directory (each node's WAL under keys of its own id), so the
@@ -29,8 +32,14 @@ from dataclasses import dataclass
 
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.failover_trace import FailoverTrace
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.state_machines.failover import FailoverContext, Session
+from automq_ref.state_machines.failover import (
+    AssignFailover,
+    ClearFailover,
+    FailoverContext,
+    Session,
+)
 from automq_ref.state_machines.failover.controller import NodeView, failover_round, in_grace
 from automq_ref.vocabulary.naming import FAILOVER_CONTEXTS_KEY
 
@@ -134,14 +143,20 @@ async def run_failover_round(
     image: sm.StreamMetadataImage,
     now_ms: int,
     settings: FailoverSettings,
+    trace: FailoverTrace | None = None,
 ) -> None:
     """One round (see the module docstring) decided on ``image``; the new contexts are written
-    only if the key still holds what ``image`` showed."""
+    only if the key still holds what ``image`` showed. With ``trace``, the sessions that changed
+    since the last round and the machine's steps that committed are recorded."""
     current_value = image.kv.get(FAILOVER_CONTEXTS_KEY)
     stored = decode_contexts(current_value)
-    decided = failover_round(
-        node_views(image, now_ms, settings.grace_ms), [s.context for s in stored]
-    )
+    views = node_views(image, now_ms, settings.grace_ms)
+    # The index of the image the round decides on (read before any await, with the image).
+    decided_at = trace.index() if trace is not None else 0
+    if trace is not None:
+        trace.observe_sessions((view.node_id, view.session) for view in views)
+        trace.observe_grace((view.node_id, view.in_grace) for view in views)
+    decided = failover_round(views, [s.context for s in stored])
     if not decided.assigned and not decided.cleared:
         return
     kept = [s for s in stored if s.context in decided.contexts]
@@ -163,6 +178,14 @@ async def run_failover_round(
     if not response.ok:
         log.info("failover contexts changed meanwhile: %s", response.error.value)
         return
+    if trace is not None:
+        # Placed right after the image the round decided on: the target acts on an image at
+        # or past the write, while the index applied after the answer may already include
+        # later records of other writers.
+        for gone in decided.cleared:
+            trace.record(ClearFailover(gone.failed_node_id), index=decided_at)
+        for new in decided.assigned:
+            trace.record(AssignFailover(new.failed_node_id, new.target_node_id), index=decided_at)
     for cleared in decided.cleared:
         log.info("failover context removed %s", _fields(cleared))
     for context in added:

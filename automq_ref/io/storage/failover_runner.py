@@ -8,19 +8,29 @@ it succeeds, retrying with a growing pause (1 s doubling up to 60 s, as AutoMQ d
 up when the context is gone or the failed node restarted (its node epoch moved on: it recovers
 its WAL itself; the Failover machine's ``AbortFailover``).
 
-:func:`take_over_failed_node` is the Failover machine's three target steps:
+:func:`take_over_failed_node` is driven by the Failover machine's target projection
+(:mod:`automq_ref.state_machines.failover.target`): it asks the machine for the next step of
+the task and carries out the effects that step returns, until the machine ends the task:
 
-1. ``FenceWal``: the WAL is opened in failover mode (``ObjectWal.take_over``): its reservation is
-   overwritten with (failed node, its node epoch, failover), so the old writer, if it still runs
-   (a zombie), fails its next reservation check and acknowledges nothing more; the WAL is read
-   only after that, so every record the old writer acknowledged is listed.
-2. ``RecoverFailedWal``: ``FenceNode`` (AutoMQ's getOpeningStreams in failover mode) marks the
-   node taken over, so its own later requests get ``NODE_FENCED``, and answers the streams still
-   OPENED on it with their committed ends; then the same recovery a node runs at its own start
-   (``S3Storage.start``) replays the WAL's records past those ends, uploads them, commits them
-   *as the failed node* in failover mode, and resets the WAL.
-3. ``CloseFailedStreams``: that recovery closes the node's streams, which lets the partitions'
-   new brokers open them.
+1. ``FenceWal`` (effect ``AcquireReservation``): the WAL is opened in failover mode
+   (``ObjectWal.take_over``): its reservation is overwritten with (failed node, its node epoch,
+   failover), so the old writer, if it still runs (a zombie), fails its next reservation check
+   and acknowledges nothing more; the WAL is read only after that, so every record the old
+   writer acknowledged is listed.
+2. ``RecoverFailedWal`` (effects ``CommitRecords``, ``ResetWal``): ``FenceNode`` (AutoMQ's
+   getOpeningStreams in failover mode) marks the node taken over, so its own later requests get
+   ``NODE_FENCED``, and answers the streams still OPENED on it with their committed ends; then
+   the same recovery a node runs at its own start (``S3Storage.start``, without its closes)
+   replays the WAL's records past those ends, uploads them, commits them *as the failed node*
+   in failover mode, and resets the WAL. ``NODE_EPOCH_EXPIRED`` (the node restarted) means the
+   step did not happen: the machine's next step is then ``AbortFailover``.
+3. ``CloseFailedStreams`` (effect ``CloseStreams``): the node's streams are closed as that
+   node, all at once, which lets the partitions' new brokers open them.
+
+With a :class:`~automq_ref.io.metadata.failover_trace.FailoverTrace` each step the machine took
+is recorded once its effects are done: ``RecoverFailedWal`` as committed at the index applied
+then, ``FenceWal`` and ``AbortFailover`` as local steps, ``CloseFailedStreams`` as a local step
+right after the index applied before its first close.
 
 Acting as the failed node: the storage's requests go through :class:`ActingClient`, which marks
 its commits ``failover_mode`` and asks for object ids as this broker (a node in failover mode
@@ -45,13 +55,16 @@ from automq_ref.io.clock import Clock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient, Registration
 from automq_ref.io.metadata.failover_contexts import StoredContext, stored_contexts
+from automq_ref.io.metadata.failover_trace import FailoverTrace
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore
-from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.s3stream import S3Storage, close_streams
 from automq_ref.io.storage.wal import WriteAheadLog
+from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
-from automq_ref.state_machines.failover.controller import abort_failover
+from automq_ref.state_machines.failover import AbortFailover, CloseFailedStreams
+from automq_ref.state_machines.failover import target as fo_target
 
 log = logging.getLogger(__name__)
 
@@ -102,34 +115,159 @@ async def take_over_failed_node(
     namespace: str,
     params: lc.LogCacheParams,
     clock: Clock,
+    trace: FailoverTrace | None = None,
 ) -> FailoverResult:
-    """The target's steps 1-3 (module docstring), once; raises on any failure, and
-    :class:`FailoverAborted` when the failed node runs a newer epoch."""
-    failed, epoch = context.failed_node_id, context.node_epoch
-    wal = await take_over_wal(context.wal_config, failed, epoch)
+    """The target's steps 1-3 (module docstring), once, each the step the machine's target
+    projection takes next (:func:`~automq_ref.state_machines.failover.target.next_step`), its
+    effects carried out here; raises on any failure, and :class:`FailoverAborted` when the
+    machine aborts the task (the failed node runs a newer epoch)."""
+    takeover = _Takeover(
+        context,
+        take_over_wal=take_over_wal,
+        store=store,
+        client=client,
+        view=view,
+        node_id=node_id,
+        node_epoch=node_epoch,
+        namespace=namespace,
+        params=params,
+        clock=clock,
+    )
+    task = fo_target.start_task(node_id, context.context, _current_epoch(view, context))
     try:
-        fenced = await client.submit(sm.FenceNode(failed, epoch))
+        while True:
+            decided = fo_target.next_step(task)
+            if isinstance(decided, fo_target.StepRefused):
+                raise RuntimeError(f"failover of {context.context}: no step: {decided.refusals}")
+            before = trace.index() if trace is not None else 0
+            committed = await takeover.carry_out(decided.effects)
+            if takeover.newer_epoch is not None and not decided.done:
+                # The controller refused the step: the failed node restarted. The step did not
+                # happen; the machine's next one is AbortFailover.
+                task = task.with_failed_epoch(takeover.newer_epoch)
+                continue
+            if trace is not None and isinstance(decided.event, CloseFailedStreams):
+                # Placed right after what was applied before its first close: between that
+                # close and the last one only steps it commutes with can commit (the failed
+                # node's streams are still OPENED on it until closed), while a new broker's
+                # open of a closed stream may, and must come after it.
+                trace.record(decided.event, index=before, closed=takeover.opened)
+            elif trace is not None:
+                trace.record(decided.event, committed=committed)
+            if isinstance(decided.event, AbortFailover):
+                raise FailoverAborted(takeover.aborted or "the failed node restarted")
+            if decided.done:
+                return takeover.result()
+            task = decided.view.with_opened(takeover.opened)
+    finally:
+        await takeover.close()
+
+
+def _current_epoch(view: MetadataView, context: StoredContext) -> int:
+    node = view.image.nodes.get(context.failed_node_id)
+    return context.node_epoch if node is None else node.node_epoch
+
+
+class _Takeover:
+    """The I/O of one takeover attempt: the effects of the target's steps, and what they learn
+    (the failed node's streams, a newer epoch of it)."""
+
+    def __init__(
+        self,
+        context: StoredContext,
+        *,
+        take_over_wal: WalTakeover,
+        store: ObjectStore,
+        client: ControllerClient,
+        view: MetadataView,
+        node_id: int,
+        node_epoch: int,
+        namespace: str,
+        params: lc.LogCacheParams,
+        clock: Clock,
+    ) -> None:
+        self._context = context
+        self._take_over_wal = take_over_wal
+        self._store = store
+        self._client = client
+        self._view = view
+        self._node_id = node_id
+        self._node_epoch = node_epoch
+        self._namespace = namespace
+        self._params = params
+        self._clock = clock
+        self._wal: WriteAheadLog | None = None
+        self._storage: S3Storage | None = None
+        self._opening: tuple[sm.OpeningStream, ...] = ()
+        self.newer_epoch: int | None = None  # the failed node's, once the controller said so
+        self.aborted: str | None = None
+
+    @property
+    def opened(self) -> frozenset[int]:
+        """The streams the controller said are still OPENED on the failed node."""
+        return frozenset(s.stream_id for s in self._opening)
+
+    async def carry_out(self, effects: tuple[fo.FailoverEffect, ...]) -> bool:
+        """Do the effects; whether one of them committed a metadata record."""
+        committed = False
+        for effect in effects:
+            match effect:
+                case fo.AcquireReservation():
+                    self._wal = await self._take_over_wal(
+                        self._context.wal_config, effect.wal_node_id, effect.reservation.epoch
+                    )
+                case fo.CommitRecords():
+                    committed = await self._recover() or committed
+                case fo.CloseStreams():
+                    failed, epoch = self._context.failed_node_id, self._context.node_epoch
+                    await close_streams(self._client, failed, epoch, self._opening)
+                    committed = committed or bool(self._opening)
+                case fo.ResetWal():
+                    pass  # the recovery resets the WAL once its records are committed
+                case fo.RemoveFailoverContext():
+                    pass  # the controller's next round forgets the context (ClearFailover)
+                case _:
+                    raise AssertionError(f"not a target's effect: {effect}")
+        return committed
+
+    async def _recover(self) -> bool:
+        """``FenceNode`` (failover mode at the controller, the streams still OPENED on the
+        failed node), then the node's own start-up recovery as that node, without its closes."""
+        failed, epoch = self._context.failed_node_id, self._context.node_epoch
+        assert self._wal is not None, "RecoverFailedWal before FenceWal"
+        fenced = await self._client.submit(sm.FenceNode(failed, epoch))
         if fenced.error is sm.StreamErrorCode.NODE_EPOCH_EXPIRED:
-            raise FailoverAborted(fenced.message)
+            # The node restarted: the machine's next step is AbortFailover.
+            self.aborted = fenced.message
+            self.newer_epoch = max(_current_epoch(self._view, self._context), epoch + 1)
+            return False
         if not fenced.ok:
             raise RuntimeError(f"FenceNode({failed}, {epoch}): {fenced.error.value}")
-        storage = await S3Storage.start(
-            wal=wal,
-            store=store,
-            client=ActingClient(client, node_id, node_epoch),
-            view=view,
+        self._opening = fenced.opening_streams
+        self._storage = await S3Storage.start(
+            wal=self._wal,
+            store=self._store,
+            client=ActingClient(self._client, self._node_id, self._node_epoch),
+            view=self._view,
             registration=Registration(failed, epoch, fenced.opening_streams),
-            namespace=namespace,
-            params=params,
-            clock=clock,
+            namespace=self._namespace,
+            params=self._params,
+            clock=self._clock,
             runs_lifecycle=lambda: False,
+            close_recovered=False,
         )
-    except BaseException:
-        await wal.close()
-        raise
-    recovered = storage.recovered
-    await storage.shutdown()  # nothing left to upload: closes the WAL
-    return FailoverResult(len(fenced.opening_streams), recovered.records, recovered.bytes)
+        return True
+
+    def result(self) -> FailoverResult:
+        assert self._storage is not None
+        recovered = self._storage.recovered
+        return FailoverResult(len(self._opening), recovered.records, recovered.bytes)
+
+    async def close(self) -> None:
+        if self._storage is not None:
+            await self._storage.shutdown()  # nothing left to upload: closes the WAL
+        elif self._wal is not None:
+            await self._wal.close()
 
 
 class FailoverRunner:
@@ -149,6 +287,7 @@ class FailoverRunner:
         clock: Clock,
         retry_base_s: float = RETRY_BASE_S,
         retry_max_s: float = RETRY_MAX_S,
+        trace: FailoverTrace | None = None,
     ) -> None:
         self._take_over_wal = take_over_wal
         self._store = store
@@ -161,6 +300,7 @@ class FailoverRunner:
         self._clock = clock
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
+        self._trace = trace
         self._follower: asyncio.Task[None] | None = None
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.completed: list[tuple[StoredContext, FailoverResult]] = []
@@ -198,8 +338,15 @@ class FailoverRunner:
         """Why this task should stop, if it should: the failed node restarted, or the
         controller no longer asks this broker."""
         node = self._view.image.nodes.get(context.failed_node_id)
-        if node is not None and abort_failover(self.node_id, context.context, node.node_epoch):
-            return "the failed node restarted"
+        if node is not None:
+            view = fo_target.start_task(self.node_id, context.context, node.node_epoch)
+            decided = fo_target.next_step(view)
+            if isinstance(decided, fo_target.TargetStep) and isinstance(
+                decided.event, AbortFailover
+            ):
+                if self._trace is not None:
+                    self._trace.record(decided.event)
+                return "the failed node restarted"
         if (context.failed_node_id, context.node_epoch) not in self._mine():
             return "the context is gone"
         return None
@@ -222,6 +369,7 @@ class FailoverRunner:
                     namespace=self._namespace,
                     params=self._params,
                     clock=self._clock,
+                    trace=self._trace,
                 )
             except FailoverAborted as error:
                 reason = str(error)

@@ -46,7 +46,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +153,24 @@ class _OpenStream:
     closing: bool = False
 
 
+async def close_streams(
+    client: ControllerClient,
+    node_id: int,
+    node_epoch: int,
+    opening: Iterable[sm.OpeningStream],
+) -> None:
+    """Close recovered streams as ``node_id`` at ``node_epoch``. All at once: each close lets
+    another broker open its stream, and a partition's broker waits for all of its streams (a
+    failover closes a dead node's streams this way)."""
+    streams = list(opening)
+    closes = await asyncio.gather(
+        *(client.submit(sm.CloseStream(node_id, node_epoch, s.stream_id, s.epoch)) for s in streams)
+    )
+    for stream, closed in zip(streams, closes, strict=True):
+        if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
+            raise StorageError(f"closing recovered stream {stream.stream_id}: {closed.message}")
+
+
 class S3Storage:
     def __init__(
         self,
@@ -230,9 +248,11 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
+        close_recovered: bool = True,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
-        the recovered streams."""
+        the recovered streams (unless ``close_recovered`` is off: a failover target closes
+        them as a step of its own, :func:`close_streams`)."""
         node_id, node_epoch = registration.node_id, registration.node_epoch
         storage = cls(
             wal=wal,
@@ -279,17 +299,8 @@ class S3Storage:
         await storage.force_upload(lc.ALL_STREAMS)
         await wal.reset()
         storage._recovering = False
-        # All at once: each close lets another broker open its stream, and a partition's
-        # broker waits for all of its streams (a failover closes a dead node's streams here).
-        closes = await asyncio.gather(
-            *(
-                client.submit(sm.CloseStream(node_id, node_epoch, stream_id, opening.epoch))
-                for stream_id, opening in recovering.items()
-            )
-        )
-        for stream_id, closed in zip(recovering, closes, strict=True):
-            if not closed.ok and closed.error is not sm.StreamErrorCode.STREAM_FENCED:
-                raise StorageError(f"closing recovered stream {stream_id}: {closed.message}")
+        if close_recovered:
+            await close_streams(client, node_id, node_epoch, registration.opening_streams)
         # Start the live cache empty but keep numbering blocks after the recovered ones: a block
         # id names one block for the storage's lifetime (commit waiters are keyed by it).
         storage._cache.reset(lc.LogCacheState(next_block_id=storage._cache.state.next_block_id))

@@ -47,7 +47,10 @@ Layout
 events (one per TLA+ action), the effects and the refusals; ``table`` the allowed changes of a
 node's phase, a session and a failover task's stage, as data, and the diagrams drawn from them;
 ``step`` the handlers; ``invariants`` the spec's invariants as checks; ``tla`` the mapping onto
-the spec's variables.
+the spec's variables. ``controller`` and ``target`` are the machine's projections the shell runs:
+the active controller's failover round (``ClearFailover``, ``AssignFailover``) and a failover
+target's next step (``AbortFailover``, ``FenceWal``, ``RecoverFailedWal``,
+``CloseFailedStreams``), each a ``FailoverState`` built from what that side knows, stepped.
 """
 
 from __future__ import annotations
