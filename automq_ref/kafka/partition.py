@@ -323,11 +323,15 @@ class Partition:
             self._closed = True  # no periodic checkpoint any more
             # No await between reading the end and the data stream's close refusing appends:
             # the index and producer state then describe exactly the log up to ``end``.
-            end = self.log_end_offset
+            end: int | None
+            try:
+                end = self.log_end_offset
+            except StorageError:  # an earlier close, cut short, closed the data stream already
+                end = None
             *data_streams, meta_stream = self._streams()
             for stream_id in data_streams:
                 await self.storage.close_stream(stream_id, self.epoch)
-            if not self._lost_append:
+            if end is not None and not self._lost_append:
                 try:
                     await self._write_checkpoint(end)
                 except StorageError as error:  # the next open scans: slower, as correct
