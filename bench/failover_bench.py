@@ -32,7 +32,9 @@ the kill. p50 and p99 are over the victim's partitions of all runs of a setting.
 partitions' longest silence over the same window says what the failover cost the survivors'
 own partitions. The brokers' logs place the failover's steps on the same clock: the
 controller's ``failover assigned``, the target's ``failover done`` and the last ``partition
-led`` of the topic after the kill.
+led`` of the topic after the kill (medians over runs); "writable after led" is the median over
+runs of each run's median kill to writable less its last ``partition led``: the part the client
+adds once the brokers are done.
 
 The settings are run alternately, run by run (the order turning each round), so that they see
 the same background load: the machine is shared and noisy, and the medians of per-run figures
@@ -349,8 +351,9 @@ def report(runs: Sequence[Run], settings: Sequence[Setting], victims: Sequence[s
     lines = [
         "| victim | session / heartbeat ms | hold ms | runs | partitions | kill to writable "
         "p50 s | p99 s | max s | median of runs' p50 s | failover assigned s | failover done "
-        "s | last partition led s | others' longest silence p50 s | p99 s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "s | last partition led s | writable after led s | others' longest silence p50 s "
+        "| p99 s |",
+        "|" + " --- |" * 15,
     ]
     for kind, setting in itertools.product(victims, settings):
         mine = [r for r in runs if r.setting == setting and r.victim.startswith(kind)]
@@ -359,12 +362,15 @@ def report(runs: Sequence[Run], settings: Sequence[Setting], victims: Sequence[s
         writable = sorted(s for r in mine for s in r.writable_s)
         others = sorted(s for r in mine for s in r.others_gap_s)
         per_run = [statistics.median(r.writable_s) for r in mine]
+        # What the client added after the last partition opened, per run.
+        after_led = [statistics.median(r.writable_s) - r.led_s for r in mine if r.led_s is not None]
         lines.append(
             f"| {kind} | {setting.session_ms} / {setting.heartbeat_ms} | {setting.hold_ms} | "
             f"{len(mine)} | {len(writable)} | {fmt(percentile(writable, 0.5))} | "
             f"{fmt(percentile(writable, 0.99))} | {fmt(writable[-1])} | "
             f"{fmt(statistics.median(per_run))} | {_median([r.assigned_s for r in mine])} | "
             f"{_median([r.done_s for r in mine])} | {_median([r.led_s for r in mine])} | "
+            f"{_median(after_led)} | "
             f"{fmt(percentile(others, 0.5)) if others else '-'} | "
             f"{fmt(percentile(others, 0.99)) if others else '-'} |"
         )

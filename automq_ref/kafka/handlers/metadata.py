@@ -4,8 +4,8 @@ Both answer from this broker's metadata view: the brokers are the live ones (unf
 shutting down) with their rack and the listener they registered, this broker always among them
 (it answers, so it serves); a partition's leader is the broker placement assigned it to, at its
 leader epoch (``LEADER_NOT_AVAILABLE`` while no broker is live to take it), whether or not that
-broker has opened it yet: a request sent there early is answered ``NOT_LEADER_OR_FOLLOWER`` and
-retried.
+broker has opened it yet: a request sent there early waits for the open (up to
+``partition.open.wait.ms``), else is answered ``NOT_LEADER_OR_FOLLOWER`` and retried.
 
 The controller Metadata names is this broker: clients send it their admin requests (CreateTopics
 and the like), and every broker takes those and hands them to the active controller. Naming the
