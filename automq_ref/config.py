@@ -267,6 +267,12 @@ class BrokerConfig(BaseModel):
     # Where this broker records the Failover machine's steps it takes, one file per start, for
     # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
     failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
+    # A Produce, Fetch or ListOffsets for a partition placed on this broker that it has not
+    # opened yet (it moved here and waits for its old broker's or a failover's close, or is
+    # opening) is held at most this long (and never past a Produce's own timeout) for the open,
+    # then answered NOT_LEADER_OR_FOLLOWER as before; 0 answers at once. A client's retry
+    # backoff after that answer (librdkafka's grows to 1 s) otherwise outlasts the open.
+    partition_open_wait_ms: int = Field(1000, alias="partition.open.wait.ms", ge=0)
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.

@@ -33,6 +33,11 @@ their leader epochs:
 - a topic deleted (here or by another broker) has the partitions held here deleted: streams
   and KV entries.
 
+A request for a partition placed here that this broker has not opened yet (:meth:`opening`)
+may wait for the open (:meth:`wait_opened`, up to ``partition.open.wait.ms``): right after a
+move or a crash failover, the client's next request then finds the partition open instead of
+backing off from ``NOT_LEADER_OR_FOLLOWER``.
+
 Listeners (:class:`PartitionListener`, given to :meth:`TopicRegistry.open`; the group
 coordinator is one) hear each partition taken, once it is open and in :attr:`partitions`, and
 each one given up or deleted, after it left :attr:`partitions` and before its streams close.
@@ -135,6 +140,9 @@ class TopicRegistry:
         # Set by a round that could not take a partition yet (its old broker still has it
         # open): the follower tries again after RETRY_S even if nothing changes.
         self._waiting = False
+        # Set (and replaced) whenever a partition is taken or a round ends: wakes the
+        # requests held for a partition this broker is opening (wait_opened).
+        self._opened = asyncio.Event()
         # Per held partition: when its loads were last reported, and its counters then.
         self._counted: weakref.WeakKeyDictionary[Partition, tuple[float, int, int]] = (
             weakref.WeakKeyDictionary()
@@ -258,9 +266,13 @@ class TopicRegistry:
             if isinstance(failure, BaseException):
                 raise failure
         missing = sorted(key for key in wanted if key not in self.partitions)
-        results = await asyncio.gather(
-            *(self._take(key, wanted[key]) for key in missing), return_exceptions=True
-        )
+        try:
+            results = await asyncio.gather(
+                *(self._take(key, wanted[key]) for key in missing), return_exceptions=True
+            )
+        finally:
+            # Held requests look again: their partition may have moved on, or not opened.
+            self._tell_opened()
         self._waiting = False
         created = False
         for key, result in zip(missing, results, strict=True):
@@ -301,6 +313,7 @@ class TopicRegistry:
         self._led_at[key] = epoch
         # Opened here again at a later epoch: an earlier close left unfinished is moot.
         self._leaving.pop(key, None)
+        self._tell_opened()
         log.info(
             "partition led %s",
             fields(
@@ -450,6 +463,35 @@ class TopicRegistry:
             )
             self._counted[partition] = (now_s, partition.bytes_in, partition.bytes_out)
         return tuple(found)
+
+    def opening(self, name: str | None, index: int) -> bool:
+        """Whether partition ``index`` of topic ``name`` is placed on this broker (in its image)
+        but not open here yet: it moved here and waits for its old broker's (or a failover's)
+        close, or is being opened."""
+        if name is None or (name, index) in self.partitions:
+            return False
+        topic = self.topics.get(name)
+        if topic is None or not 0 <= index < topic.partitions:
+            return False
+        return sm.assigned_broker(self._view.image, name, index) == self._node_id
+
+    async def wait_opened(self, keys: Sequence[tuple[str | None, int]], timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, until none of partitions ``keys`` is :meth:`opening`
+        here any more (each is open, or placed elsewhere): a request for a partition this broker
+        is about to lead is held for the open rather than answered ``NOT_LEADER_OR_FOLLOWER``,
+        whose retry a client backs off from for longer than the open takes. The caller looks
+        the partitions up again afterwards; those still not open are answered as before."""
+        if timeout_s <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while any(self.opening(name, index) for name, index in keys):
+                    # No await between the look and the wait: no wake-up is missed.
+                    await self._opened.wait()
+
+    def _tell_opened(self) -> None:
+        opened, self._opened = self._opened, asyncio.Event()
+        opened.set()
 
     def not_here(self, name: str | None, index: int) -> KafkaErrorCode:
         """What a request for partition ``index`` of topic ``name`` that this broker does not

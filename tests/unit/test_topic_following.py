@@ -10,6 +10,7 @@ its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,10 +44,12 @@ class Brokers:
     other: TopicRegistry
 
 
-@pytest.fixture
-async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
+@contextlib.asynccontextmanager
+async def start_brokers(tmp_path: Path, *overrides: str) -> AsyncIterator[Brokers]:
+    """Node 1 (with ``overrides``) and broker 2, following the view until the end."""
     config = load_config(
-        overrides=[f"log.dirs={tmp_path / 'one'}", "s3.wal.capacity=16777216"], environment={}
+        overrides=[f"log.dirs={tmp_path / 'one'}", "s3.wal.capacity=16777216", *overrides],
+        environment={},
     )
     node = await start_node(config)
     other_config = load_config(
@@ -85,6 +88,12 @@ async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
         await storage.shutdown()
         await store.close()
         await node.shutdown()
+
+
+@pytest.fixture
+async def brokers(tmp_path: Path) -> AsyncIterator[Brokers]:
+    async with start_brokers(tmp_path) as started:
+        yield started
 
 
 async def until(condition: Callable[[], bool]) -> None:

@@ -4,7 +4,9 @@ A Fetch reads every asked partition once; if that found fewer than ``min_bytes``
 went wrong, it waits (up to ``max_wait``, on the injected clock) for any of the partitions that
 had nothing to receive data, and reads again. Stored batches are passed through as they are, and
 the response is encoded by hand (:func:`automq_ref.protocol.encode_fetch_response`). Topics are
-named from v13 by id. There are no fetch sessions (session id 0).
+named from v13 by id. There are no fetch sessions (session id 0). A partition placed on this
+broker but not open yet (moved here, its open waiting for the old broker's or a failover's
+close) is waited for first, up to ``partition.open.wait.ms`` and within ``max_wait``.
 
 The byte limits follow KIP-74: partitions are read in the request's order, each given whole
 batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
@@ -52,6 +54,15 @@ async def _fetch(context: Context, request: Request) -> Chunks:
             name = fetch_topic.topic
             key = name
         wanted.append((key, name, list(fetch_topic.partitions)))
+    opening = [
+        (name, int(fetch_partition.partition))
+        for _, name, fetch_partitions in wanted
+        for fetch_partition in fetch_partitions
+        if context.topics.opening(name, int(fetch_partition.partition))
+    ]
+    if opening:
+        hold_s = min(context.config.partition_open_wait_ms / 1000, max_wait_s)
+        await context.topics.wait_opened(opening, hold_s)
     while True:
         responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
         remaining = deadline - clock.monotonic_s()

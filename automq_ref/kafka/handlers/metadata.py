@@ -9,7 +9,8 @@ answer that moved its partitions away would drop them from that connection and f
 only at its next periodic leader query (librdkafka: hundreds of ms). A partition's leader is the
 broker placement assigned it to, at its leader epoch (``LEADER_NOT_AVAILABLE`` while no broker
 is live to take it), whether or not that broker has opened it yet: a request sent there early is
-answered ``NOT_LEADER_OR_FOLLOWER`` and retried.
+held for the open (up to ``partition.open.wait.ms``), else answered ``NOT_LEADER_OR_FOLLOWER``
+and retried.
 
 The controller Metadata names is this broker: clients send it their admin requests (CreateTopics
 and the like), and every broker takes those and hands them to the active controller. Naming the

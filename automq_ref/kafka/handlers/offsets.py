@@ -4,7 +4,9 @@ partition's offsets.
 ListOffsets answers the earliest (-2, and -4/-5: local and tiered are the same here), the latest
 (-1), the record with the largest timestamp (-3), or the first record at or after a timestamp.
 DeleteRecords moves a partition's log start forward (-1: to the high watermark); an internal
-topic's is refused ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it.
+topic's is refused ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it. ListOffsets for a partition
+placed on this broker but not open yet (moved here, its open waiting for the old broker's or a
+failover's close) waits for the open first, up to ``partition.open.wait.ms``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from automq_ref.vocabulary.naming import is_internal_topic
 
 async def handle_list_offsets(context: Context, request: Request) -> Reply:
     partitions_by_key = context.topics.partitions
+    opening = [
+        (list_topic.name, int(list_partition.partition_index))
+        for list_topic in request.body.topics
+        for list_partition in list_topic.partitions
+        if context.topics.opening(list_topic.name, int(list_partition.partition_index))
+    ]
+    if opening:
+        await context.topics.wait_opened(opening, context.config.partition_open_wait_ms / 1000)
     topics = []
     for list_topic in request.body.topics:
         partitions = []

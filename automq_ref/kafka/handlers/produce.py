@@ -6,6 +6,13 @@ awaitable returned, so that a connection pipelines many produces into one fsync.
 ``acks=0`` there is no answer. Internal topics (``__consumer_offsets``) are refused
 ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses clients' appends to them. The request is decoded
 and the response encoded by hand (:mod:`automq_ref.protocol`): this is the busiest path.
+
+A partition placed on this broker but not open yet (moved here, its open waiting for the old
+broker's or a failover's close) holds the request's admission for the open, up to
+``partition.open.wait.ms`` and never past the request's timeout: the records are appended only
+once it is open, at its new leader epoch, and the connection's later requests stay behind them;
+one still not open is answered ``NOT_LEADER_OR_FOLLOWER``. A partition this broker is not
+placed on is answered at once.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ async def handle_produce(context: Context, request: Request) -> Reply:
         raise CloseConnection(f"Produce v{request.api_version} is not supported (v3+)")
     registry = context.topics
     acks = body.acks
+    await _hold_for_opening(context, body)
     outcomes: Outcomes = []
     for topic_data in body.topic_data:
         results: list[tuple[int, Any]] = []
@@ -71,6 +79,23 @@ async def handle_produce(context: Context, request: Request) -> Reply:
     if acks == 0:
         return None
     return _answer(request, outcomes)
+
+
+async def _hold_for_opening(context: Context, body: Any) -> None:
+    """Wait for the partitions of the request this broker is opening (bounded): at admission,
+    so that the connection's later requests are admitted after this one, in order."""
+    registry = context.topics
+    opening = [
+        (topic_data.name, partition_data.index)
+        for topic_data in body.topic_data
+        for partition_data in topic_data.partition_data
+        if (topic_data.name, partition_data.index) not in registry.partitions
+        and not is_internal_topic(topic_data.name)
+        and registry.opening(topic_data.name, partition_data.index)
+    ]
+    if opening:
+        hold_ms = min(context.config.partition_open_wait_ms, max(body.timeout_ms, 0))
+        await registry.wait_opened(opening, hold_ms / 1000)
 
 
 async def _answer(request: Request, outcomes: Outcomes) -> Chunks:
