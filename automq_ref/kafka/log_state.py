@@ -159,34 +159,49 @@ def check_sequences(
     return None
 
 
+def answer_of(
+    durable: asyncio.Future[None], retried_offset: int | None = None
+) -> asyncio.Future[None]:
+    """The future a Produce answer awaits for an append whose durability in the storage is
+    ``durable``: one of its own, so that the answer's task, cancelled when its connection
+    closes, leaves ``durable`` alone (the partition keeps it for a retry to wait on). A failed
+    append fails it with its error; for a retry (``retried_offset``, the original's offset)
+    with a ``StorageError`` saying the retried batch was lost."""
+    answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def follow(done: asyncio.Future[None]) -> None:
+        if answer.done():  # its task was cancelled
+            return
+        error = StorageError("the append was cancelled") if done.cancelled() else done.exception()
+        if error is None:
+            answer.set_result(None)
+            return
+        if retried_offset is not None:
+            lost = StorageError(f"the retried batch at offset {retried_offset} was lost")
+            lost.__cause__ = error
+            error = lost
+        answer.set_exception(error)
+        answer.exception()  # retrieved: with acks=0 nothing awaits the answer
+
+    if durable.done():
+        follow(durable)
+    else:
+        durable.add_done_callback(follow)
+    return answer
+
+
 def answer_duplicate(duplicate: Duplicate, original: asyncio.Future[None] | None) -> ProduceResult:
     """The answer to a retried batch whose original append's durability is ``original`` (None:
     durable long since). As Kafka answers a duplicate only once the original's offsets are
     committed, the answer waits for the original append, and fails (``StorageError``: the
     client retries, to wherever the partition then is) if that append's WAL write failed:
     acknowledging it would confirm records the log does not hold, and the producer's next
-    sequence would then meet OUT_OF_ORDER_SEQUENCE_NUMBER there. The answer's future is its
-    own: a retry's connection closing (its task cancelled) leaves the original's alone."""
-    durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    def follow(done: asyncio.Future[None]) -> None:
-        if durable.done():
-            return
-        error = None if done.cancelled() else done.exception()
-        if done.cancelled() or error is not None:
-            lost = StorageError(f"the retried batch at offset {duplicate.base_offset} was lost")
-            lost.__cause__ = error
-            durable.set_exception(lost)
-            durable.exception()  # retrieved: an acks=0 retry never awaits its answer
-        else:
-            durable.set_result(None)
-
+    sequence would then meet OUT_OF_ORDER_SEQUENCE_NUMBER there."""
     if original is None:
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         durable.set_result(None)
-    elif original.done():
-        follow(original)
     else:
-        original.add_done_callback(follow)
+        durable = answer_of(original, duplicate.base_offset)
     return ProduceResult(KafkaErrorCode.NONE, duplicate.base_offset, durable)
 
 

@@ -85,6 +85,7 @@ from automq_ref.kafka.log_state import (
     ProduceResult,
     ProducerState,
     answer_duplicate,
+    answer_of,
     check_sequences,
     remember_batch,
 )
@@ -605,7 +606,7 @@ class Partition:
         durable.add_done_callback(self._appended_durably)
         self._unconfirmed[base] = durable
         durable.add_done_callback(lambda done: self._confirmed(base, done))
-        return ProduceResult(KafkaErrorCode.NONE, base, durable)
+        return ProduceResult(KafkaErrorCode.NONE, base, answer_of(durable))
 
     def _confirmed(self, base: int, durable: asyncio.Future[None]) -> None:
         if not durable.cancelled() and durable.exception() is None:

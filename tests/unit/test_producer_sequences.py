@@ -121,3 +121,25 @@ async def test_a_retry_of_a_write_that_failed_is_not_acknowledged(
         KafkaErrorCode.NONE,
         0,
     )
+
+
+async def test_a_retry_after_its_original_answer_was_dropped_is_acknowledged(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection that sent the original closed before the answer (its task cancelled,
+    as the server cancels a closed connection's answers); the write became durable all the
+    same, so the producer's retry, on a new connection, gets the original offset."""
+    partition = await topic(node, "retried-after-disconnect")
+    await answer(partition.append_nowait(batch(2, NOW, 0), 1 << 20))
+    wal = hold_wal(partition, monkeypatch)
+    original = partition.append_nowait(batch(1, NOW, 2), 1 << 20)
+    dropped = asyncio.ensure_future(answer(original))
+    await settle()
+    dropped.cancel()
+    await settle()
+    await wal.release()
+    retry = partition.append_nowait(batch(1, NOW, 2), 1 << 20)
+    assert await answer(retry) == (KafkaErrorCode.NONE, 2)
+    assert partition.high_watermark == 3
+    # Nothing was lost: the partition's close writes its checkpoint.
+    assert not partition._lost_append
