@@ -263,16 +263,27 @@ def _produce_until_fatal(
         }
     )
     count = 0
+    fatal: list[BaseException] = []
+
+    def record(error: KafkaError | None, message: Message) -> None:
+        value = (message.value() or b"").decode()
+        sent = {"partition": message.partition(), "value": value}
+        if error is None:
+            history.add(process, "ok", "send", {**sent, "offset": message.offset()})
+            counts[slot] += 1
+        else:  # a timeout or a lost connection: it may have been stored
+            history.add(process, "info", "send", {**sent, "error": str(error)})
 
     def delivered(error: KafkaError | None, message: Message) -> None:
         try:
-            value = (message.value() or b"").decode()
-            sent = {"partition": message.partition(), "value": value}
-            if error is None:
-                history.add(process, "ok", "send", {**sent, "offset": message.offset()})
-                counts[slot] += 1
-            else:  # a timeout or a lost connection: it may have been stored
-                history.add(process, "info", "send", {**sent, "error": str(error)})
+            try:
+                record(error, message)
+            except SystemError as pending:
+                # A fatal client error is left pending as an exception while the client reports
+                # the sends it fails: the first call here fails with it as the cause, which
+                # clears it. Keep it, for the log line, and record the send.
+                fatal.append(pending.__cause__ or pending)
+                record(error, message)
         except Exception:  # an exception must not escape into librdkafka's callback
             log.exception("recording a delivery report")
 
@@ -288,11 +299,25 @@ def _produce_until_fatal(
                 if stop.is_set() and producer.flush(30) > 0:
                     break
         except Exception as error:  # KafkaException, or a SystemError out of a callback
-            log.warning("producer %d ends: %s", process, error)
+            log.warning("producer %d ends: %s", process, _why_fatal(fatal[0] if fatal else error))
             return
         count += 1
         time.sleep(settings.send_interval_s)
     producer.flush(30)
+
+
+def _why_fatal(error: BaseException) -> str:
+    """A fatal producer error, and for OUT_OF_ORDER_SEQUENCE_NUMBER what it means here."""
+    code = error.args[0].code() if error.args and isinstance(error.args[0], KafkaError) else None
+    if code != KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER:
+        return str(error)
+    # A producer sends its next record only once the one before was acknowledged: the leader
+    # then lacks a batch it acknowledged.
+    return (
+        f"{error}: the leader lacks this producer's last acknowledged batch on the partition "
+        "(an acknowledged write, or the producer state recording it, was lost there; the "
+        "queue checker reports lost writes)"
+    )
 
 
 def _consume(

@@ -5,7 +5,9 @@ The batch index holds, per stored batch, its base offset, end offset, max timest
 whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it). The
 producer state holds, per idempotent producer id, its epoch and its last five batches' first
 sequence, last sequence and base offset (Kafka's ProducerStateEntry), against which Produce
-checks duplicates and sequence order (:func:`check_sequences`). Both grow with every append
+checks duplicates and sequence order (:func:`check_sequences`); a duplicate is answered with its
+original's offset once the original append is durable (:func:`answer_duplicate`), never before,
+so that a retry cannot confirm records a failed WAL write lost. Both grow with every append
 (:func:`remember_batch`) and are rebuilt at open from the log's batch headers, or loaded from
 the partition's last checkpoint (:func:`restore`) when that describes the log found
 (:func:`mismatch`); :func:`checkpoint_value` writes one. The partition
@@ -29,6 +31,7 @@ from automq_ref.formats.partition_checkpoint import (
     encode_checkpoint,
 )
 from automq_ref.formats.record_batch import RecordBatchView
+from automq_ref.io.storage.s3stream import StorageError
 
 PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 INT32_MAX = 2**31 - 1
@@ -103,9 +106,20 @@ def remember_producer(
     state.batches.append((first, last, base_offset))
 
 
-def check_sequences(producers: Producers, views: list[RecordBatchView]) -> ProduceResult | None:
+@dataclass(frozen=True, slots=True)
+class Duplicate:
+    """A retry of one of its producer's last five batches: not appended again, answered with
+    the original's offset (:func:`answer_duplicate`)."""
+
+    base_offset: int
+
+
+def check_sequences(
+    producers: Producers, views: list[RecordBatchView]
+) -> ProduceResult | Duplicate | None:
     """Kafka's idempotence rules (ProducerAppendInfo): a duplicate of one of the last five
-    batches is answered with its original offset and not appended again."""
+    batches, sent alone, is a :class:`Duplicate`; an error is a :class:`ProduceResult`; None
+    lets the batches be appended."""
     for position, view in enumerate(views):
         header = view.header()
         if header.producer_id < 0:
@@ -130,9 +144,7 @@ def check_sequences(producers: Producers, views: list[RecordBatchView]) -> Produ
         for old_first, old_last, old_base in state.batches:
             if (old_first, old_last) == (first, last):
                 if position == 0 and len(views) == 1:
-                    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    done.set_result(None)
-                    return ProduceResult(KafkaErrorCode.NONE, old_base, done)
+                    return Duplicate(old_base)
                 return ProduceResult(
                     KafkaErrorCode.DUPLICATE_SEQUENCE_NUMBER,
                     message="a duplicate batch among others",
@@ -145,6 +157,52 @@ def check_sequences(producers: Producers, views: list[RecordBatchView]) -> Produ
                 message=f"sequence {first}, expected {expected}",
             )
     return None
+
+
+def answer_of(
+    durable: asyncio.Future[None], retried_offset: int | None = None
+) -> asyncio.Future[None]:
+    """The future a Produce answer awaits for an append whose durability in the storage is
+    ``durable``: one of its own, so that the answer's task, cancelled when its connection
+    closes, leaves ``durable`` alone (the partition keeps it for a retry to wait on). A failed
+    append fails it with its error; for a retry (``retried_offset``, the original's offset)
+    with a ``StorageError`` saying the retried batch was lost."""
+    answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def follow(done: asyncio.Future[None]) -> None:
+        if answer.done():  # its task was cancelled
+            return
+        error = StorageError("the append was cancelled") if done.cancelled() else done.exception()
+        if error is None:
+            answer.set_result(None)
+            return
+        if retried_offset is not None:
+            lost = StorageError(f"the retried batch at offset {retried_offset} was lost")
+            lost.__cause__ = error
+            error = lost
+        answer.set_exception(error)
+        answer.exception()  # retrieved: with acks=0 nothing awaits the answer
+
+    if durable.done():
+        follow(durable)
+    else:
+        durable.add_done_callback(follow)
+    return answer
+
+
+def answer_duplicate(duplicate: Duplicate, original: asyncio.Future[None] | None) -> ProduceResult:
+    """The answer to a retried batch whose original append's durability is ``original`` (None:
+    durable long since). As Kafka answers a duplicate only once the original's offsets are
+    committed, the answer waits for the original append, and fails (``StorageError``: the
+    client retries, to wherever the partition then is) if that append's WAL write failed:
+    acknowledging it would confirm records the log does not hold, and the producer's next
+    sequence would then meet OUT_OF_ORDER_SEQUENCE_NUMBER there."""
+    if original is None:
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        durable.set_result(None)
+    else:
+        durable = answer_of(original, duplicate.base_offset)
+    return ProduceResult(KafkaErrorCode.NONE, duplicate.base_offset, durable)
 
 
 # --------------------------------------------------------------------------------- checkpoint

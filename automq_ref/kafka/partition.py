@@ -81,8 +81,11 @@ from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, Sto
 from automq_ref.kafka import log_state
 from automq_ref.kafka.log_state import (
     BatchEntry,
+    Duplicate,
     ProduceResult,
     ProducerState,
+    answer_duplicate,
+    answer_of,
     check_sequences,
     remember_batch,
 )
@@ -142,6 +145,9 @@ class Partition:
         # An append whose WAL write failed: a checkpoint at close would claim offsets the
         # stream may not hold, so none is written.
         self._lost_append = False
+        # Appends not yet durable, by base offset, and those whose WAL write failed (kept): what
+        # a retry of one of them waits for (log_state.answer_duplicate).
+        self._unconfirmed: dict[int, asyncio.Future[None]] = {}
         # Periodic checkpoints: bytes appended since the last one, the write in flight, and
         # whether the partition closed (a write that comes after the close is dropped).
         self._unchecked_bytes = 0
@@ -592,6 +598,8 @@ class Partition:
                 if keyless is not None:
                     return keyless
         checked = check_sequences(self.producers, views)
+        if isinstance(checked, Duplicate):
+            return answer_duplicate(checked, self._unconfirmed.get(checked.base_offset))
         if checked is not None:
             return checked
         base = self.log_end_offset
@@ -609,7 +617,13 @@ class Partition:
         for view in views:  # control batches were refused above
             remember_batch(self.batches, self.producers, view)
         durable.add_done_callback(self._appended_durably)
-        return ProduceResult(KafkaErrorCode.NONE, base, durable)
+        self._unconfirmed[base] = durable
+        durable.add_done_callback(lambda done: self._confirmed(base, done))
+        return ProduceResult(KafkaErrorCode.NONE, base, answer_of(durable))
+
+    def _confirmed(self, base: int, durable: asyncio.Future[None]) -> None:
+        if not durable.cancelled() and durable.exception() is None:
+            del self._unconfirmed[base]
 
     def _appended_durably(self, durable: asyncio.Future[None]) -> None:
         # Runs before the producer is answered (the handler awaits the future after this

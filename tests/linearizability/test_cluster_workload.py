@@ -56,6 +56,10 @@ def test_a_cluster_under_kill_pause_and_etcd_pause_leaves_no_anomaly(tmp_path: P
     # The metadata log was kept as text; etcd itself is gone, data and all.
     assert "RegisterBrokerRecord(node_id=3" in (out / "metadata.txt").read_text()
     assert not (out / "data" / "etcd").exists()
+    # No idempotent producer was answered OUT_OF_ORDER_SEQUENCE_NUMBER: each sends its next
+    # record once the one before was acknowledged, so a leader answering it lacks an
+    # acknowledged batch (the broken run below may show it).
+    assert "OUT_OF_ORDER_SEQUENCE_NUMBER" not in (out / "history.jsonl").read_text()
 
 
 def test_a_cluster_with_a_broker_that_loses_its_wal_is_caught(tmp_path: Path) -> None:
