@@ -369,6 +369,13 @@ class BrokerConfig(BaseModel):
         return Path(raw)
 
     @property
+    def wal_location(self) -> str:
+        """Where this broker's WAL lives, as it publishes it at registration: ``s3.wal.path``,
+        or the block WAL's default file as ``0@file://PATH`` (a crash failover takes over only
+        an object WAL or a WAL device process)."""
+        return self.s3_wal_path.strip() or f"0@file://{self.wal_file.resolve()}"
+
+    @property
     def wal_device(self) -> str | None:
         """The WAL device process ``s3.wal.path`` names (``0@device://``), or None."""
         return _wal_device_address(self.s3_wal_path)
