@@ -75,7 +75,8 @@ WAL_DEVICE_BYTES = 64 * 1024 * 1024
 class FailoverCluster(Cluster):
     """test_cluster's cluster, on S3 (moto) with the object WAL in the same bucket, or with
     ``wal="device"`` each broker's block WAL on a WAL device process of its own (the devices
-    start before the brokers, run on when a broker is killed, and stop after them)."""
+    start before the brokers, run on when a broker is killed, and stop after them; broker 2's
+    on a Unix socket, the others' on loopback ports)."""
 
     def __init__(
         self, root: Path, etcd: EtcdServer, moto: MotoS3, bucket: str, wal: str = "object"
@@ -87,7 +88,7 @@ class FailoverCluster(Cluster):
         if wal == "device":
             try:
                 for node in NODES:
-                    address = self._start_device(node)
+                    address = self._start_device(node, unix=node == NODES[1])
                     wals[node] = (f"0@device://{address}", f"s3.wal.capacity={WAL_DEVICE_BYTES}")
             except BaseException:
                 self.stop_devices()
@@ -118,14 +119,16 @@ class FailoverCluster(Cluster):
             for node in NODES
         }
 
-    def _start_device(self, node: int) -> str:
-        """Start broker ``node``'s WAL device process; the address it listens on."""
+    def _start_device(self, node: int, unix: bool) -> str:
+        """Start broker ``node``'s WAL device process (on a Unix socket or a free loopback
+        port); the address it listens on."""
         home = self.root / f"wal-device-{node}"
         home.mkdir()
         log_path = home / "device.log"
+        listen = str(home / "wal.sock") if unix else "127.0.0.1:0"
         with log_path.open("wb") as log_file:
             self.devices[node] = subprocess.Popen(
-                wal_device_command(home / "wal", WAL_DEVICE_BYTES),
+                wal_device_command(home / "wal", WAL_DEVICE_BYTES, listen),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
             )
