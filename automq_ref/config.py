@@ -253,10 +253,10 @@ class BrokerConfig(BaseModel):
     # partitions (where it is, broker.rack, is above).
     broker_heartbeat_interval_ms: int = Field(2000, alias="broker.heartbeat.interval.ms", ge=10)
     broker_session_timeout_ms: int = Field(9000, alias="broker.session.timeout.ms", ge=100)
-    # Crash failover (a cluster on the object WAL): a broker whose session lapsed with streams
-    # still open has its WAL taken over by a survivor, unless its node epoch (its start time) is
-    # younger than this: a broker that just (re)started is left to recover its WAL itself
-    # (AutoMQ's one minute).
+    # Crash failover (a broker of a cluster whose WAL a survivor can reach: the object WAL or a
+    # WAL device): a broker whose session lapsed with streams still open has its WAL taken over
+    # by a survivor, unless its node epoch (its start time) is younger than this: a broker that
+    # just (re)started is left to recover its WAL itself (AutoMQ's one minute).
     failover_new_epoch_grace_ms: int = Field(60_000, alias="failover.new.epoch.grace.ms", ge=0)
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
