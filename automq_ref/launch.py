@@ -57,7 +57,8 @@ REGION = "us-east-1"
 # moto accepts any credentials; the brokers' S3 client needs some.
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "automq-ref", "AWS_SECRET_ACCESS_KEY": "automq-ref"}
 WAL_KINDS = ("object", "device")
-# Each WAL device's file (sparse until written); the brokers' s3.wal.capacity is cut to it.
+# Each WAL device's file (allocated when the device starts); a broker's WAL capacity
+# (s3.wal.capacity) is cut to it.
 WAL_DEVICE_BYTES = 256 * 1024 * 1024
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
@@ -420,6 +421,9 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
     def say(line: str) -> None:
         print(f"{PREFIX} {line}", file=out, flush=True)
 
+    if settings.wal not in WAL_KINDS:
+        print(f"{PREFIX} --wal must be one of {', '.join(WAL_KINDS)}", file=sys.stderr)
+        return 2
     try:
         load_config(overrides=LocalCluster(settings, threading.Event(), say).broker_overrides(1))
     except ConfigError as error:

@@ -5,6 +5,7 @@ tests/e2e/test_crash_failover_device.py runs brokers on device processes)."""
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from automq_ref.io.metadata.failover_contexts import survivors_can_take_over
 from automq_ref.launch import (
     ClusterSettings,
     LocalCluster,
+    run,
     wal_device_address,
     wal_device_command,
 )
@@ -54,3 +56,9 @@ def test_a_device_process_command_and_its_address() -> None:
     assert command[3:] == ["--path", "/d/wal", "--size", str(1 << 26), "--listen", "127.0.0.1:0"]
     assert wal_device_address("") is None
     assert wal_device_address("booting\nwal-device listening 127.0.0.1:4711\n") == "127.0.0.1:4711"
+
+
+def test_an_unknown_wal_kind_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    settings = ClusterSettings(data_dir=tmp_path / "c", base_port=1, wal="tape")
+    assert run(settings, io.StringIO()) == 2
+    assert not (tmp_path / "c").exists()
