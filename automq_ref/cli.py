@@ -78,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
         default=Path("data/cluster"),
         help="where etcd, the brokers and every log live; emptied at start (default data/cluster)",
     )
+    cluster.add_argument(
+        "--wal",
+        choices=("object", "device"),
+        default="object",
+        help="each broker's WAL: the object WAL in the bucket (default), or a block WAL on a "
+        "WAL device process of its own (NVMe-like reservations; crash failover preempts them)",
+    )
     check = commands.add_parser(
         "check",
         help="run real clients against a broker process (or a cluster) under faults and check them",
@@ -161,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir=arguments.data_dir,
                 base_port=arguments.base_port,
                 overrides=tuple(arguments.override),
+                wal=arguments.wal,
             )
         )
     if arguments.command == "serve":

@@ -253,10 +253,10 @@ class BrokerConfig(BaseModel):
     # partitions (where it is, broker.rack, is above).
     broker_heartbeat_interval_ms: int = Field(2000, alias="broker.heartbeat.interval.ms", ge=10)
     broker_session_timeout_ms: int = Field(9000, alias="broker.session.timeout.ms", ge=100)
-    # Crash failover (a cluster on the object WAL): a broker whose session lapsed with streams
-    # still open has its WAL taken over by a survivor, unless its node epoch (its start time) is
-    # younger than this: a broker that just (re)started is left to recover its WAL itself
-    # (AutoMQ's one minute).
+    # Crash failover (a broker of a cluster whose WAL a survivor can reach: the object WAL or a
+    # WAL device): a broker whose session lapsed with streams still open has its WAL taken over
+    # by a survivor, unless its node epoch (its start time) is younger than this: a broker that
+    # just (re)started is left to recover its WAL itself (AutoMQ's one minute).
     failover_new_epoch_grace_ms: int = Field(60_000, alias="failover.new.epoch.grace.ms", ge=0)
     # A graceful stop (SIGTERM) hands the broker's partitions over first: the controller moves
     # them in batches and each closes here as its move is decided. The broker waits at most
@@ -382,6 +382,13 @@ class BrokerConfig(BaseModel):
         raw = raw.split("@", 1)[1] if "@" in raw.split("/", 1)[0] else raw
         raw = raw.removeprefix("file://").split("?", 1)[0]
         return Path(raw)
+
+    @property
+    def wal_location(self) -> str:
+        """Where this broker's WAL lives, as it publishes it at registration: ``s3.wal.path``,
+        or the block WAL's default file as ``0@file://PATH`` (a crash failover takes over only
+        an object WAL or a WAL device process)."""
+        return self.s3_wal_path.strip() or f"0@file://{self.wal_file.resolve()}"
 
     @property
     def wal_device(self) -> str | None:

@@ -9,6 +9,14 @@ gracefully: the brokers that are not the active controller first, then the contr
 others' last requests still find one), then etcd and moto. A child that dies on its own stops
 the rest, and the command exits 1 naming it.
 
+Each broker's WAL is, by default, the object WAL in the bucket (its keys are per node). With
+``--wal device`` each broker's block WAL lives on a WAL device process of its own instead
+(:mod:`automq_ref.io.storage.wal_device`, the stand-in for an EBS volume multi-attached with
+NVMe reservations): one child per broker, serving a file under ``--data-dir``
+(``wal-device-N/wal``) on a free loopback port, started before the brokers and stopped after
+them. A broker killed there is failed over like one on the object WAL: a survivor preempts the
+reservation on the dead broker's device, recovers and uploads what it holds.
+
 moto keeps its objects in memory, so a cluster cannot outlive its run: every start begins with
 an empty ``--data-dir``. The launcher installs nothing; ``make cluster`` installs etcd and moto
 when they are missing. Every child runs in a session of its own, so a Ctrl-C in the terminal
@@ -23,6 +31,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -47,6 +56,10 @@ BUCKET = "automq-ref"
 REGION = "us-east-1"
 # moto accepts any credentials; the brokers' S3 client needs some.
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "automq-ref", "AWS_SECRET_ACCESS_KEY": "automq-ref"}
+WAL_KINDS = ("object", "device")
+# Each WAL device's file (allocated when the device starts); a broker's WAL capacity
+# (s3.wal.capacity) is cut to it.
+WAL_DEVICE_BYTES = 256 * 1024 * 1024
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 60.0
 POLL_S = 0.05
@@ -84,6 +97,27 @@ def _accepts(port: int) -> bool:
     with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
         return True
     return False
+
+
+def wal_device_command(path: Path, size_bytes: int, listen: str = "127.0.0.1:0") -> list[str]:
+    """The command running a WAL device process on ``path`` (port 0: a free one)."""
+    return [
+        sys.executable,
+        "-m",
+        "automq_ref.io.storage.wal_device",
+        "--path",
+        str(path),
+        "--size",
+        str(size_bytes),
+        "--listen",
+        listen,
+    ]
+
+
+def wal_device_address(output: str) -> str | None:
+    """The address a WAL device process printed it listens on, once it did."""
+    found = re.search(r"^wal-device listening (\S+)$", output, re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def _http(method: str, url: str, body: bytes | None = None, timeout_s: float = 2.0) -> bytes:
@@ -134,6 +168,8 @@ class ClusterSettings:
     start_timeout_s: float = START_TIMEOUT_S
     # `make cluster` runs three; the cluster benchmark also runs one, on the same etcd and S3.
     brokers: int = BROKERS
+    wal: str = "object"  # one of WAL_KINDS: the object WAL in the bucket, or WAL devices
+    wal_device_bytes: int = WAL_DEVICE_BYTES
 
     @property
     def ports(self) -> list[int]:
@@ -154,12 +190,15 @@ class LocalCluster:
     etcd: Child | None = None
     moto: Child | None = None
     brokers: dict[int, Child] = field(default_factory=dict)
+    devices: dict[int, Child] = field(default_factory=dict)
+    device_addresses: dict[int, str] = field(default_factory=dict)
     etcd_endpoint: str = ""
     s3_endpoint: str = ""
 
     @property
     def children(self) -> Iterator[Child]:
         yield from self.brokers.values()
+        yield from self.devices.values()
         if self.etcd is not None:
             yield self.etcd
         if self.moto is not None:
@@ -169,10 +208,15 @@ class LocalCluster:
         """The settings of broker ``node_id``: the cluster's, then the user's (which win)."""
         port = self.settings.ports[node_id - 1]
         bucket = f"{BUCKET}?region={REGION}&endpoint={self.s3_endpoint}&pathStyle=true"
+        if self.settings.wal == "device":
+            # Its own WAL device; before the devices run (the settings' check), a stand-in.
+            wal = f"0@device://{self.device_addresses.get(node_id, '127.0.0.1:1')}"
+        else:
+            # The object WAL in the shared bucket (its keys are per node).
+            wal = f"0@s3://{bucket}"
         return [
-            # The object WAL in the shared bucket (its keys are per node): any survivor can
-            # read a dead broker's WAL and take it over.
-            f"s3.wal.path=0@s3://{bucket}",
+            # Either way any survivor can reach a dead broker's WAL and take it over.
+            f"s3.wal.path={wal}",
             f"node.id={node_id}",
             f"broker.rack=az{node_id}",
             f"cluster.id={CLUSTER_ID}",
@@ -221,6 +265,8 @@ class LocalCluster:
         self.settings.data_dir.mkdir(parents=True)
         self._start_etcd()
         self._start_moto()
+        if self.settings.wal == "device":
+            self._start_devices()
         for node_id in range(1, self.settings.brokers + 1):
             command = [sys.executable, "-m", "automq_ref.cli", "serve"]
             for override in self.broker_overrides(node_id):
@@ -290,6 +336,28 @@ class LocalCluster:
         self._wait_until("the S3 server (moto)", bucket_created, [self.moto])
         self.say(f"S3 (moto) on {self.s3_endpoint}, bucket {BUCKET}, log {self.moto.log_path}")
 
+    def _start_devices(self) -> None:
+        for node_id in range(1, self.settings.brokers + 1):
+            home = self.settings.data_dir / f"wal-device-{node_id}"
+            home.mkdir()
+            command = wal_device_command(home / "wal", self.settings.wal_device_bytes)
+            self.devices[node_id] = self._spawn(f"wal-device-{node_id}", command)
+
+        def all_listen() -> bool:
+            for node_id, child in self.devices.items():
+                address = wal_device_address(child.log_path.read_text(errors="replace"))
+                if address is None:
+                    return False
+                self.device_addresses[node_id] = address
+            return True
+
+        self._wait_until("the WAL devices", all_listen, list(self.devices.values()))
+        for node_id, child in self.devices.items():
+            self.say(
+                f"WAL device of broker {node_id} on {self.device_addresses[node_id]}, "
+                f"log {child.log_path}"
+            )
+
     def controller(self) -> int | None:
         """The node id in etcd's election key (through etcd's JSON gateway), or None."""
         key = base64.b64encode(election_key(CLUSTER_ID)).decode()
@@ -325,7 +393,8 @@ class LocalCluster:
         if running:
             order = ", ".join(str(n) for n in waves[0])
             last = f", then the active controller {controller}" if waves[1] else ""
-            self.say(f"stopping brokers {order}{last}, then etcd and S3")
+            devices = "the WAL devices, " if self.devices else ""
+            self.say(f"stopping brokers {order}{last}, then {devices}etcd and S3")
         for wave in waves:
             for node_id in wave:
                 running[node_id].terminate()
@@ -338,7 +407,8 @@ class LocalCluster:
         for child in self.brokers.values():
             if child.process.returncode is None:  # exited before the stop: collect it
                 child.process.wait()
-        for service in (self.etcd, self.moto):
+        # The WAL devices outlive their brokers: a broker's graceful stop writes its WAL last.
+        for service in (*self.devices.values(), self.etcd, self.moto):
             if service is not None:
                 service.terminate()
                 service.wait_stopped(STOP_TIMEOUT_S)
@@ -351,6 +421,9 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
     def say(line: str) -> None:
         print(f"{PREFIX} {line}", file=out, flush=True)
 
+    if settings.wal not in WAL_KINDS:
+        print(f"{PREFIX} --wal must be one of {', '.join(WAL_KINDS)}", file=sys.stderr)
+        return 2
     try:
         load_config(overrides=LocalCluster(settings, threading.Event(), say).broker_overrides(1))
     except ConfigError as error:

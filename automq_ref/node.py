@@ -12,10 +12,11 @@ with that address (proposing the clock's time as the node epoch; the controller 
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
 then the group coordinator and the topic registry (the partitions placed on this broker opened;
 the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
-producer-id allocator, the retention and cleaner tasks, for a cluster on the object WAL the
-crash failover (the controller's failover round in its ticks, and this broker's
+producer-id allocator, the retention and cleaner tasks, for a cluster the crash failover (the
+controller's failover round in its ticks, and this broker's
 :class:`~automq_ref.io.storage.failover_runner.FailoverRunner`, which takes over a dead broker's
-WAL when the controller names it), and the Kafka front end
+WAL, an object WAL or one on a WAL device process, when the controller names it: each broker
+publishes where its WAL lives at registration), and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
@@ -526,6 +527,7 @@ async def _start_bound(
         seams.clock.now_ms(),
         rack=config.broker_rack,
         listeners=(sm.Endpoint("PLAINTEXT", host, port),),
+        wal_config=config.wal_location,
     )
     trace = open_trace(
         config.failover_trace_dir,
@@ -581,8 +583,9 @@ async def _start_bound(
         seams.clock,
         config.broker_heartbeat_interval_ms,
     )
-    # Crash failover needs WALs a survivor can read: a cluster on the object WAL.
-    shared_wal = bool(config.etcd_endpoints) and config.object_wal is not None
+    # Crash failover runs in every cluster: each broker published its WAL at registration, and
+    # the round fails over only the nodes whose WAL a survivor can reach (failover_contexts).
+    in_cluster = bool(config.etcd_endpoints)
     ticks = ControllerTicks(
         metadata.controller,
         metadata.is_active,
@@ -594,8 +597,13 @@ async def _start_bound(
             else None
         ),
         failover=(
-            FailoverSettings(config.failover_new_epoch_grace_ms, config.s3_wal_path)
-            if shared_wal
+            # A registration that names no WAL (written before brokers published theirs) is
+            # taken to share this controller's object WAL, as every broker then did.
+            FailoverSettings(
+                config.failover_new_epoch_grace_ms,
+                config.s3_wal_path if config.object_wal is not None else "",
+            )
+            if in_cluster
             else None
         ),
         trace=trace,
@@ -629,7 +637,7 @@ async def _start_bound(
     # Partitions come and go with placement (and one that would not open is tried again).
     topics.follow()
     failover = None
-    if shared_wal:
+    if in_cluster:
 
         async def take_over(wal_path: str, node_id: int, node_epoch: int) -> WriteAheadLog:
             return await take_over_wal(config, wal_path, node_id, node_epoch)

@@ -24,7 +24,7 @@ RECORD_TYPES: Final[dict[str, type[Any]]] = {
     cls.__name__: cls for cls in mr.MetadataRecord.__args__
 }
 _ENUM_FIELDS: Final = {"state"}
-_STRING_FIELDS: Final = {"key", "topic_id", "name", "rack"}
+_STRING_FIELDS: Final = {"key", "topic_id", "name", "rack", "wal_config"}
 _BOOLEAN_FIELDS: Final = {"failover_mode", "fenced", "in_controlled_shutdown"}
 
 

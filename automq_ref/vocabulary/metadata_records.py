@@ -174,13 +174,16 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class RegisterBrokerRecord:
-    """A broker's registration: the node epoch it was granted, its rack and listeners. A
+    """A broker's registration: the node epoch it was granted, its rack and listeners, and
+    where its WAL lives (its ``s3.wal.path``; empty in a record written before brokers
+    published it), which crash failover names to the survivor taking that WAL over. A
     registered broker is fenced until its first heartbeat unfences it."""
 
     node_id: int
     node_epoch: int
     rack: str
     listeners: tuple[Endpoint, ...]
+    wal_config: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,16 +14,20 @@ grace after a start (``failover.new.epoch.grace.ms`` 1 s).
   in the partition; then it notices it was fenced and starts again by itself.
 
 One cluster serves the module (tests/e2e/test_cluster.py's helpers and producer); each test
-starts from three live brokers.
+starts from three live brokers. The same cluster with each broker's WAL on a WAL device process
+of its own runs the kill in tests/e2e/test_crash_failover_device.py (:func:`failover_cluster`,
+:func:`kill_one_and_check`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import re
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +46,7 @@ from kio.static.primitive import Records, i32
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.io.metadata import failover_trace as ft
+from automq_ref.launch import wal_device_address, wal_device_command
 from automq_ref.state_machines import failover as fo
 from tests.conftest import MotoS3
 from tests.e2e.test_cluster import (
@@ -70,20 +75,35 @@ TTL_MS = 2000
 GRACE_MS = 1000
 PARTITIONS = 6
 PRODUCE = 0
+WAL_DEVICE_BYTES = 64 * 1024 * 1024
 
 
 class FailoverCluster(Cluster):
-    """test_cluster's cluster, on S3 (moto) with the object WAL in the same bucket."""
+    """test_cluster's cluster, on S3 (moto) with the object WAL in the same bucket, or with
+    ``wal="device"`` each broker's block WAL on a WAL device process of its own (the devices
+    start before the brokers, run on when a broker is killed, and stop after them; broker 2's
+    on a Unix socket, the others' on loopback ports)."""
 
-    def __init__(self, root: Path, etcd: EtcdServer, moto: MotoS3, bucket: str) -> None:
+    def __init__(
+        self, root: Path, etcd: EtcdServer, moto: MotoS3, bucket: str, wal: str = "object"
+    ) -> None:
         super().__init__(root, etcd)
         self.trace_dir = root / "failover-trace"  # every broker records its failover steps
         location = f"{bucket}?region={moto.region}&endpoint={moto.endpoint_url}&pathStyle=true"
+        self.devices: dict[int, subprocess.Popen[bytes]] = {}
+        wals: dict[int, tuple[str, ...]] = {node: (f"0@s3://{location}",) for node in NODES}
+        if wal == "device":
+            try:
+                for node in NODES:
+                    address = self._start_device(node, unix=node == NODES[1])
+                    wals[node] = (f"0@device://{address}", f"s3.wal.capacity={WAL_DEVICE_BYTES}")
+            except BaseException:
+                self.stop_devices()
+                raise
         common = (
             f"metadata.etcd.endpoints={etcd.endpoint}",
             f"cluster.id={self.cluster_id}",
             f"s3.data.buckets=0@s3://{location}",
-            f"s3.wal.path=0@s3://{location}",
             f"controller.lease.ttl.ms={TTL_MS}",
             f"broker.session.timeout.ms={SESSION_MS}",
             f"broker.heartbeat.interval.ms={HEARTBEAT_MS}",
@@ -100,10 +120,56 @@ class FailoverCluster(Cluster):
                 *common,
                 f"node.id={node}",
                 f"broker.rack=az{node}",
+                f"s3.wal.path={wals[node][0]}",
+                *wals[node][1:],
                 env=env,
             )
             for node in NODES
         }
+
+    def _start_device(self, node: int, unix: bool) -> str:
+        """Start broker ``node``'s WAL device process (on a Unix socket or a free loopback
+        port); the address it listens on."""
+        home = self.root / f"wal-device-{node}"
+        home.mkdir()
+        log_path = home / "device.log"
+        listen = str(home / "wal.sock") if unix else "127.0.0.1:0"
+        with log_path.open("wb") as log_file:
+            self.devices[node] = subprocess.Popen(
+                wal_device_command(home / "wal", WAL_DEVICE_BYTES, listen),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
+        address: list[str] = []
+
+        def listening() -> bool:
+            found = wal_device_address(log_path.read_text(errors="replace"))
+            assert self.devices[node].poll() is None, log_path.read_text(errors="replace")
+            address.extend([found] if found else [])
+            return bool(address)
+
+        wait_until(listening, f"broker {node}'s WAL device listening")
+        return address[0]
+
+    def device_log(self, node: int) -> str:
+        path = self.root / f"wal-device-{node}" / "device.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            self.stop_devices()
+
+    def stop_devices(self) -> None:
+        for device in self.devices.values():
+            device.terminate()
+        for device in self.devices.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                device.wait(30)
+            if device.poll() is None:
+                device.kill()
+                device.wait()
 
     def log(self, node: int) -> str:
         path = self.brokers[node].log_path
@@ -138,9 +204,12 @@ def _stamp(line: str) -> float | None:
         return None
 
 
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Iterator[FailoverCluster]:
-    root = Path(tempfile.mkdtemp(prefix="automq-ref-crash-failover-"))
+@contextlib.contextmanager
+def failover_cluster(
+    request: pytest.FixtureRequest, moto_s3: MotoS3, wal: str = "object"
+) -> Iterator[FailoverCluster]:
+    """A module's cluster: started, yielded, stopped; on a failure the logs are kept."""
+    root = Path(tempfile.mkdtemp(prefix=f"automq-ref-crash-failover-{wal}-"))
     failed_before = request.session.testsfailed
     (root / "etcd").mkdir()
     etcd = EtcdServer(root / "etcd")
@@ -152,7 +221,7 @@ def cluster(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Iterator[Failove
     made: FailoverCluster | None = None
     try:
         etcd.start()
-        made = FailoverCluster(root, etcd, moto_s3, bucket)
+        made = FailoverCluster(root, etcd, moto_s3, bucket, wal)
         for broker in made.brokers.values():
             broker.start()
         yield made
@@ -165,9 +234,17 @@ def cluster(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Iterator[Failove
             for path in [*root.glob("broker-*"), root / "etcd" / "data"]:
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
+            for path in root.glob("wal-device-*/wal"):
+                path.unlink(missing_ok=True)
             print(f"\ncrash failover tests failed: the brokers' logs are kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest, moto_s3: MotoS3) -> Iterator[FailoverCluster]:
+    with failover_cluster(request, moto_s3) as made:
+        yield made
 
 
 @pytest.fixture(autouse=True)
@@ -182,6 +259,13 @@ def whole(cluster: FailoverCluster) -> Iterator[FailoverCluster]:
 def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
     cluster: FailoverCluster, which: str
 ) -> None:
+    kill_one_and_check(cluster, which)
+
+
+def kill_one_and_check(cluster: FailoverCluster, which: str) -> int:
+    """Kill a broker leading partitions (the active controller or not) under a producer; its
+    partitions take records again on the survivors and every acknowledged record is read back
+    once, in order; started again, it finds nothing to recover. The broker killed."""
     topic = unique("crash")
     create_topic(cluster.bootstrap(), topic, PARTITIONS)
     led = agreed_leaders(cluster, topic)
@@ -237,6 +321,7 @@ def test_a_killed_broker_is_failed_over_and_its_partitions_take_records_again(
     cluster.brokers[victim].start()
     recovered = re.findall(r"WAL recovered records=(\d+)", cluster.log(victim))
     assert recovered and recovered[-1] == "0", recovered[-3:]
+    return victim
 
 
 def record_crash(cluster: FailoverCluster, victim: int) -> None:

@@ -144,6 +144,7 @@ def records() -> st.SearchStrategy[sm.MetadataRecord]:
         "topic_id": st.text(max_size=8),
         "name": st.text(max_size=8),
         "rack": st.text(max_size=8),
+        "wal_config": st.text(max_size=12),
         "value": st.binary(max_size=8),
     }
     strategies: list[st.SearchStrategy[sm.MetadataRecord]] = []
@@ -209,6 +210,25 @@ def test_a_stream_record_from_before_tags_decodes_untagged() -> None:
     record = decode_record(payload)
     assert record == sm.S3StreamRecord(1, 0, 0, 0, sm.StreamState.OPENED)
     assert (record.topic_id, record.partition) == (sm.NO_TOPIC, sm.NO_PARTITION)
+
+
+def test_a_broker_registration_from_before_published_wals_decodes_without_one() -> None:
+    """A registration written before brokers published their WAL decodes with none (empty);
+    one with it keeps it through the codec and the image's snapshot."""
+    old = (
+        b'{"type": "RegisterBrokerRecord", "node_id": 1, "node_epoch": 7, "rack": "a", '
+        b'"listeners": [["PLAINTEXT", "h", 9]]}'
+    )
+    record = decode_record(old)
+    assert record == sm.RegisterBrokerRecord(1, 7, "a", (sm.Endpoint("PLAINTEXT", "h", 9),))
+    assert isinstance(record, sm.RegisterBrokerRecord) and record.wal_config == ""
+    published = sm.RegisterBrokerRecord(1, 7, "a", (), "0@device://127.0.0.1:4000")
+    assert decode_record(encode_record(published)) == published
+    image = sm.replay_all(sm.StreamMetadataImage(), [published])
+    assert image.brokers[1].wal_config == "0@device://127.0.0.1:4000"
+    assert sm.replay_all(sm.StreamMetadataImage(), sm.image_records(image)) == image
+    with pytest.raises(InvalidFieldError):
+        decode_record(old[:-1] + b', "wal_config": 3}')
 
 
 async def test_the_view_follows_every_applied_batch(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ register again; the session records it (``expired``) and stops heartbeating.
 :class:`ControllerTicks` is the active controller's side: ``ExpireSessions(now)`` about once a
 second fences brokers whose session lapsed, and, with ``autobalancer.controller.enable``,
 ``BalancePartitions(now)`` runs a round every
-``autobalancer.controller.anomaly.detect.interval.ms``, and, given a failover setting (a cluster on
-the object WAL), a failover round every tick (:mod:`automq_ref.io.metadata.failover_contexts`).
+``autobalancer.controller.anomaly.detect.interval.ms``, and, given a failover setting (in a
+cluster), a failover round every tick (:mod:`automq_ref.io.metadata.failover_contexts`).
 Only the active controller ticks (``is_active``): in the embedded one-node mode that is always
 this process's controller; in a cluster, the broker holding the election.
 

@@ -72,11 +72,15 @@ async def register_node(
     proposed_epoch: int,
     rack: str = "",
     listeners: tuple[sm.Endpoint, ...] = (),
+    wal_config: str = "",
 ) -> Registration:
     """Register node ``node_id``, proposing ``proposed_epoch`` (its clock); the controller
-    grants an epoch above any it stored for the node. The broker is recorded with its ``rack``
-    and ``listeners``, fenced until its first heartbeat."""
-    response = await client.submit(sm.RegisterNode(node_id, proposed_epoch, rack, listeners))
+    grants an epoch above any it stored for the node. The broker is recorded with its
+    ``rack``, ``listeners`` and WAL location (``wal_config``, its ``s3.wal.path``), fenced until
+    its first heartbeat."""
+    response = await client.submit(
+        sm.RegisterNode(node_id, proposed_epoch, rack, listeners, wal_config)
+    )
     if not response.ok or response.node_epoch is None:
         raise RegistrationError(f"node {node_id}: {response.error.value}: {response.message}")
     return Registration(node_id, response.node_epoch, response.opening_streams)

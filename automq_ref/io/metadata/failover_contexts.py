@@ -18,17 +18,23 @@ compare-and-set, so a round decided on a stale image writes nothing. With a trac
 (``ClearFailover``, ``AssignFailover``) and the session and grace changes it saw
 (``ExpireSession``, ``Heartbeat``, ``EndGrace``).
 
-The WAL named in a context is the controller's own ``s3.wal.path``: the brokers of a cluster
-share one WAL bucket or directory (each node's WAL under keys of its own id), so the
-controller's WAL setting names every broker's. A controller whose WAL is a local file (the block
-WAL) starts no failover: no survivor could read a dead broker's disk.
+The WAL named in a context is the failed node's own: each broker publishes its ``s3.wal.path``
+in its registration (``BrokerRegistration.wal_config``), so the brokers of a cluster may keep
+their WALs in different places. Only a WAL a survivor can reach is taken over
+(:func:`survivors_can_take_over`): an object WAL (``s3://``, ``dir://``) or a block WAL on a WAL
+device process (``device://``). A node whose WAL is a file or a raw device of its own is never
+failed over (no survivor can read its disk): the round leaves it out, saying so once per node
+epoch, and its partitions wait for it to restart. A registration written before brokers
+published their WAL names none: the controller's own object WAL stands in for it
+(``FailoverSettings.wal_config``), as when every broker shared that one location.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient
@@ -46,13 +52,38 @@ from automq_ref.vocabulary.naming import FAILOVER_CONTEXTS_KEY
 log = logging.getLogger(__name__)
 
 
+# The schemes of WALs a survivor can open: object WALs and the WAL device process.
+_SHARED_WAL_SCHEMES = frozenset({"s3", "dir", "device"})
+
+
 @dataclass(frozen=True, slots=True)
 class FailoverSettings:
     """The active controller's failover: how long a (re)started node is left to recover by
-    itself (``failover.new.epoch.grace.ms``), and the WAL setting its contexts name."""
+    itself (``failover.new.epoch.grace.ms``), and the WAL of a broker whose registration names
+    none (the controller's own object WAL, or empty). ``skipped`` remembers the node epochs
+    already reported as impossible to fail over, so each is logged once."""
 
     grace_ms: int
-    wal_config: str
+    wal_config: str = ""
+    skipped: set[tuple[int, int]] = field(default_factory=set, compare=False, hash=False)
+
+
+def survivors_can_take_over(wal_config: str) -> bool:
+    """Whether a survivor can take over a WAL named ``wal_config`` (an ``s3.wal.path``): an
+    object WAL or a WAL device process, not a file or raw device of the broker's own (a bare
+    path, ``file://``), nor an empty one."""
+    raw = wal_config.strip()
+    if "@" in raw.split("/", 1)[0]:
+        raw = raw.split("@", 1)[1]
+    scheme, separator, _ = raw.partition("://")
+    return bool(separator) and scheme in _SHARED_WAL_SCHEMES
+
+
+def failed_node_wal(image: sm.StreamMetadataImage, node_id: int, settings: FailoverSettings) -> str:
+    """The WAL node ``node_id`` published at its registration (the settings' when none)."""
+    broker = image.brokers.get(node_id)
+    published = broker.wal_config if broker is not None else ""
+    return published or settings.wal_config
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +181,9 @@ async def run_failover_round(
     since the last round and the machine's steps that committed are recorded."""
     current_value = image.kv.get(FAILOVER_CONTEXTS_KEY)
     stored = decode_contexts(current_value)
-    views = node_views(image, now_ms, settings.grace_ms)
+    views = [
+        _reachable(view, image, settings) for view in node_views(image, now_ms, settings.grace_ms)
+    ]
     # The index of the image the round decides on (read before any await, with the image).
     decided_at = trace.index() if trace is not None else 0
     if trace is not None:
@@ -161,7 +194,12 @@ async def run_failover_round(
         return
     kept = [s for s in stored if s.context in decided.contexts]
     added = [
-        StoredContext(c.failed_node_id, c.node_epoch, c.target_node_id, settings.wal_config)
+        StoredContext(
+            c.failed_node_id,
+            c.node_epoch,
+            c.target_node_id,
+            failed_node_wal(image, c.failed_node_id, settings),
+        )
         for c in decided.assigned
     ]
     contexts = kept + added
@@ -190,6 +228,32 @@ async def run_failover_round(
         log.info("failover context removed %s", _fields(cleared))
     for context in added:
         log.warning("failover assigned %s", _fields(context.context))
+
+
+def _reachable(
+    view: NodeView, image: sm.StreamMetadataImage, settings: FailoverSettings
+) -> NodeView:
+    """``view``, except that a fenced node whose WAL no survivor can reach shows no open
+    streams: nothing of it can be failed over, so it is no candidate (and takes no turn of the
+    one failover in flight from the others). Reported once it would have been a candidate
+    (past its grace), once per node epoch."""
+    if view.session is not Session.FENCED or not view.opened:
+        return view
+    wal = failed_node_wal(image, view.node_id, settings)
+    if survivors_can_take_over(wal):
+        return view
+    if not view.in_grace and (view.node_id, view.node_epoch) not in settings.skipped:
+        settings.skipped.add((view.node_id, view.node_epoch))
+        log.warning(
+            "failover impossible %s",
+            fields(
+                failed_node=view.node_id,
+                node_epoch=view.node_epoch,
+                wal=wal or "(none published)",
+                reason="no survivor can reach this WAL; its partitions wait for the node",
+            ),
+        )
+    return dataclasses.replace(view, opened=frozenset())
 
 
 def _fields(context: FailoverContext) -> str:

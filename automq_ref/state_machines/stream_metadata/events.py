@@ -64,7 +64,8 @@ class StreamErrorCode(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class RegisterNode:
     """getOpeningStreams and broker registration: a node (re)starts and asks for its epoch and
-    its open streams, and registers as a broker (its rack and listeners).
+    its open streams, and registers as a broker (its rack, listeners and WAL location:
+    ``wal_config``, the data failover carries to a survivor; the machine only records it).
 
     ``node_epoch`` is the node's proposal (its clock). The controller grants
     ``max(node_epoch, stored + 1)``, strictly above any epoch it stored for the node, so a
@@ -77,6 +78,7 @@ class RegisterNode:
     node_epoch: int  # proposed
     rack: str = ""
     listeners: tuple[Endpoint, ...] = ()
+    wal_config: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,8 +124,9 @@ class S3Object:
 
 @dataclass(frozen=True, slots=True)
 class BrokerRegistration:
-    """A registered broker: the node epoch its registration was granted, where it runs, and
-    whether it may hold partitions (unfenced and not shutting down: *live*)."""
+    """A registered broker: the node epoch its registration was granted, where it runs, where
+    its WAL lives (``wal_config``, empty when its registration did not say), and whether it
+    may hold partitions (unfenced and not shutting down: *live*)."""
 
     node_id: int
     node_epoch: int
@@ -133,6 +134,7 @@ class BrokerRegistration:
     listeners: tuple[Endpoint, ...]
     fenced: bool = True
     in_controlled_shutdown: bool = False
+    wal_config: str = ""
 
     @property
     def live(self) -> bool:
@@ -341,7 +343,11 @@ def _replay_placement(
     match record:
         case RegisterBrokerRecord():
             registration = BrokerRegistration(
-                record.node_id, record.node_epoch, record.rack, record.listeners
+                record.node_id,
+                record.node_epoch,
+                record.rack,
+                record.listeners,
+                wal_config=record.wal_config,
             )
             return replace(image, brokers={**image.brokers, record.node_id: registration})
         case BrokerRegistrationChangeRecord():
@@ -450,7 +456,9 @@ def image_records(image: StreamMetadataImage) -> list[MetadataRecord]:
         records.append(KVRecord(key, value))
     for broker in image.brokers.values():
         records.append(
-            RegisterBrokerRecord(broker.node_id, broker.node_epoch, broker.rack, broker.listeners)
+            RegisterBrokerRecord(
+                broker.node_id, broker.node_epoch, broker.rack, broker.listeners, broker.wal_config
+            )
         )
         if broker.live or broker.in_controlled_shutdown:
             records.append(

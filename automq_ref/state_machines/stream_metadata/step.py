@@ -186,7 +186,7 @@ def _on_register_node(image: StreamMetadataImage, event: RegisterNode) -> Decisi
     registration: list[MetadataRecord] = [
         NodeWALMetadataRecord(event.node_id, granted, False),
         # The new incarnation starts fenced; what the previous one held moves to live brokers.
-        RegisterBrokerRecord(event.node_id, granted, event.rack, event.listeners),
+        RegisterBrokerRecord(event.node_id, granted, event.rack, event.listeners, event.wal_config),
     ]
     records = cluster.departure_records(image, registration)
     response = Response(node_epoch=granted, opening_streams=opening_streams(image, event.node_id))
