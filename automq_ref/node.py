@@ -714,15 +714,13 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         # unknown): this incarnation can change nothing any more, or cannot tell what it
         # changed. A new one registers (a new node epoch), recovers the WAL (uploading what
         # is not committed yet), closes the streams this one held and takes partitions again.
-        why = (
-            "its session lapsed"
-            if node.session.expired.is_set()
-            else f"its storage failed ({node.storage.failure})"
-        )
+        # A storage refused for its node epoch was fenced too, before its session noticed.
+        fenced = node.session.expired.is_set() or node.storage.fenced
         log.error(
-            "broker %s: %s; starting again %s",
-            "fenced" if node.session.expired.is_set() else "restarting",
-            why,
+            "broker %s; starting again %s",
+            "fenced: its session lapsed"
+            if fenced
+            else f"restarting: its storage failed ({node.storage.failure})",
             fields(node_id=config.node_id, node_epoch=node.session.node_epoch),
         )
         await node.abandon()

@@ -6,18 +6,27 @@ answered in time), the request fails with its outcome unknown. Here a client in 
 controller loses one answer, after the controller decided (or before it did): the storage fails
 (``failed`` set, appends refused), and a new incarnation over the same WAL and metadata log (what
 ``node.serve`` starts after abandoning the failed one) recovers the WAL, closes the streams, and
-every acknowledged record reads back exactly once.
+every acknowledged record reads back exactly once. Last, ``node.serve`` itself: a broker whose
+storage failed is abandoned and started again in its process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from automq_ref import node as node_module
+from automq_ref.config import BrokerConfig, load_config
 from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
+from automq_ref.node import Node, Seams, serve, start_node
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 from tests.storage_fixtures import RunningStorage, start_storage
@@ -163,3 +172,52 @@ async def test_an_open_with_no_answer_restarts_the_storage_and_the_stream_opens_
     await running.metadata_log.close()
     await running.store.close()
     await medium.close()
+
+
+async def test_serve_restarts_a_broker_whose_storage_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``node.serve`` abandons an incarnation whose storage failed and starts a new one in the
+    same process, at a new node epoch, on the same port; SIGTERM then stops it gracefully."""
+    caplog.set_level(logging.INFO, logger="automq_ref.node")
+    started: list[Node] = []
+
+    async def recording_start(config: BrokerConfig, seams: Seams) -> Node:
+        started.append(await start_node(config, seams))
+        return started[-1]
+
+    monkeypatch.setattr(node_module, "start_node", recording_start)
+    config = load_config(
+        overrides=[
+            f"log.dirs={tmp_path}",
+            "s3.wal.capacity=16777216",
+            "listeners=PLAINTEXT://127.0.0.1:0",
+        ],
+        environment={},
+    )
+    serving = asyncio.ensure_future(serve(config, Seams()))
+    loop = asyncio.get_running_loop()
+    try:
+        await _until(lambda: len(started) == 1 and started[0].storage is not None)
+        first = started[0]
+        await asyncio.sleep(0.2)  # serve waits on the storage by now
+        first.storage._fail("a test", ControllerError("CommitStreamSetObject: outcome unknown"))
+        await _until(lambda: len(started) == 2)
+        second = started[1]
+        assert second.session.node_epoch > first.session.node_epoch
+        assert second.advertised_address[1] == first.advertised_address[1]
+        assert "broker restarting: its storage failed" in caplog.text
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(serving, 30) == 0
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        if not serving.done():
+            serving.cancel()
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.02)

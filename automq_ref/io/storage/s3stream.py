@@ -121,6 +121,11 @@ class StreamFencedError(StorageError):
     """The stream is not open here at that epoch (or a newer owner took it)."""
 
 
+class NodeEpochExpiredError(StorageError):
+    """The controller bumped this node's epoch (its session lapsed): this incarnation is
+    fenced, and every later request of it is refused."""
+
+
 class PlacementRefusedError(StorageError):
     """A stream of a partition cannot be created or opened here now: the partition is placed
     on another broker or at another leader epoch, or its previous broker still holds one of
@@ -670,6 +675,11 @@ class S3Storage:
         """What failed the storage (None while it is healthy)."""
         return self._failure
 
+    @property
+    def fenced(self) -> bool:
+        """Whether the storage failed because the controller fenced this incarnation."""
+        return isinstance(self._failure, NodeEpochExpiredError)
+
     def _fail(self, what: str, error: BaseException) -> None:
         if self._failure is None:
             log.error(
@@ -795,6 +805,8 @@ class S3Storage:
     def _check(self, response: sm.Response, what: str) -> None:
         if response.ok:
             return
+        if response.error is sm.StreamErrorCode.NODE_EPOCH_EXPIRED:
+            raise NodeEpochExpiredError(f"{what}: {response.error.value}: {response.message}")
         if response.error in (sm.StreamErrorCode.STREAM_FENCED, sm.StreamErrorCode.NODE_FENCED):
             raise StreamFencedError(f"{what}: {response.error.value}: {response.message}")
         if response.error in PLACEMENT_REFUSALS:
