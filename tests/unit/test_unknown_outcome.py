@@ -174,6 +174,33 @@ async def test_an_open_with_no_answer_restarts_the_storage_and_the_stream_opens_
     await medium.close()
 
 
+async def test_a_close_answered_stream_fenced_is_a_close(tmp_path: Path) -> None:
+    """A close decided, its answer lost, and the stream opened by a newer owner before the
+    close is sent again: the repeat is refused ``STREAM_FENCED``, which the storage takes as
+    closed (the newer owner holds it), as AutoMQ's client does."""
+    medium = WalMedium("block", tmp_path)
+    clients: list[LosingClient] = []
+    running = await _start(tmp_path, medium, 1, clients, sm.CloseStream)
+    storage = running.storage
+    stream_id = await storage.create_stream()
+    await storage.open_stream(stream_id, 0)
+    await storage.append(stream_id, 0, b"first", 1)
+    await storage.force_upload(stream_id)
+    # The first close, decided; then another node opens the stream at a newer epoch.
+    assert (await running.client.submit(sm.CloseStream(1, storage.node_epoch, stream_id, 0))).ok
+    other = await running.client.submit(sm.RegisterNode(2, 1))
+    assert other.node_epoch is not None
+    assert (await running.client.submit(sm.OpenStream(2, other.node_epoch, stream_id, 1))).ok
+    await storage.close_stream(stream_id, 0)
+    assert not storage.failed.is_set()
+    with pytest.raises(StorageError):
+        storage.next_offset(stream_id, 0)
+    await storage.shutdown()
+    await running.metadata_log.close()
+    await running.store.close()
+    await medium.close()
+
+
 async def test_serve_restarts_a_broker_whose_storage_failed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -571,7 +571,11 @@ class S3Storage:
             sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch),
             f"close stream {stream_id}",
         )
-        self._check(response, f"close stream {stream_id}")
+        # STREAM_FENCED: a newer owner opened the stream, so it was closed (by this close, if
+        # its answer was lost and it was sent again, or by a failover); AutoMQ's client takes
+        # it the same way. Everything of it was committed above.
+        if response.error is not sm.StreamErrorCode.STREAM_FENCED:
+            self._check(response, f"close stream {stream_id}")
         self._streams.pop(stream_id, None)
 
     async def delete_stream(self, stream_id: int, epoch: int) -> None:
