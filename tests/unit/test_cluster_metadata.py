@@ -342,6 +342,39 @@ async def test_a_resendable_request_whose_answer_was_lost_is_sent_again(
             assert stream.start_offset == 5
 
 
+async def test_a_request_to_a_deposed_controller_ends_when_it_loses_the_election(
+    cluster: StartNode,
+) -> None:
+    """The controller stops answering (paused) and loses the election while a request waits on
+    it: the wait ends then, not at the request timeout; a resendable request goes to the new
+    controller, another fails with its outcome unknown (a heartbeat's loop then sends the
+    next one to the new controller, before the session the new controller gave it ends)."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2, request_timeout_ms=30_000)
+    epoch = (await second.client.submit(sm.RegisterNode(2, 1))).node_epoch
+    assert epoch is not None
+    stream_id = (await second.client.submit(sm.CreateStream(2, epoch))).stream_id
+    assert stream_id is not None
+
+    async def paused(event: sm.StreamMetadataEvent) -> sm.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    first.controller.handle = paused  # type: ignore[method-assign]
+    began = time.monotonic()
+    opening = asyncio.ensure_future(second.client.submit(sm.OpenStream(2, epoch, stream_id, 0)))
+    creating = asyncio.ensure_future(second.client.submit(sm.CreateStream(2, epoch)))
+    await asyncio.sleep(0.2)
+    assert first.election is not None
+    await first.election.close()  # deposed; its listener still holds the connection
+    assert (await asyncio.wait_for(opening, 15)).ok
+    with pytest.raises(ControllerError, match="lost the election"):
+        await asyncio.wait_for(creating, 15)
+    assert time.monotonic() - began < 15
+    assert second.election is not None and second.election.is_leader
+
+
 async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: EtcdServer) -> None:
     """etcd stops for a moment and comes back (same data): one controller again, and every
     broker's requests are decided and seen in its image."""

@@ -38,6 +38,7 @@ broker loads the snapshot instead of replaying from index 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from automq_ref.io.metadata.controller import Controller, ControllerError
 from automq_ref.io.metadata.controller import ControllerUnavailable as ControllerUnavailable
 from automq_ref.io.metadata.controller_rpc import (
     ControllerConnection,
+    ControllerRpcError,
     ControllerServer,
     DecisionUnknown,
     NotControllerError,
@@ -190,8 +192,27 @@ class ClusterControllerClient:
         if connection is None or connection.broken:
             connection = self._connections[leader.address] = ControllerConnection(leader.address)
         name = type(event).__name__
-        # ReplyLost goes to ``submit``, which sends the request again if it may.
-        response, index = await connection.call(event, deadline - loop.time())
+        # ReplyLost goes to ``submit``, which sends the request again if it may. A controller
+        # that lost the election (paused past its lease, say) may never answer, and can decide
+        # nothing more: the wait ends then, rather than at the timeout (a broker's heartbeat
+        # stuck there would miss the new controller's session).
+        call = asyncio.ensure_future(connection.call(event, deadline - loop.time()))
+        deposed = asyncio.ensure_future(self._until_deposed(leader))
+        try:
+            await asyncio.wait({call, deposed}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            call.cancel()
+            raise
+        finally:
+            deposed.cancel()
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ControllerRpcError):
+                await call
+            raise ReplyLost(
+                f"controller {leader.node_id} lost the election with the request in flight"
+            )
+        response, index = call.result()
         try:
             async with asyncio.timeout(max(0.0, deadline - loop.time())):
                 if self._replica.applied_index < index:
@@ -204,6 +225,14 @@ class ClusterControllerClient:
                 "it in time"
             ) from None
         return response
+
+    async def _until_deposed(self, leader: ControllerInfo) -> None:
+        """Return once ``leader`` does not hold the election any more."""
+        while True:
+            version = self._election.version
+            if self._election.leader != leader:
+                return
+            await self._election.wait_for_change(version)
 
     async def _drop(self, address: str) -> None:
         connection = self._connections.pop(address, None)
