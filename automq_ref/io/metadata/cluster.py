@@ -28,7 +28,9 @@ a close of a closed stream, a commit of committed objects is ``REDUNDANT_OPERATI
 only leaks ids that expire), it is sent again like the others, and logged; the answer then says
 what the first try did. Any other (creating a stream would create a second one) fails with
 :class:`~automq_ref.io.metadata.controller.ControllerError` saying the outcome is unknown, and so
-does a resendable one that no controller answered before the timeout.
+does a resendable one that no controller answered before the timeout. A request waiting on a
+controller that lost the election meanwhile (paused past its lease: it may never answer, and can
+decide nothing more) stops waiting then, as if its answer was lost, rather than at the timeout.
 
 Snapshots: the controller writes one when the records applied since the last one reach
 ``snapshot_bytes`` (checked every ``SNAPSHOT_CHECK_S``), so the log on etcd stays short and a new
