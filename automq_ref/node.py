@@ -20,7 +20,8 @@ publishes where its WAL lives at registration), and the Kafka front end
 (:class:`automq_ref.kafka.dispatch.Dispatcher`); nothing else constructs them.
 :meth:`Node.listen` starts serving the listener (:mod:`automq_ref.kafka.server`);
 :meth:`Node.shutdown` closes it all gracefully, uploading what the WAL holds;
-:meth:`Node.abandon` stops a fenced node at once, and :func:`serve` then starts a new one.
+:meth:`Node.abandon` stops a fenced node (or one whose storage failed) at once, and :func:`serve`
+then starts a new one.
 
 What a test or a checker wants to replace is injected through :class:`Seams`, not imported by
 the production modules: the clock every part reads time from, the WAL opener, and a hook run
@@ -732,12 +733,19 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
                 # free one: its clients' bootstrap addresses stay good.
                 listener = f"PLAINTEXT://{config.host}:{port}"
                 config = config.model_copy(update={"listeners": listener})
-        if not await _until_stopped_or_fenced(stop, node.session.expired):
+        if not await _until_stopped_or_fenced(stop, node.session.expired, node.storage.failed):
             break
-        # Fenced: this incarnation can change nothing any more. A new one registers (a new
-        # node epoch), recovers the WAL and takes partitions again.
+        # Fenced, or its storage failed (a commit refused, or a request whose outcome stayed
+        # unknown): this incarnation can change nothing any more, or cannot tell what it
+        # changed. A new one registers (a new node epoch), recovers the WAL (uploading what
+        # is not committed yet), closes the streams this one held and takes partitions again.
+        # A storage refused for its node epoch was fenced too, before its session noticed.
+        fenced = node.session.expired.is_set() or node.storage.fenced
         log.error(
-            "broker fenced: its session lapsed; starting again %s",
+            "broker %s; starting again %s",
+            "fenced: its session lapsed"
+            if fenced
+            else f"restarting: its storage failed ({node.storage.failure})",
             fields(node_id=config.node_id, node_epoch=node.session.node_epoch),
         )
         await node.abandon()
@@ -747,12 +755,12 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     return 0
 
 
-async def _until_stopped_or_fenced(stop: asyncio.Event, fenced: asyncio.Event) -> bool:
-    """Wait for either; True if the broker was fenced (and not asked to stop)."""
-    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(fenced.wait())]
+async def _until_stopped_or_fenced(stop: asyncio.Event, *fenced: asyncio.Event) -> bool:
+    """Wait for any; True if the broker was fenced or failed (and not asked to stop)."""
+    waits = [asyncio.ensure_future(event.wait()) for event in (stop, *fenced)]
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for wait in waits:
             wait.cancel()
-    return fenced.is_set() and not stop.is_set()
+    return any(event.is_set() for event in fenced) and not stop.is_set()

@@ -250,6 +250,131 @@ async def test_a_lost_reply_is_an_error_not_a_retry(cluster: StartNode) -> None:
         await first.close()
 
 
+async def _decide_then_lose_the_answer(
+    first: ClusterMetadata, second: ClusterMetadata, lost: sm.StreamMetadataEvent
+) -> sm.Response:
+    """``second`` sends ``lost`` to the controller ``first``, which decides it and dies before
+    answering; ``second`` sends it again to the next controller (itself) and returns its
+    answer."""
+    decided = asyncio.Event()
+    handle = first.controller.handle
+
+    async def decide_and_hang(event: sm.StreamMetadataEvent) -> sm.Response:
+        response = await handle(event)
+        if event == lost:
+            decided.set()
+            await asyncio.Event().wait()  # the answer never leaves
+        return response
+
+    first.controller.handle = decide_and_hang  # type: ignore[method-assign]
+    request = asyncio.ensure_future(second.client.submit(lost))
+    await asyncio.wait_for(decided.wait(), 5)
+    await first.close()  # the connection drops with the answer; the election goes
+    return await asyncio.wait_for(request, 15)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    ["OpenStream", "CloseStream", "PrepareObject", "CommitStreamSetObject", "TrimStream"],
+)
+async def test_a_resendable_request_whose_answer_was_lost_is_sent_again(
+    cluster: StartNode, kind: str
+) -> None:
+    """The controller decides a request and dies before answering: the sender sends it again
+    to the next controller, whose answer says what the first decision did; nothing is applied
+    twice (a retried open, a close of a closed stream, a redundant commit, a trim to the start;
+    a second prepare gets new ids and the first ones stay prepared, to expire)."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2)
+    epoch = (await second.client.submit(sm.RegisterNode(2, 1))).node_epoch
+    assert epoch is not None
+    submit = second.client.submit
+    stream_id = (await submit(sm.CreateStream(2, epoch))).stream_id
+    assert stream_id is not None
+    assert (await submit(sm.OpenStream(2, epoch, stream_id, 0))).ok
+    prepared = (await submit(sm.PrepareObject(2, epoch, 1, 60_000, 0))).first_object_id
+    assert prepared is not None
+    commit = sm.CommitStreamSetObject(
+        2,
+        epoch,
+        prepared,
+        sm.NO_OBJECT,
+        100,
+        (sm.CommitRange(stream_id, 0, 0, 10),),
+        (),
+        (),
+        False,
+        1,
+    )
+    events: dict[str, sm.StreamMetadataEvent] = {
+        "OpenStream": sm.OpenStream(2, epoch, stream_id, 0),
+        "CloseStream": sm.CloseStream(2, epoch, stream_id, 0),
+        "PrepareObject": sm.PrepareObject(2, epoch, 2, 60_000, 0),
+        "CommitStreamSetObject": commit,
+        "TrimStream": sm.TrimStream(2, epoch, stream_id, 0, 5),
+    }
+    if kind == "TrimStream":
+        assert (await submit(commit)).ok
+    before = second.view.image
+    event = events[kind]
+    assert sm.resendable(event)
+    response = await _decide_then_lose_the_answer(first, second, event)
+    assert response.ok, response
+    image = second.view.image
+    stream = image.streams[stream_id]
+    match kind:
+        case "OpenStream":
+            assert (response.start_offset, response.next_offset) == (0, 0)
+            assert stream.state is sm.StreamState.OPENED and len(stream.ranges) == 1
+        case "CloseStream":
+            assert stream.state is sm.StreamState.CLOSED
+        case "PrepareObject":
+            # The resend's ids follow the lost answer's, which stay prepared (they expire).
+            assert response.first_object_id == before.next_object_id + 2
+            lost = [before.next_object_id, before.next_object_id + 1]
+            assert all(image.objects[o].state is sm.S3ObjectState.PREPARED for o in lost)
+        case "CommitStreamSetObject":
+            assert response.error is sm.StreamErrorCode.REDUNDANT_OPERATION
+            assert stream.end_offset == 10
+            assert list(image.nodes[2].stream_set_objects) == [prepared]
+        case "TrimStream":
+            assert stream.start_offset == 5
+
+
+async def test_a_request_to_a_deposed_controller_ends_when_it_loses_the_election(
+    cluster: StartNode,
+) -> None:
+    """The controller stops answering (paused) and loses the election while a request waits on
+    it: the wait ends then, not at the request timeout; a resendable request goes to the new
+    controller, another fails with its outcome unknown (a heartbeat's loop then sends the
+    next one to the new controller, before the session the new controller gave it ends)."""
+    first = await cluster(1)
+    await until(lambda: first.election is not None and first.election.is_leader)
+    second = await cluster(2, request_timeout_ms=30_000)
+    epoch = (await second.client.submit(sm.RegisterNode(2, 1))).node_epoch
+    assert epoch is not None
+    stream_id = (await second.client.submit(sm.CreateStream(2, epoch))).stream_id
+    assert stream_id is not None
+
+    async def paused(event: sm.StreamMetadataEvent) -> sm.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+    first.controller.handle = paused  # type: ignore[method-assign]
+    began = time.monotonic()
+    opening = asyncio.ensure_future(second.client.submit(sm.OpenStream(2, epoch, stream_id, 0)))
+    creating = asyncio.ensure_future(second.client.submit(sm.CreateStream(2, epoch)))
+    await asyncio.sleep(0.2)
+    assert first.election is not None
+    await first.election.close()  # deposed; its listener still holds the connection
+    assert (await asyncio.wait_for(opening, 15)).ok
+    with pytest.raises(ControllerError, match="lost the election"):
+        await asyncio.wait_for(creating, 15)
+    assert time.monotonic() - began < 15
+    assert second.election is not None and second.election.is_leader
+
+
 async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: EtcdServer) -> None:
     """etcd stops for a moment and comes back (same data): one controller again, and every
     broker's requests are decided and seen in its image."""

@@ -21,6 +21,7 @@ from typing import Protocol
 # import the controller.
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.controller import ControllerError as ControllerError
+from automq_ref.io.metadata.controller import ControllerUnavailable as ControllerUnavailable
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.state_machines import stream_metadata as sm
 

@@ -22,9 +22,15 @@ Failover. A request that found no controller, or one that turned out not to be t
 (``NotController``: nothing decided), is sent again, to whoever holds the election next, until
 ``request_timeout_s`` has passed (then :class:`ControllerUnavailable`). A request whose answer
 was lost after it was sent (the controller died, the connection broke, the log failed under the
-controller) is *not* sent again: it may have been decided, and a decision such as creating a
-stream is not idempotent; it fails with :class:`~automq_ref.io.metadata.controller.ControllerError`
-saying the outcome is unknown, as the in-process controller does when its log fails.
+controller, or under this broker's own controller) may have been decided. If the machine answers
+its repeat as it answered the first try, with the same effect (``sm.resendable``: a retried open,
+a close of a closed stream, a commit of committed objects is ``REDUNDANT_OPERATION``, a prepare
+only leaks ids that expire), it is sent again like the others, and logged; the answer then says
+what the first try did. Any other (creating a stream would create a second one) fails with
+:class:`~automq_ref.io.metadata.controller.ControllerError` saying the outcome is unknown, and so
+does a resendable one that no controller answered before the timeout. A request waiting on a
+controller that lost the election meanwhile (paused past its lease: it may never answer, and can
+decide nothing more) stops waiting then, as if its answer was lost, rather than at the timeout.
 
 Snapshots: the controller writes one when the records applied since the last one reach
 ``snapshot_bytes`` (checked every ``SNAPSHOT_CHECK_S``), so the log on etcd stays short and a new
@@ -34,15 +40,21 @@ broker loads the snapshot instead of replaying from index 0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.background import stop
 from automq_ref.io.metadata.controller import Controller, ControllerError
+
+# Raised by ``submit``; imported from here by the cluster's callers and tests.
+from automq_ref.io.metadata.controller import ControllerUnavailable as ControllerUnavailable
 from automq_ref.io.metadata.controller_rpc import (
     ControllerConnection,
+    ControllerRpcError,
     ControllerServer,
     DecisionUnknown,
     NotControllerError,
@@ -59,7 +71,7 @@ from automq_ref.io.metadata.etcd_metadata_log import (
     NotController,
 )
 from automq_ref.io.metadata.follower import MetadataFollower
-from automq_ref.io.metadata.metadata_log import MetadataLogError
+from automq_ref.io.metadata.metadata_log import MetadataLogClosed, MetadataLogError
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -68,10 +80,6 @@ log = logging.getLogger(__name__)
 RETRY_S: Final = 0.25
 SNAPSHOT_CHECK_S: Final = 1.0
 _UNSPECIFIED_HOSTS: Final = ("", "0.0.0.0", "::")
-
-
-class ControllerUnavailable(ControllerError):
-    """No controller answered within the request timeout; nothing was decided."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,10 +125,17 @@ class ClusterControllerClient:
         deadline = loop.time() + self._timeout_s
         name = type(event).__name__
         problem = "no controller is elected"
+        # Why an earlier try's outcome is unknown (None: every try so far decided nothing).
+        lost: str | None = None
         while True:
             version = self._election.version
             remaining = deadline - loop.time()
             if remaining <= 0:
+                if lost is not None:
+                    raise ControllerError(
+                        f"{name}: its outcome is unknown ({lost}), and no controller answered "
+                        f"it again in {self._timeout_s:.1f} s ({problem})"
+                    )
                 raise ControllerUnavailable(
                     f"{name}: no controller answered in {self._timeout_s:.1f} s ({problem})"
                 )
@@ -129,21 +144,47 @@ class ClusterControllerClient:
                     return await self._replica.handle(event)
                 except NotController as error:
                     problem = str(error)
+                except (BatchTooLarge, MetadataLogClosed):
+                    raise
+                except MetadataLogError as error:
+                    if not sm.resendable(event):
+                        raise
+                    lost = problem = self._resending(event, f"this node's metadata log: {error}")
             elif (leader := self._election.leader) is not None and leader.node_id != self._node_id:
                 try:
                     return await self._remote(leader, event, deadline)
                 except NotSent as error:
                     problem = str(error)
                     await self._drop(leader.address)
+                except ReplyLost as error:
+                    await self._drop(leader.address)
+                    why = f"sent to controller {leader.node_id}, no answer"
+                    if not sm.resendable(event):
+                        raise ControllerError(
+                            f"{name}: {why} (its outcome is unknown): {error}"
+                        ) from error
+                    lost = problem = self._resending(event, f"{why}: {error}")
                 except RemoteError as error:
-                    if error.kind != "not_controller":
+                    if error.kind == "unknown" and sm.resendable(event):
+                        why = f"controller {leader.node_id}: {error}"
+                        lost = problem = self._resending(event, why)
+                    elif error.kind != "not_controller":
                         raise ControllerError(
                             f"{name}: controller {leader.node_id}: {error}"
                         ) from error
-                    problem = f"node {leader.node_id} is not the controller any more"
+                    else:
+                        problem = f"node {leader.node_id} is not the controller any more"
             elif leader is not None:
                 problem = "this node's election key is still there after it lost the election"
             await self._election.wait_for_change(version, timeout_s=min(RETRY_S, remaining))
+
+    def _resending(self, event: sm.StreamMetadataEvent, why: str) -> str:
+        """A try of resendable ``event`` whose outcome is unknown: it is sent again."""
+        log.warning(
+            "controller request outcome unknown, sending it again %s",
+            fields(node_id=self._node_id, request=type(event).__name__, why=why),
+        )
+        return why
 
     async def _remote(
         self, leader: ControllerInfo, event: sm.StreamMetadataEvent, deadline: float
@@ -153,14 +194,27 @@ class ClusterControllerClient:
         if connection is None or connection.broken:
             connection = self._connections[leader.address] = ControllerConnection(leader.address)
         name = type(event).__name__
+        # ReplyLost goes to ``submit``, which sends the request again if it may. A controller
+        # that lost the election (paused past its lease, say) may never answer, and can decide
+        # nothing more: the wait ends then, rather than at the timeout (a broker's heartbeat
+        # stuck there would miss the new controller's session).
+        call = asyncio.ensure_future(connection.call(event, deadline - loop.time()))
+        deposed = asyncio.ensure_future(self._until_deposed(leader))
         try:
-            response, index = await connection.call(event, deadline - loop.time())
-        except ReplyLost as error:
-            await self._drop(leader.address)
-            raise ControllerError(
-                f"{name}: sent to controller {leader.node_id}, no answer (its outcome is "
-                f"unknown): {error}"
-            ) from error
+            await asyncio.wait({call, deposed}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            call.cancel()
+            raise
+        finally:
+            deposed.cancel()
+        if not call.done():
+            call.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ControllerRpcError):
+                await call
+            raise ReplyLost(
+                f"controller {leader.node_id} lost the election with the request in flight"
+            )
+        response, index = call.result()
         try:
             async with asyncio.timeout(max(0.0, deadline - loop.time())):
                 if self._replica.applied_index < index:
@@ -173,6 +227,14 @@ class ClusterControllerClient:
                 "it in time"
             ) from None
         return response
+
+    async def _until_deposed(self, leader: ControllerInfo) -> None:
+        """Return once ``leader`` does not hold the election any more."""
+        while True:
+            version = self._election.version
+            if self._election.leader != leader:
+                return
+            await self._election.wait_for_change(version)
 
     async def _drop(self, address: str) -> None:
         connection = self._connections.pop(address, None)

@@ -65,6 +65,10 @@ class ControllerError(Exception):
     """The controller could not get its decision onto the metadata log."""
 
 
+class ControllerUnavailable(ControllerError):
+    """No controller answered within the request timeout; nothing was decided."""
+
+
 class Controller:
     def __init__(
         self,

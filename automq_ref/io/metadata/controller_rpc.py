@@ -23,7 +23,8 @@ so it sees its request's effect before it goes on), or ``{"id": n, "error": kind
 
 A connection carries any number of requests at once, matched to replies by ``id``. A
 connection lost while requests are in flight fails them as :class:`ReplyLost`: sent, maybe
-decided, answer unknown.
+decided, answer unknown (the cluster's client sends such a request again when the machine
+answers its repeat alike: ``automq_ref/io/metadata/cluster.py``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ the controller client, ``UploadBlock`` against the object store, ``TrimWal`` on 
 machine emits a commit only after the commit of every earlier block, and a trim only after the
 commit that covers it. A refusal (``Rejected``: a record out of order, an answer for no request)
 is a bug here and fails like one (``StorageError``). A commit the controller refuses is fatal for
-the storage, as in AutoMQ (which halts): the node then recovers from its WAL on restart. An upload
+the storage, as in AutoMQ (which halts), and so is a prepare, commit, open or close whose outcome
+stayed unknown (the controller client sends such a request again while it may, and gives up only
+when no controller answered it in time): the storage records the failure, sets ``failed``, and
+the node restarts in process (:func:`automq_ref.node.serve`), as a fenced broker does: the new
+incarnation registers at a new node epoch, recovers the WAL (uploading only what is not committed
+yet) and closes the streams the failed one held, so their partitions open again. An upload
 is not: when the object store's own retries run out (``ObjectStoreUnavailable``: throttling, 5xx,
 lost connections) the block's objects are PUT again after a growing pause, for as long as it
 takes, since the data is safe in the WAL meanwhile and a PUT under an already prepared object id
@@ -55,7 +60,12 @@ from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.driver import Driver
-from automq_ref.io.metadata.client import ControllerClient, Registration
+from automq_ref.io.metadata.client import (
+    ControllerClient,
+    ControllerError,
+    ControllerUnavailable,
+    Registration,
+)
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
@@ -109,6 +119,11 @@ class StorageError(Exception):
 
 class StreamFencedError(StorageError):
     """The stream is not open here at that epoch (or a newer owner took it)."""
+
+
+class NodeEpochExpiredError(StorageError):
+    """The controller bumped this node's epoch (its session lapsed): this incarnation is
+    fenced, and every later request of it is refused."""
 
 
 class PlacementRefusedError(StorageError):
@@ -221,6 +236,8 @@ class S3Storage:
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
         self._last_wal_write: asyncio.Future[AppendResult] | None = None
         self._failure: BaseException | None = None
+        # Set when the storage fails: the node then starts a new incarnation (module docstring).
+        self.failed = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self._sizes: dict[int, dict[int, int]] = {}
         # During recovery the WAL is being replayed, not appended: it is reset afterwards, and
@@ -338,8 +355,9 @@ class S3Storage:
         return response.stream_id
 
     async def open_stream(self, stream_id: int, epoch: int) -> tuple[int, int]:
-        response = await self._client.submit(
-            sm.OpenStream(self._node_id, self._node_epoch, stream_id, epoch)
+        response = await self._submit_or_fail(
+            sm.OpenStream(self._node_id, self._node_epoch, stream_id, epoch),
+            f"open stream {stream_id}",
         )
         self._check(response, f"open stream {stream_id}")
         assert response.start_offset is not None and response.next_offset is not None
@@ -560,10 +578,15 @@ class S3Storage:
                 self._check_healthy()
                 await asyncio.sleep(0.001)
         await self.force_upload(stream_id)
-        response = await self._client.submit(
-            sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch)
+        response = await self._submit_or_fail(
+            sm.CloseStream(self._node_id, self._node_epoch, stream_id, epoch),
+            f"close stream {stream_id}",
         )
-        self._check(response, f"close stream {stream_id}")
+        # STREAM_FENCED: a newer owner opened the stream, so it was closed (by this close, if
+        # its answer was lost and it was sent again, or by a failover); AutoMQ's client takes
+        # it the same way. Everything of it was committed above.
+        if response.error is not sm.StreamErrorCode.STREAM_FENCED:
+            self._check(response, f"close stream {stream_id}")
         self._streams.pop(stream_id, None)
 
     async def delete_stream(self, stream_id: int, epoch: int) -> None:
@@ -660,10 +683,42 @@ class S3Storage:
                     if not self._recovering:
                         await self._wal.trim(effect.wal_offset)
         except Exception as error:
-            log.error("storage effect %s failed: %s", type(effect).__name__, error)
-            self._failure = error
-            for event in self._committed.values():
-                event.set()  # wake waiters: they see the failure
+            self._fail(f"storage effect {type(effect).__name__}", error)
+
+    @property
+    def failure(self) -> BaseException | None:
+        """What failed the storage (None while it is healthy)."""
+        return self._failure
+
+    @property
+    def fenced(self) -> bool:
+        """Whether the storage failed because the controller fenced this incarnation."""
+        return isinstance(self._failure, NodeEpochExpiredError)
+
+    def _fail(self, what: str, error: BaseException) -> None:
+        if self._failure is None:
+            log.error(
+                "storage failed: %s: %s; this broker's appends fail until it restarts and "
+                "recovers its WAL",
+                what,
+                error,
+            )
+        self._failure = error
+        self.failed.set()
+        for event in self._committed.values():
+            event.set()  # wake waiters: they see the failure
+
+    async def _submit_or_fail(self, event: sm.StreamMetadataEvent, what: str) -> sm.Response:
+        """Submit a request that changes who holds a stream; one whose outcome stayed unknown
+        fails the storage (module docstring). Nothing decided (no controller): only this
+        request fails."""
+        try:
+            return await self._client.submit(event)
+        except ControllerUnavailable:
+            raise
+        except ControllerError as error:
+            self._fail(what, error)
+            raise
 
     async def _upload(self, effect: lc.UploadBlock) -> dict[int, int]:
         """PUT the block's objects until they land (see the module docstring)."""
@@ -765,6 +820,8 @@ class S3Storage:
     def _check(self, response: sm.Response, what: str) -> None:
         if response.ok:
             return
+        if response.error is sm.StreamErrorCode.NODE_EPOCH_EXPIRED:
+            raise NodeEpochExpiredError(f"{what}: {response.error.value}: {response.message}")
         if response.error in (sm.StreamErrorCode.STREAM_FENCED, sm.StreamErrorCode.NODE_FENCED):
             raise StreamFencedError(f"{what}: {response.error.value}: {response.message}")
         if response.error in PLACEMENT_REFUSALS:

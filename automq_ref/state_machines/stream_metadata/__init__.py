@@ -76,6 +76,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     ANY_STREAM_EPOCH,
     DEFAULT_PARAMS,
     NO_OBJECT,
+    RESENDABLE_REQUESTS,
     AllocateProducerIds,
     AppendRecords,
     BalancePartitions,
@@ -115,6 +116,7 @@ from automq_ref.state_machines.stream_metadata.events import (
     TrimStream,
     UnregisterBroker,
     records_of,
+    resendable,
     response_of,
 )
 from automq_ref.state_machines.stream_metadata.image import (
@@ -218,6 +220,7 @@ __all__ = [
     "NO_PARTITION",
     "NO_TOPIC",
     "PLACEMENT_INVARIANTS",
+    "RESENDABLE_REQUESTS",
     "AllocateProducerIds",
     "AppendRecords",
     "AssignedS3ObjectIdRecord",
@@ -321,6 +324,7 @@ __all__ = [
     "removable_objects",
     "replay",
     "replay_all",
+    "resendable",
     "response_of",
     "step",
     "stream_object_slices",

@@ -388,6 +388,33 @@ StreamMetadataEvent: TypeAlias = (
     | BalancePartitions
 )
 
+# Requests whose repeat the machine answers as the first try was answered, with the same effect,
+# so a request whose answer was lost (the controller died after deciding it, or did not) may be
+# sent again: an open at the stream's epoch by the owner of its current range is a retried open
+# (start and next offset again; a CLOSED stream reopens on the same range); a close of a CLOSED
+# stream succeeds; a trim to the stream's start and a delete of a deleted stream write nothing; a
+# commit of objects already COMMITTED with the same contents is REDUNDANT_OPERATION, a success
+# that writes nothing. A repeated PrepareObject or AllocateProducerIds is answered with new ids:
+# the first answer's ids were never handed to anyone, and prepared ids expire (``ExpireObject``),
+# producer ids are never reused. Not here: CreateStream (a second stream), RegisterNode (a
+# second epoch), conditional KV requests and the admin requests (the repeat is refused).
+RESENDABLE_REQUESTS: Final = (
+    OpenStream,
+    CloseStream,
+    TrimStream,
+    DeleteStream,
+    PrepareObject,
+    CommitStreamSetObject,
+    CommitStreamObject,
+    AllocateProducerIds,
+)
+
+
+def resendable(event: StreamMetadataEvent) -> bool:
+    """Whether ``event`` may be sent again when its first answer was lost (see above)."""
+    return isinstance(event, RESENDABLE_REQUESTS)
+
+
 # The events of specs/Placement.tla's actions (and the placement requests it leaves out).
 PlacementEvent: TypeAlias = (
     RegisterNode
