@@ -55,6 +55,16 @@ class HeldWal:
                 held.set_exception(error)
         self._held.clear()
 
+    async def release_each(self, errors: list[BaseException | None]) -> None:
+        """Complete the held writes in order, the n-th with ``errors[n]`` (None: its result)."""
+        for (written, held), error in zip(self._held, errors, strict=True):
+            result = await written
+            if error is None:
+                held.set_result(result)
+            else:
+                held.set_exception(error)
+        self._held.clear()
+
 
 def hold_wal(partition: Partition, monkeypatch: pytest.MonkeyPatch) -> HeldWal:
     storage = partition.storage
@@ -116,10 +126,12 @@ async def test_a_retry_of_a_write_that_failed_is_not_acknowledged(
     assert await answer(early) == (KafkaErrorCode.KAFKA_STORAGE_ERROR, -1)
     late = partition.append_nowait(batch(1, NOW, 2), 1 << 20)  # after it
     assert await answer(late) == (KafkaErrorCode.KAFKA_STORAGE_ERROR, -1)
-    # The durable ones stay duplicates, answered at once.
+    # Until it is reopened the partition refuses every produce, a retry of a durable batch too
+    # (its stream closed here at the failure): the client retries at the next leader, whose
+    # log holds that batch, and gets its original offset there.
     assert await answer(partition.append_nowait(batch(2, NOW, 0), 1 << 20)) == (
-        KafkaErrorCode.NONE,
-        0,
+        KafkaErrorCode.KAFKA_STORAGE_ERROR,
+        -1,
     )
 
 
@@ -143,3 +155,20 @@ async def test_a_retry_after_its_original_answer_was_dropped_is_acknowledged(
     assert partition.high_watermark == 3
     # Nothing was lost: the partition's close writes its checkpoint.
     assert not partition._lost_append
+
+
+async def test_a_write_that_lands_after_an_earlier_one_failed_is_not_acknowledged(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two appends in flight; the WAL fails the first and writes the second. The stream has a
+    gap before the second record (its offsets were assigned after the failed one's), so the
+    second is no part of the stream either: acknowledging it would confirm a record no upload
+    can commit (the controller takes a stream's ranges only without gaps)."""
+    partition = await topic(node, "gap")
+    await answer(partition.append_nowait(batch(2, NOW, 0), 1 << 20))
+    wal = hold_wal(partition, monkeypatch)
+    first = partition.append_nowait(batch(1, NOW, 2), 1 << 20)
+    second = partition.append_nowait(batch(1, NOW, 3), 1 << 20)
+    await wal.release_each([WalIOError("one write lost"), None])
+    assert await answer(first) == (KafkaErrorCode.KAFKA_STORAGE_ERROR, -1)
+    assert await answer(second) == (KafkaErrorCode.KAFKA_STORAGE_ERROR, -1)

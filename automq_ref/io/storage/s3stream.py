@@ -447,10 +447,20 @@ class S3Storage:
                         StorageError(f"stream {batch.stream_id}: WAL append failed: {error}")
                     )
                 return
-            self._cache_record(batch, future.result().next_offset)
             stream = self._streams.get(batch.stream_id)
-            if stream is not None and stream.epoch == batch.epoch:
-                stream.confirm_offset = max(stream.confirm_offset, batch.last_offset)
+            if stream is None or stream.epoch != batch.epoch:
+                # An earlier write of the stream failed (which closed it here): this record
+                # lies past a gap, so no upload could commit it. Written, but not durable as
+                # part of the stream: neither cached nor acknowledged.
+                if not pending.durable.done():
+                    pending.durable.set_exception(
+                        StorageError(
+                            f"stream {batch.stream_id}: an earlier WAL append of the stream failed"
+                        )
+                    )
+                return
+            self._cache_record(batch, future.result().next_offset)
+            stream.confirm_offset = max(stream.confirm_offset, batch.last_offset)
             if not pending.durable.done():
                 pending.durable.set_result(None)
 
