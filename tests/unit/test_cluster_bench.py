@@ -40,7 +40,10 @@ def test_quick_run(tmp_path: Path) -> None:
     found = rows(report)
     assert found["median"] == ["1 broker", "3 brokers", "3 / 1"]
     assert all(float(cell) > 0 for cell in found["produce MB/s"])
-    assert all(float(cell) > 0 for cell in found["CPU ms per MB: brokers"][:2])
+    # The quick run's 2 MB take a few ms on one broker, less than /proc's 10 ms CPU tick, so a
+    # broker's CPU may read 0; across all processes of both runs something was counted.
+    assert all(float(cell) >= 0 for cell in found["CPU ms per MB: brokers"][:2])
+    assert all(float(cell) > 0 for cell in found["CPU ms per MB: all"][:2])
     # etcd counted something in each cluster (the brokers' lease keepalives at least).
     assert any(key.startswith("grpc ") for key in found), report
     moves = {
