@@ -11,7 +11,10 @@ command line can print them as they are.
 from __future__ import annotations
 
 import difflib
+import functools
+import ipaddress
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +134,112 @@ def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
         max_inflight_uploads=numbers["maxInflightUploadCount"],
         readahead_bytes=numbers["readaheadDataSize"],
     )
+
+
+# The zone router's local write modes (``automq.zonerouter.local.write.mode``, AutoMQ's names):
+# records for partitions this broker leads go through its RouterChannel too, or straight to the
+# partition. Records for other brokers always go through the channel.
+LOCAL_WRITE_MODES = ("router_channel", "direct")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterChannelSettings:
+    """One channel of ``automq.zonerouter.channels``: its id (the ``<id>@`` before the URI, the
+    channel id every channel offset carries, a 16-bit number), the URI as given, and the object
+    WAL it names (the channel is an object WAL of its own, on S3 or in a shared directory)."""
+
+    channel_id: int
+    uri: str
+    wal: ObjectWalSettings
+
+
+# ``<id>@`` opens each entry of a channel list; a comma before one separates entries (a comma
+# elsewhere belongs to the URI).
+_CHANNEL_ENTRY_START = re.compile(r",(?=\s*-?\d+@)")
+_CHANNEL_ENTRY = re.compile(r"(-?\d+)@(.+)")
+
+
+@functools.lru_cache(maxsize=16)
+def parse_router_channels(raw: str) -> tuple[RouterChannelSettings, ...]:
+    """The channels of ``automq.zonerouter.channels``: ``<id>@<object WAL URI>`` entries
+    separated by commas (``0@s3://BUCKET?region=R&endpoint=URL&batchInterval=250``); empty or
+    blank: none (the router is off). Raises ValueError naming the bad entry."""
+    if not raw.strip():
+        return ()
+    channels: list[RouterChannelSettings] = []
+    for number, entry in enumerate(_CHANNEL_ENTRY_START.split(raw.strip()), 1):
+        entry = entry.strip()
+        where = f"channel {number} ({entry!r})"
+        match = _CHANNEL_ENTRY.fullmatch(entry)
+        if match is None:
+            raise ValueError(
+                f"{where}: expected ID@URI, e.g. 0@s3://BUCKET?region=R&endpoint=URL, entries "
+                "separated by commas"
+            )
+        channel_id = int(match.group(1))
+        if not 0 <= channel_id < 2**15:
+            raise ValueError(f"{where}: the channel id must be in 0..32767, not {channel_id}")
+        if any(channel.channel_id == channel_id for channel in channels):
+            raise ValueError(f"{where}: channel id {channel_id} is given twice")
+        scheme = match.group(2).partition("://")[0]
+        if scheme not in ("s3", "dir"):
+            raise ValueError(
+                f"{where}: a channel is an object WAL: 0@s3://BUCKET?... or 0@dir:///PATH, "
+                f"not the scheme {scheme!r}"
+            )
+        try:
+            wal = _object_wal_settings(entry)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+        assert wal is not None  # an s3:// or dir:// URI names an object WAL
+        channels.append(RouterChannelSettings(channel_id, entry, wal))
+    return tuple(channels)
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneCidrBlock:
+    """One CIDR block of ``automq.zone.cidr.blocks``: clients connecting from an address in
+    ``network`` are in ``zone``. ``text`` is the block as written."""
+
+    zone: str
+    network: ipaddress.IPv4Network
+    text: str
+
+
+@functools.lru_cache(maxsize=16)
+def parse_zone_cidr_blocks(raw: str) -> tuple[ZoneCidrBlock, ...]:
+    """The blocks of ``automq.zone.cidr.blocks``, AutoMQ's grammar ``zone1@cidr1,cidr2<>zone2@
+    cidr3``: zones separated by ``<>``, each a zone name, ``@`` and IPv4 CIDR blocks separated
+    by commas (host bits are ignored, ``10.0.0.7/8`` is ``10.0.0.0/8``). Blank: none. Raises
+    ValueError naming the bad part."""
+    blocks: list[ZoneCidrBlock] = []
+    if not raw.strip():
+        return ()
+    for part in raw.split("<>"):
+        part = part.strip()
+        zone, separator, cidrs = part.partition("@")
+        zone = zone.strip()
+        if not separator or "@" in cidrs or not zone or not cidrs.strip():
+            raise ValueError(
+                f"{part!r}: expected ZONE@CIDR[,CIDR...] (zones separated by <>), e.g. "
+                "az1@10.0.0.0/16,10.1.0.0/16<>az2@10.2.0.0/16"
+            )
+        for cidr in cidrs.split(","):
+            cidr = cidr.strip()
+            address, slash, length = cidr.partition("/")
+            if not slash or not length.isdigit() or not 0 <= int(length) <= 32:
+                raise ValueError(
+                    f"{cidr!r} (zone {zone!r}): expected an IPv4 CIDR block, ADDRESS/LENGTH with "
+                    "LENGTH 0..32, e.g. 10.0.0.0/16"
+                )
+            try:
+                network = ipaddress.IPv4Network(f"{address}/{int(length)}", strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{cidr!r} (zone {zone!r}): {address!r} is not an IPv4 address"
+                ) from None
+            blocks.append(ZoneCidrBlock(zone, network, cidr))
+    return tuple(blocks)
 
 
 class ConfigError(ValueError):
@@ -299,6 +408,21 @@ class BrokerConfig(BaseModel):
         60, alias="autobalancer.controller.execution.steps", ge=1
     )
 
+    # Zones (AutoMQ's zone router). The channels clients' produce data crosses zones through:
+    # each broker's own object WAL instance per channel (0@s3://BUCKET?region=R&endpoint=URL&
+    # batchInterval=250&maxBytesInBatch=8388608, entries separated by commas). Set: the router
+    # is on, broker.rack is required, and Metadata names clients in a zone brokers of that zone.
+    # Empty: off.
+    automq_zonerouter_channels: str = Field("", alias="automq.zonerouter.channels")
+    # router_channel: records for partitions led here go through the channel too; direct: they
+    # are appended to the partition at once.
+    automq_zonerouter_local_write_mode: str = Field(
+        "router_channel", alias="automq.zonerouter.local.write.mode"
+    )
+    # A client's zone when its client.id does not name one (automq_az=ZONE): by the address it
+    # connects from, zone1@cidr1,cidr2<>zone2@cidr3. Empty: no zone.
+    automq_zone_cidr_blocks: str = Field("", alias="automq.zone.cidr.blocks")
+
     @field_validator("listeners", "advertised_listeners")
     @classmethod
     def _one_plaintext_listener(cls, value: str) -> str:
@@ -312,6 +436,26 @@ class BrokerConfig(BaseModel):
     @classmethod
     def _wal_path(cls, value: str) -> str:
         _object_wal_settings(value)
+        return value
+
+    @field_validator("automq_zonerouter_channels")
+    @classmethod
+    def _router_channels(cls, value: str) -> str:
+        parse_router_channels(value)
+        return value
+
+    @field_validator("automq_zonerouter_local_write_mode")
+    @classmethod
+    def _local_write_mode(cls, value: str) -> str:
+        mode = value.strip().lower()
+        if mode not in LOCAL_WRITE_MODES:
+            raise ValueError(f"expected one of {', '.join(LOCAL_WRITE_MODES)}")
+        return mode
+
+    @field_validator("automq_zone_cidr_blocks")
+    @classmethod
+    def _zone_cidr_blocks(cls, value: str) -> str:
+        parse_zone_cidr_blocks(value)
         return value
 
     @field_validator("metadata_etcd_endpoints")
@@ -345,6 +489,15 @@ class BrokerConfig(BaseModel):
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError(
                 "group.min.session.timeout.ms must not exceed group.max.session.timeout.ms"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _router_needs_a_rack(self) -> BrokerConfig:
+        if self.automq_zonerouter_channels.strip() and not self.broker_rack.strip():
+            raise ValueError(
+                "automq.zonerouter.channels is set (the zone router is on) but broker.rack is "
+                "empty: the router needs each broker's zone (broker.rack=ZONE)"
             )
         return self
 
@@ -399,6 +552,20 @@ class BrokerConfig(BaseModel):
     def object_wal(self) -> ObjectWalSettings | None:
         """The object WAL ``s3.wal.path`` names, or None for the block WAL."""
         return _object_wal_settings(self.s3_wal_path)
+
+    @property
+    def zone_router_channels(self) -> tuple[RouterChannelSettings, ...]:
+        """The zone router's channels (empty: the router is off)."""
+        return parse_router_channels(self.automq_zonerouter_channels)
+
+    @property
+    def zone_router_enabled(self) -> bool:
+        return bool(self.zone_router_channels)
+
+    @property
+    def zone_cidr_blocks(self) -> tuple[ZoneCidrBlock, ...]:
+        """Clients' zones by address (``automq.zone.cidr.blocks``), in the order written."""
+        return parse_zone_cidr_blocks(self.automq_zone_cidr_blocks)
 
     @property
     def etcd_endpoints(self) -> tuple[str, ...]:

@@ -25,6 +25,15 @@ Metadata creates an unknown topic (``num.partitions`` partitions) when
 allow); ``__consumer_offsets`` is created as the group coordinator creates it (its partitions
 and configs). Internal topics are listed with ``is_internal``. Authorized operations, when asked,
 are every operation (no authorizer: :mod:`automq_ref.kafka.acl_operations`).
+
+With the zone router on (``automq.zonerouter.channels``), Metadata answers each client for its
+zone (:mod:`automq_ref.kafka.zones`: declared in its client id, else by its address): a client
+in a zone the main/proxy mapping covers is told that each partition's leader is the leader's
+proxy in its zone (replicas and ISR that proxy alone; the leader itself when it is in the
+client's zone), so that it talks only to brokers of its zone; any other client is told the
+real leaders, with the leader and its proxies as replicas and ISR (the brokers that can serve
+its reads). Leader epochs, the brokers list and the controller are the same for every client.
+FindCoordinator and DescribeCluster are not rewritten.
 """
 
 from __future__ import annotations
@@ -49,6 +58,13 @@ from automq_ref.kafka.responses import (
 )
 from automq_ref.kafka.server import Reply
 from automq_ref.kafka.topics import TopicError
+from automq_ref.kafka.zones import (
+    ProxyMapping,
+    client_leader,
+    client_replicas,
+    client_zone,
+    proxy_mapping,
+)
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import is_internal_topic
 
@@ -66,6 +82,7 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
         if getattr(body, "include_topic_authorized_operations", False)
         else AUTHORIZED_OPERATIONS_OMITTED
     )
+    zoning = _zoning(context, request)
     results: list[MetadataTopic] = []
     if body.topics is None or (version == 0 and not body.topics):
         wanted = [(name, None) for name in sorted(registry.topics)]
@@ -96,7 +113,7 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             )
             results.append(_error(name, code, topic_id, topic_operations))
             continue
-        results.append(_topic(context, topic, topic_operations))
+        results.append(_topic(context, topic, topic_operations, zoning))
     brokers = _brokers(context)
     return respond(
         request,
@@ -127,7 +144,28 @@ def _error(
     )
 
 
-def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
+@dataclass(frozen=True, slots=True)
+class _Zoning:
+    """The zone router's view for one client: the mapping and the client's zone (None: none)."""
+
+    mapping: ProxyMapping
+    zone: str | None
+
+
+def _zoning(context: Context, request: Request) -> _Zoning | None:
+    """None when the zone router is off: leaders are answered as they are."""
+    config = context.config
+    if not config.zone_router_enabled:
+        return None
+    return _Zoning(
+        proxy_mapping(context.topics.view.image.brokers.values()),
+        client_zone(request.client_id, request.peer.host, config.zone_cidr_blocks),
+    )
+
+
+def _topic(
+    context: Context, topic: Topic, operations: int, zoning: _Zoning | None
+) -> MetadataTopic:
     image = context.topics.view.image
     held = context.topics.partitions
     partitions = []
@@ -156,13 +194,17 @@ def _topic(context: Context, topic: Topic, operations: int) -> MetadataTopic:
                 )
             )
             continue
+        replicas = [leader]
+        if zoning is not None:
+            replicas = list(client_replicas(zoning.mapping, zoning.zone, leader))
+            leader = client_leader(zoning.mapping, zoning.zone, leader)
         partitions.append(
             MetadataPartition(
                 partition_index=index,
                 leader_id=leader,
                 leader_epoch=epoch,
-                replica_nodes=[leader],
-                isr_nodes=[leader],
+                replica_nodes=replicas,
+                isr_nodes=replicas,
             )
         )
     return MetadataTopic(
