@@ -7,7 +7,8 @@ says who writes under the name and who reads it; a change here is a change of th
 Object keys
     :data:`NAMESPACE` and :func:`object_key` name the objects in the object store;
     :func:`wal_object_key` (with :func:`wal_objects_prefix` and :func:`parse_wal_object_key`)
-    the object WAL's objects and :func:`wal_reservation_key` its reservation object.
+    the object WAL's objects and :func:`wal_reservation_key` its reservation object, for the
+    data WAL and (with :data:`ROUTER_CHANNEL_WAL_TYPE`) for the zone router's RouterChannel.
 
 Controller KV keys
     :func:`topic_key` (a topic's record), :func:`partition_key` (a partition's MetaStream),
@@ -54,28 +55,47 @@ def object_key(namespace: str, object_id: int) -> str:
     return f"{f'{object_id:08x}'[::-1]}/{namespace}/{object_id}"
 
 
-def wal_objects_prefix(namespace: str, node_id: int) -> str:
+ROUTER_CHANNEL_WAL_TYPE: Final = "rc"
+"""The WAL type of a node's RouterChannel (the zone router's channel): its object WAL's keys
+carry ``<node>_rc`` where the node's data WAL carries ``<node>``, so the two never share an
+object, a listing or a reservation."""
+
+
+def _wal_node(node_id: int, wal_type: str) -> str:
+    if wal_type and not re.fullmatch(r"[a-z]+", wal_type):
+        raise ValueError(f"WAL type {wal_type!r} is not lowercase letters")
+    return f"{node_id}_{wal_type}" if wal_type else str(node_id)
+
+
+def wal_objects_prefix(namespace: str, node_id: int, wal_type: str = "") -> str:
     """The key prefix of every WAL object of node ``node_id``, all epochs:
-    ``MD5HEX(str(node_id)).upper() + "/" + namespace + "/" + node_id + "/"``, AutoMQ's layout
-    with the namespace in place of ``_kafka_<clusterId>``; the hash spreads nodes over S3
-    prefixes.
+    ``MD5HEX(str(node_id)).upper() + "/" + namespace + "/" + node_id[_type] + "/"``, AutoMQ's
+    layout with the namespace in place of ``_kafka_<clusterId>``; the hash spreads nodes over S3
+    prefixes. ``wal_type`` is empty for the node's data WAL and :data:`ROUTER_CHANNEL_WAL_TYPE`
+    for its RouterChannel; the hash is of the node id alone either way.
 
     Written by: nobody (a prefix). Read by: the object WAL when it opens a node's WAL (its own,
     or a failed node's in a takeover) and lists the node's objects."""
     digest = hashlib.md5(str(node_id).encode(), usedforsecurity=False).hexdigest().upper()
-    return f"{digest}/{namespace}/{node_id}/"
+    return f"{digest}/{namespace}/{_wal_node(node_id, wal_type)}/"
 
 
-def wal_object_key(namespace: str, node_id: int, epoch: int, start: int, end: int) -> str:
+def wal_object_key(
+    namespace: str, node_id: int, epoch: int, start: int, end: int, wal_type: str = ""
+) -> str:
     """The key of the WAL object of node ``node_id`` written at node epoch ``epoch`` holding
-    WAL offsets ``[start, end)``: ``<prefix><epoch>/wal/<start>-<end>``.
+    WAL offsets ``[start, end)``: ``<prefix><epoch>/wal/<start>-<end>`` (the prefix of
+    :func:`wal_objects_prefix`, of the data WAL or, with ``wal_type``, of the RouterChannel).
 
     Written by: the object WAL when it uploads a batch of records
     (:mod:`automq_ref.io.storage.wal_object`). Read by: the object WAL's recovery (its own
     node's after a restart, or a survivor's in a takeover), which finds the keys by listing
     :func:`wal_objects_prefix` and reads offsets and epochs back with
-    :func:`parse_wal_object_key`; deleted by its trims."""
-    return f"{wal_objects_prefix(namespace, node_id)}{epoch}/wal/{start}-{end}"
+    :func:`parse_wal_object_key`; deleted by its trims. A RouterChannel's objects are also read
+    by any node without listing (:mod:`automq_ref.io.storage.router_channel`): every object
+    spans exactly one 64 MiB slot, so the key of the object holding an offset follows from the
+    owner, the epoch and the offset."""
+    return f"{wal_objects_prefix(namespace, node_id, wal_type)}{epoch}/wal/{start}-{end}"
 
 
 _WAL_OBJECT_SUFFIX = re.compile(r"(\d+)/wal/(\d+)-(\d+)")
@@ -93,13 +113,15 @@ def parse_wal_object_key(prefix: str, key: str) -> tuple[int, int, int] | None:
     return (epoch, start, end) if start < end else None
 
 
-def wal_reservation_key(namespace: str, node_id: int) -> str:
-    """The key of node ``node_id``'s WAL reservation object: ``reservation/<namespace>/<id>``.
+def wal_reservation_key(namespace: str, node_id: int, wal_type: str = "") -> str:
+    """The key of node ``node_id``'s WAL reservation object: ``reservation/<namespace>/<id>``
+    for the data WAL, ``reservation/<namespace>/<id>_<type>`` for a RouterChannel (its own, so
+    that a takeover of the data WAL does not fence the channel, nor the channel the WAL).
 
     Written by: the object WAL when it opens the node's WAL (the node itself, or a survivor
     taking it over, which overwrites it). Read by: the object WAL after every group of uploads,
     to check that the WAL is still its own."""
-    return f"reservation/{namespace}/{node_id}"
+    return f"reservation/{namespace}/{_wal_node(node_id, wal_type)}"
 
 
 # ---------------------------------------------------------------------- controller KV

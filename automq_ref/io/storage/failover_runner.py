@@ -21,9 +21,10 @@ the task and carries out the effects that step returns, until the machine ends t
    getOpeningStreams in failover mode) marks the node taken over, so its own later requests get
    ``NODE_FENCED``, and answers the streams still OPENED on it with their committed ends; then
    the same recovery a node runs at its own start (``S3Storage.start``, without its closes)
-   replays the WAL's records past those ends, uploads them, commits them *as the failed node*
-   in failover mode, and resets the WAL. ``NODE_EPOCH_EXPIRED`` (the node restarted) means the
-   step did not happen: the machine's next step is then ``AbortFailover``.
+   replays the WAL's records past those ends (a link record turned back into its data through
+   the ``link_resolver``, which reads the proxy's RouterChannel), uploads them, commits them
+   *as the failed node* in failover mode, and resets the WAL. ``NODE_EPOCH_EXPIRED`` (the node
+   restarted) means the step did not happen: the machine's next step is then ``AbortFailover``.
 3. ``CloseFailedStreams`` (effect ``CloseStreams``): the node's streams are closed as that
    node, all at once, which lets the partitions' new brokers open them.
 
@@ -58,7 +59,7 @@ from automq_ref.io.metadata.failover_contexts import StoredContext, stored_conte
 from automq_ref.io.metadata.failover_trace import FailoverTrace
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import ObjectStore
-from automq_ref.io.storage.s3stream import S3Storage, close_streams
+from automq_ref.io.storage.s3stream import LinkResolver, S3Storage, close_streams
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
@@ -116,6 +117,7 @@ async def take_over_failed_node(
     params: lc.LogCacheParams,
     clock: Clock,
     trace: FailoverTrace | None = None,
+    link_resolver: LinkResolver | None = None,
 ) -> FailoverResult:
     """The target's steps 1-3 (module docstring), once, each the step the machine's target
     projection takes next (:func:`~automq_ref.state_machines.failover.target.next_step`), its
@@ -132,6 +134,7 @@ async def take_over_failed_node(
         namespace=namespace,
         params=params,
         clock=clock,
+        link_resolver=link_resolver,
     )
     task = fo_target.start_task(node_id, context.context, _current_epoch(view, context))
     try:
@@ -185,8 +188,10 @@ class _Takeover:
         namespace: str,
         params: lc.LogCacheParams,
         clock: Clock,
+        link_resolver: LinkResolver | None = None,
     ) -> None:
         self._context = context
+        self._link_resolver = link_resolver
         self._take_over_wal = take_over_wal
         self._store = store
         self._client = client
@@ -255,6 +260,7 @@ class _Takeover:
             clock=self._clock,
             runs_lifecycle=lambda: False,
             close_recovered=False,
+            link_resolver=self._link_resolver,
         )
         return True
 
@@ -288,6 +294,7 @@ class FailoverRunner:
         retry_base_s: float = RETRY_BASE_S,
         retry_max_s: float = RETRY_MAX_S,
         trace: FailoverTrace | None = None,
+        link_resolver: LinkResolver | None = None,
     ) -> None:
         self._take_over_wal = take_over_wal
         self._store = store
@@ -301,6 +308,7 @@ class FailoverRunner:
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
         self._trace = trace
+        self._link_resolver = link_resolver
         self._follower: asyncio.Task[None] | None = None
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.completed: list[tuple[StoredContext, FailoverResult]] = []
@@ -370,6 +378,7 @@ class FailoverRunner:
                     params=self._params,
                     clock=self._clock,
                     trace=self._trace,
+                    link_resolver=self._link_resolver,
                 )
             except FailoverAborted as error:
                 reason = str(error)

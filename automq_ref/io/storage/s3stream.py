@@ -40,6 +40,17 @@ cache (records below it are already in objects; a record past the expected offse
 discontinuity, logged as an error and refused); the cache is force-uploaded and committed; the
 WAL is reset; the recovered streams are closed so they can be reopened.
 
+Link records (the zone router): data a proxy routed through its RouterChannel is appended with
+its :class:`~automq_ref.formats.zone_router.LinkRecord` (``append(..., link=...)``); the WAL gets
+a batch of count ``-count`` carrying the link record, the LogCache the data itself, so uploads
+hold real data and the WAL only a pointer into the channel. Recovery (a restart, or a failover
+target's, which runs the same code) turns each link record it replays back into the data by
+reading the channel through the :class:`LinkResolver` it is given, at most
+``RECOVERY_LINK_WINDOW`` reads at once and caching in WAL order, at the offsets the leader
+assigned. A WAL with a link record to replay and no resolver fails recovery with a
+``StorageError``: dropping it would lose acknowledged data. The channel data stays until every
+main has committed what links to it (route epochs), so a link record in a WAL always resolves.
+
 The controller is reached only through its seams: requests through a ``ControllerClient``, reads
 through a ``MetadataView``; time through the injected ``Clock``. Once a second the storage also
 runs the object lifecycle (:mod:`automq_ref.io.storage.object_lifecycle`).
@@ -53,11 +64,12 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Protocol
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.stream_record_batch import decode as decode_stream_record_batch
+from automq_ref.formats.zone_router import LinkRecord
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.driver import Driver
 from automq_ref.io.metadata.client import (
@@ -88,6 +100,15 @@ WAL_FULL_RETRIES = 3
 UPLOAD_RETRY_BASE_S = 1.0
 UPLOAD_RETRY_MAX_S = 30.0
 DEFAULT_BLOCK_CACHE_BYTES = 64 * 1024 * 1024
+# Link records recovery resolves at once (channel reads in flight), in WAL order.
+RECOVERY_LINK_WINDOW: Final = 64
+
+
+class LinkResolver(Protocol):
+    """Turns a link record back into the data it stands for, read from the channel it points
+    into: the payload the leader stored (the batch with the offsets it assigned)."""
+
+    async def resolve(self, link: LinkRecord) -> bytes: ...
 
 
 @dataclass(slots=True)
@@ -111,6 +132,7 @@ class RecoveryTotals:
     bytes: int = 0
     streams: int = 0
     refused: int = 0
+    links: int = 0  # of the records, link records turned back into data
 
 
 class StorageError(Exception):
@@ -154,8 +176,8 @@ class OffsetOutOfRangeError(StorageError):
 
 @dataclass(slots=True)
 class _PendingAppend:
-    batch: StreamRecordBatch
-    encoded: bytes
+    batch: StreamRecordBatch  # what the LogCache gets: the data
+    encoded: bytes  # what the WAL gets: the data, or its link record
     durable: asyncio.Future[None]
 
 
@@ -166,6 +188,23 @@ class _OpenStream:
     next_offset: int
     confirm_offset: int
     closing: bool = False
+
+
+async def _resolve_link(resolver: LinkResolver, batch: StreamRecordBatch) -> StreamRecordBatch:
+    """The full batch a link record stands for, at the offsets the leader assigned."""
+    what = f"stream {batch.stream_id}: link record at {batch.base_offset}"
+    try:
+        link = LinkRecord.decode(batch.payload)
+    except FormatError as error:
+        raise StorageError(f"{what}: {error}") from error
+    try:
+        payload = await resolver.resolve(link)
+    except Exception as error:
+        owner = link.channel_offset.channel_owner
+        raise StorageError(
+            f"{what}: reading its data from node {owner}'s channel: {error}"
+        ) from error
+    return StreamRecordBatch(batch.stream_id, batch.epoch, batch.base_offset, -batch.count, payload)
 
 
 async def close_streams(
@@ -266,10 +305,13 @@ class S3Storage:
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
         close_recovered: bool = True,
+        link_resolver: LinkResolver | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
-        them as a step of its own, :func:`close_streams`)."""
+        them as a step of its own, :func:`close_streams`). A link record to replay is turned
+        back into its data through ``link_resolver``; without one, recovery fails with a
+        :class:`StorageError` rather than drop it."""
         node_id, node_epoch = registration.node_id, registration.node_epoch
         storage = cls(
             wal=wal,
@@ -288,31 +330,65 @@ class S3Storage:
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
         expected = {stream_id: s.end_offset for stream_id, s in recovering.items()}
-        replayed, replayed_bytes, refused = 0, 0, 0
+        replayed, replayed_bytes, refused, links = 0, 0, 0, 0
         replayed_streams: set[int] = set()
-        async for record in wal.recover():
-            try:
-                batch, _ = decode_stream_record_batch(record.body)
-            except FormatError as error:
-                raise StorageError(f"WAL record at {record.record_offset}: {error}") from error
-            next_offset = expected.get(batch.stream_id)
-            if next_offset is None or batch.last_offset <= next_offset:
-                continue  # not ours any more, or already in committed objects
-            if batch.base_offset != next_offset:
-                log.error(
-                    "WAL recovery: stream %d record at %d, expected %d: refused",
-                    batch.stream_id,
-                    batch.base_offset,
-                    next_offset,
-                )
-                refused += 1
-                continue
-            expected[batch.stream_id] = batch.last_offset
-            storage._cache_record(batch, record.next_offset)
-            replayed += 1
-            replayed_bytes += len(record.body)
-            replayed_streams.add(batch.stream_id)
-        storage.recovered = RecoveryTotals(replayed, replayed_bytes, len(replayed_streams), refused)
+        # Records accepted but not cached yet, in WAL order: a link record waits for its data.
+        window: collections.deque[tuple[StreamRecordBatch | asyncio.Task[StreamRecordBatch], int]]
+        window = collections.deque()
+
+        async def cache_oldest() -> None:
+            nonlocal replayed_bytes
+            item, next_offset = window.popleft()
+            batch = item if isinstance(item, StreamRecordBatch) else await item
+            storage._cache_record(batch, next_offset)
+            replayed_bytes += batch.encoded_size_bytes
+
+        try:
+            async for record in wal.recover():
+                try:
+                    batch, _ = decode_stream_record_batch(record.body)
+                except FormatError as error:
+                    raise StorageError(f"WAL record at {record.record_offset}: {error}") from error
+                next_offset = expected.get(batch.stream_id)
+                if next_offset is None or batch.last_offset <= next_offset:
+                    continue  # not ours any more, or already in committed objects
+                if batch.base_offset != next_offset:
+                    log.error(
+                        "WAL recovery: stream %d record at %d, expected %d: refused",
+                        batch.stream_id,
+                        batch.base_offset,
+                        next_offset,
+                    )
+                    refused += 1
+                    continue
+                expected[batch.stream_id] = batch.last_offset
+                if batch.is_link_record:
+                    if link_resolver is None:
+                        raise StorageError(
+                            f"stream {batch.stream_id}: the WAL record at {record.record_offset} "
+                            f"is a link record (offsets {batch.base_offset}-{batch.last_offset}) "
+                            "and no channel reader was given to resolve it: refusing to recover "
+                            "rather than drop acknowledged data"
+                        )
+                    task = asyncio.create_task(_resolve_link(link_resolver, batch))
+                    window.append((task, record.next_offset))
+                    links += 1
+                else:
+                    window.append((batch, record.next_offset))
+                replayed += 1
+                replayed_streams.add(batch.stream_id)
+                while len(window) > RECOVERY_LINK_WINDOW:
+                    await cache_oldest()
+            while window:
+                await cache_oldest()
+        finally:
+            pending = [item for item, _ in window if isinstance(item, asyncio.Task)]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        storage.recovered = RecoveryTotals(
+            replayed, replayed_bytes, len(replayed_streams), refused, links
+        )
         await storage.force_upload(lc.ALL_STREAMS)
         await wal.reset()
         storage._recovering = False
@@ -389,15 +465,27 @@ class S3Storage:
         return stream.start_offset
 
     async def append(
-        self, stream_id: int, epoch: int, payload: bytes | memoryview, count: int
+        self,
+        stream_id: int,
+        epoch: int,
+        payload: bytes | memoryview,
+        count: int,
+        *,
+        link: LinkRecord | None = None,
     ) -> int:
         """Append ``count`` offsets carried by ``payload``; return the first, once durable."""
-        base, durable = self.append_nowait(stream_id, epoch, payload, count)
+        base, durable = self.append_nowait(stream_id, epoch, payload, count, link=link)
         await durable
         return base
 
     def append_nowait(
-        self, stream_id: int, epoch: int, payload: bytes | memoryview, count: int
+        self,
+        stream_id: int,
+        epoch: int,
+        payload: bytes | memoryview,
+        count: int,
+        *,
+        link: LinkRecord | None = None,
     ) -> tuple[int, asyncio.Future[None]]:
         """Assign the offsets and queue the WAL write now; return the first offset and a future
         that completes once the append is durable (and readable).
@@ -407,6 +495,11 @@ class S3Storage:
         records reach the WAL, and so the LogCache, in offset order. A caller that must know the
         offset before the payload is final (a Kafka batch carries its base offset) reads
         ``next_offset`` and calls this without awaiting anything in between.
+
+        With ``link`` (data a proxy routed through its RouterChannel) the WAL gets the link
+        record instead of the data: a batch of count ``-count`` whose payload is ``link``,
+        while the LogCache, and so the upload, gets ``payload`` itself. Recovery turns the link
+        record back into ``payload`` through the channel (:class:`LinkResolver`).
         """
         self._check_healthy()
         stream = self._streams.get(stream_id)
@@ -418,7 +511,12 @@ class S3Storage:
         stream.next_offset += count
         batch = StreamRecordBatch(stream_id, epoch, base, count, payload)
         durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        pending = _PendingAppend(batch, batch.encode(), durable)
+        written = (
+            batch
+            if link is None
+            else StreamRecordBatch(stream_id, epoch, base, -count, link.encode())
+        )
+        pending = _PendingAppend(batch, written.encode(), durable)
         if not self._wal_backlog:
             try:
                 self._submit(pending)

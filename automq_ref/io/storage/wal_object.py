@@ -48,7 +48,12 @@ object without an earlier one, and those later records were never acknowledged.
 ``trim(offset)`` sets the trim offset, appends a padding record (a header with an empty body) so
 that an object whose header carries it is uploaded and verified, then deletes the objects that
 end at or before ``offset``, except the newest (it anchors the next offset for the next start).
-``reset()`` is ``trim(next_offset)``: afterwards recovery returns nothing. A delete that fails is
+``reset()`` is ``trim(next_offset)``: afterwards recovery returns nothing. ``resume()`` is
+the other way to start appending, for a WAL read by offsets rather than replayed (the zone
+router's RouterChannel, :mod:`automq_ref.io.storage.router_channel`): the objects there are
+kept, and the first trim deletes them as it deletes its own. A node's other WALs than its data
+WAL are opened with a ``wal_type`` (``rc`` for the channel), which gives them keys and a
+reservation of their own. A delete that fails is
 left for the next trim; recovery skips such objects by the trim offset anyway.
 
 Failures: a PUT whose store retries ran out (``ObjectStoreUnavailable``) is tried again after a
@@ -231,16 +236,18 @@ class ObjectWal:
         owns_store: bool,
         reservation: bytes,
         objects: list[WalObject],
+        wal_type: str = "",
     ) -> None:
         self._store = store
         self._namespace = namespace
+        self._wal_type = wal_type
         self._node_id = node_id
         self._node_epoch = node_epoch
         self._mode = mode
         self._config = config
         self._owns_store = owns_store
         self._reservation = reservation
-        self._reservation_key = wal_reservation_key(namespace, node_id)
+        self._reservation_key = wal_reservation_key(namespace, node_id, wal_type)
         # Durable objects in offset order; the last one anchors the next offset.
         self._objects = objects
         next_offset = max((o.end for o in objects), default=0)
@@ -274,10 +281,13 @@ class ObjectWal:
         config: ObjectWalConfig | None = None,
         mode: OpenMode = OpenMode.READ_WRITE,
         owns_store: bool = False,
+        wal_type: str = "",
     ) -> ObjectWal:
         """Take the reservation of node ``node_id``'s WAL at ``node_epoch`` and list its objects.
 
-        With ``owns_store`` the WAL closes ``store`` when it closes (or when opening fails)."""
+        With ``owns_store`` the WAL closes ``store`` when it closes (or when opening fails).
+        ``wal_type`` names another WAL of the node than its data WAL (``rc``: its RouterChannel),
+        with keys and a reservation of its own (:mod:`automq_ref.vocabulary.naming`)."""
         try:
             return await cls._open(
                 store,
@@ -287,6 +297,7 @@ class ObjectWal:
                 config=config or ObjectWalConfig(),
                 mode=mode,
                 owns_store=owns_store,
+                wal_type=wal_type,
             )
         except BaseException:
             if owns_store:
@@ -332,8 +343,9 @@ class ObjectWal:
         config: ObjectWalConfig,
         mode: OpenMode,
         owns_store: bool,
+        wal_type: str,
     ) -> ObjectWal:
-        key = wal_reservation_key(namespace, node_id)
+        key = wal_reservation_key(namespace, node_id, wal_type)
         failover = mode is OpenMode.FAILOVER
         current = await _read_reservation(store, key)
         if current is not None:
@@ -360,7 +372,7 @@ class ObjectWal:
             raise WalIOError(f"taking the WAL reservation {key}: {error}") from error
         if not verified:
             raise WalFencedError(f"node {node_id}'s WAL reservation was taken while opening it")
-        prefix = wal_objects_prefix(namespace, node_id)
+        prefix = wal_objects_prefix(namespace, node_id, wal_type)
         try:
             listed = await store.list(prefix)
         except ObjectStoreError as error:
@@ -390,6 +402,7 @@ class ObjectWal:
             owns_store=owns_store,
             reservation=reservation,
             objects=objects,
+            wal_type=wal_type,
         )
 
     # --------------------------------------------------------------- properties
@@ -576,6 +589,19 @@ class ObjectWal:
                 yield RecoveredRecord(record_offset, next_offset, bytes(view[body_start:end]))
             position = end
 
+    async def resume(self) -> None:
+        """Accept appends after the objects already there, keeping them: instead of
+        :meth:`recover` and :meth:`reset`, for a WAL whose records are read by their offsets
+        rather than replayed (a RouterChannel: other nodes may still need what an earlier
+        incarnation wrote). The trim offset of the newest object is carried on, so a later
+        trim deletes the inherited objects as it deletes its own."""
+        if self._state is not _State.OPENED:
+            raise WalStateError(f"resume() in state {self._state.value}")
+        if self._objects:
+            self._trim_offset = await self._newest_trim_offset()
+        self._state = _State.READY
+        self._processor = asyncio.create_task(self._acknowledge_forever(), name="object-wal")
+
     async def reset(self) -> None:
         """Discard everything recovery could return (trim to the next offset); then accept
         appends."""
@@ -672,7 +698,9 @@ class ObjectWal:
             results.append(AppendResult(position, end if last else next_position))
             position = next_position
         self._next_offset = end
-        key = wal_object_key(self._namespace, self._node_id, self._node_epoch, start, end)
+        key = wal_object_key(
+            self._namespace, self._node_id, self._node_epoch, start, end, self._wal_type
+        )
         self._uploads.append(
             _Upload(
                 key,
