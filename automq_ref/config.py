@@ -376,6 +376,28 @@ class BrokerConfig(BaseModel):
     # Where this broker records the Failover machine's steps it takes, one file per start, for
     # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
     failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
+    # The zone router (AutoMQ's name: the RouterChannels' bucket URIs); set, the router is on,
+    # and with it (in a cluster) route epochs. Route epochs only read whether it is set.
+    automq_zonerouter_channels: str = Field("", alias="automq.zonerouter.channels")
+    # Route epochs (the zone router's channel lifecycle): the active controller bumps the
+    # current and fenced route epoch this often (AutoMQ: every 10 s); each broker reports its
+    # committed route epoch at most once per commit interval (AutoMQ: 1 s), after committing its
+    # LogCache, waiting up to the linger for the uploads that happen anyway (AutoMQ's lazy
+    # commit: 10 s) before forcing one.
+    automq_zonerouter_route_epoch_bump_interval_ms: int = Field(
+        10_000, alias="automq.zonerouter.route.epoch.bump.interval.ms", ge=10
+    )
+    automq_zonerouter_route_epoch_commit_interval_ms: int = Field(
+        1000, alias="automq.zonerouter.route.epoch.commit.interval.ms", ge=10
+    )
+    automq_zonerouter_route_epoch_commit_linger_ms: int = Field(
+        10_000, alias="automq.zonerouter.route.epoch.commit.linger.ms", ge=0
+    )
+    # Where this broker records the RouteEpoch machine's steps it takes, one file per start, for
+    # trace validation against specs/RouteEpoch.tla (docs/trace_validation.md); off when unset.
+    automq_zonerouter_route_epoch_trace_dir: str | None = Field(
+        None, alias="automq.zonerouter.route.epoch.trace.dir"
+    )
     # A Produce, Fetch or ListOffsets for a partition placed on this broker that it has not
     # opened yet (it moved here and waits for its old broker's or a failover's close, or is
     # opening) is held at most this long (and never past a Produce's own timeout) for the open,

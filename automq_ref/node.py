@@ -60,9 +60,12 @@ from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings
 from automq_ref.io.metadata.failover_trace import TracingClient, open_trace
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
+from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
+from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.failover_runner import FailoverRunner
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
@@ -115,6 +118,8 @@ class NodeMetadata:
     is_active: Callable[[], bool] = lambda: True
     # The active controller's node id as this node last saw it (None: embedded, or unknown).
     active_controller: Callable[[], int | None] = lambda: None
+    # The client's submit that also answers the log index just past the decision.
+    submit_indexed: IndexedSubmit | None = None
 
 
 def cluster_settings(
@@ -192,6 +197,7 @@ async def open_metadata(
             cluster.close,
             is_active,
             active_controller,
+            cluster.client.submit_indexed,
         )
     metadata_log = await FileMetadataLog.open(config.data_dir / "metadata")
     try:
@@ -200,7 +206,9 @@ async def open_metadata(
         await metadata_log.close()
         raise
     client, view = connect_in_process(controller)
-    return NodeMetadata(controller, client, view, metadata_log.close)
+    return NodeMetadata(
+        controller, client, view, metadata_log.close, submit_indexed=client.submit_indexed
+    )
 
 
 class MetadataUnavailable(Exception):
@@ -333,9 +341,12 @@ class Node:
         server: KafkaServer,
         bound: tuple[str, int],
         failover: FailoverRunner | None = None,
+        route_epochs: RouteEpochNode | None = None,
     ) -> None:
         self.config = config
         self.failover = failover
+        # The zone router's route epochs on this broker (None: the router is off).
+        self.route_epochs = route_epochs
         self.session = session
         self.ticks = ticks
         self.clock = clock
@@ -401,6 +412,8 @@ class Node:
                     await task
         if self.failover is not None:
             await self.failover.close()
+        if self.route_epochs is not None:
+            await self.route_epochs.close()
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
@@ -441,6 +454,8 @@ class Node:
         await self.topics.stop_following()
         if self.failover is not None:
             await self.failover.close()
+        if self.route_epochs is not None:
+            await self.route_epochs.close()
         # With those whose give-up the stop cut short: none may stay open.
         partitions = self.topics.unclosed()
         for partition in partitions:
@@ -587,6 +602,17 @@ async def _start_bound(
     # Crash failover runs in every cluster: each broker published its WAL at registration, and
     # the round fails over only the nodes whose WAL a survivor can reach (failover_contexts).
     in_cluster = bool(config.etcd_endpoints)
+    # Route epochs run with the zone router, in a cluster; off, nothing of them is written.
+    route_epochs_on = in_cluster and bool(config.automq_zonerouter_channels.strip())
+    route_trace = (
+        open_route_epoch_trace(
+            config.automq_zonerouter_route_epoch_trace_dir,
+            f"node{config.node_id}-{registration.node_epoch}",
+            lambda: metadata.controller.applied_index,
+        )
+        if route_epochs_on
+        else None
+    )
     ticks = ControllerTicks(
         metadata.controller,
         metadata.is_active,
@@ -608,6 +634,12 @@ async def _start_bound(
             else None
         ),
         trace=trace,
+        route_epochs=(
+            RouteEpochSettings(config.automq_zonerouter_route_epoch_bump_interval_ms)
+            if route_epochs_on
+            else None
+        ),
+        route_epoch_trace=route_trace,
     )
     await session.heartbeat()
     groups = GroupCoordinator(storage, client, view, config, seams.clock)
@@ -656,6 +688,20 @@ async def _start_bound(
             trace=trace,
         )
         failover.start()
+    route_epochs = None
+    if route_epochs_on:
+        assert metadata.submit_indexed is not None
+        linger_s = config.automq_zonerouter_route_epoch_commit_linger_ms / 1000
+        route_epochs = RouteEpochNode(
+            node_id=config.node_id,
+            view=view,
+            index=lambda: metadata.controller.applied_index,
+            submit=metadata.submit_indexed,
+            commit=lambda: storage.commit_appended(linger_s),
+            interval_ms=config.automq_zonerouter_route_epoch_commit_interval_ms,
+            trace=route_trace,
+        )
+        route_epochs.start()
     return Node(
         config=config,
         clock=seams.clock,
@@ -670,6 +716,7 @@ async def _start_bound(
         server=server,
         bound=bound,
         failover=failover,
+        route_epochs=route_epochs,
     )
 
 

@@ -455,6 +455,15 @@ def waiting_epoch(
     return max(idle) if idle else reported
 
 
+def fenced_out(epoch: int, fenced: int) -> bool:
+    """The main's check: a request of ``epoch`` is refused (``ROUTE_EPOCH_FENCED``) when the
+    epoch is at or below the fenced epoch the main knows.
+
+    post: __return__ == (epoch <= fenced)
+    """
+    return epoch <= fenced
+
+
 def no_report_epoch(state: RouteEpochState) -> int:
     """The spec's NoReport: one below the initial committed epoch (-gap - 2)."""
     fence_gap = state.controller.route - state.controller.fenced
@@ -636,7 +645,7 @@ def _on_receive_request(
     request = state.requests[event.request_id - 1]
     view = state.nodes[request.main_id].view
     seen = replace(request, route_at_receive=view.route, fenced_at_receive=view.fenced)
-    if params.check_fence and request.epoch <= view.fenced:
+    if params.check_fence and fenced_out(request.epoch, view.fenced):
         rejected = _move(seen, "ReceiveRequest", RequestState.REJECTED)
         return Transition(
             _replace_request(state, event.request_id, rejected),

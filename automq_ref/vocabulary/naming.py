@@ -15,8 +15,10 @@ Controller KV keys
     :data:`OFFSETS_STREAM_KEY` and :func:`node_offsets_stream_key` (the offsets streams of
     earlier versions, imported once into ``__consumer_offsets``; :func:`offsets_imported_key`
     marks each partition done) and
-    :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far). The values under them
-    are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``).
+    :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far), and the zone router's
+    :data:`ROUTE_EPOCH_KEY` and :func:`node_committed_route_epoch_key`. The values under them
+    are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``,
+    ``route_epoch_record``).
 
 Topics
     :data:`CONSUMER_OFFSETS_TOPIC`, the internal topic that holds the groups' committed
@@ -229,3 +231,25 @@ Written by: the active controller's failover round
 (:mod:`automq_ref.io.metadata.failover_contexts`), with a compare-and-set. Read by: every
 broker's failover runner (:mod:`automq_ref.io.storage.failover_runner`), which takes over the
 WAL of a failed node when it is the target."""
+
+
+ROUTE_EPOCH_KEY: Final = "__a_r_c/metadata"
+"""The KV key of the zone router's route-epoch record (AutoMQ's key): committed, fenced and
+current route epoch and the time of the last bump (:mod:`automq_ref.formats.route_epoch_record`).
+
+Written by: the active controller's route-epoch round
+(:mod:`automq_ref.io.metadata.route_epochs`), with a compare-and-set. Read by: every broker's
+route-epoch node (:mod:`automq_ref.io.storage.route_epoch_node`), which fences old epochs,
+tags new routed writes and trims its RouterChannel from it."""
+
+NODE_COMMITTED_ROUTE_EPOCH_PREFIX: Final = "__a_r_c_nce/"
+
+
+def node_committed_route_epoch_key(node_id: int) -> str:
+    """The KV key of node ``node_id``'s committed route epoch (AutoMQ's
+    ``__a_r_c_nce/<nodeId>``), a decimal integer.
+
+    Written by: that node's route-epoch loop, after an upload of its LogCache
+    (:mod:`automq_ref.io.storage.route_epoch_node`). Read by: the active controller's
+    route-epoch round, which publishes the minimum of the counted nodes' reports."""
+    return f"{NODE_COMMITTED_ROUTE_EPOCH_PREFIX}{node_id}"

@@ -12,7 +12,9 @@ register again; the session records it (``expired``) and stops heartbeating.
 second fences brokers whose session lapsed, and, with ``autobalancer.controller.enable``,
 ``BalancePartitions(now)`` runs a round every
 ``autobalancer.controller.anomaly.detect.interval.ms``, and, given a failover setting (in a
-cluster), a failover round every tick (:mod:`automq_ref.io.metadata.failover_contexts`).
+cluster), a failover round every tick (:mod:`automq_ref.io.metadata.failover_contexts`), and,
+given route-epoch settings (the zone router on), a route-epoch round every tick
+(:mod:`automq_ref.io.metadata.route_epochs`).
 Only the active controller ticks (``is_active``): in the embedded one-node mode that is always
 this process's controller; in a cluster, the broker holding the election.
 
@@ -34,6 +36,8 @@ from automq_ref.io.metadata.client import ControllerClient, InProcessControllerC
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, run_failover_round
 from automq_ref.io.metadata.failover_trace import FailoverTrace
+from automq_ref.io.metadata.route_epoch_trace import RouteEpochTrace
+from automq_ref.io.metadata.route_epochs import RouteEpochSettings, run_route_epoch_round
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
@@ -147,10 +151,14 @@ class ControllerTicks:
         balance_interval_ms: int | None,
         failover: FailoverSettings | None = None,
         trace: FailoverTrace | None = None,
+        route_epochs: RouteEpochSettings | None = None,
+        route_epoch_trace: RouteEpochTrace | None = None,
     ) -> None:
         self._controller = controller
         self._failover = failover
         self._trace = trace
+        self._route_epochs = route_epochs
+        self._route_epoch_trace = route_epoch_trace
         self._is_active = is_active
         self._clock = clock
         self._grace_s = heartbeat_interval_ms / 1000 + EXPIRE_INTERVAL_S
@@ -183,6 +191,8 @@ class ControllerTicks:
                 await self._decide(sm.ExpireSessions(self._clock.now_ms()))
             if self._failover is not None:
                 await self._failover_round(self._failover)
+            if self._route_epochs is not None:
+                await self._route_epoch_round(self._route_epochs)
             if (
                 self._balance_interval_s is not None
                 and now_s - balanced_s >= self._balance_interval_s
@@ -207,6 +217,14 @@ class ControllerTicks:
             )
         except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
             log.debug("failover round: %s", error)
+
+    async def _route_epoch_round(self, settings: RouteEpochSettings) -> None:
+        try:
+            await run_route_epoch_round(
+                self._controller, self._clock.now_ms(), settings, self._route_epoch_trace
+            )
+        except Exception as error:  # deposed meanwhile, or the log unreachable: next tick
+            log.debug("route epoch round: %s", error)
 
     async def close(self) -> None:
         await stop(self._task)

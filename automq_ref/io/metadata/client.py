@@ -43,6 +43,12 @@ class InProcessControllerClient:
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
         return await self._controller.handle(event)
 
+    async def submit_indexed(self, event: sm.StreamMetadataEvent) -> tuple[sm.Response, int]:
+        """``submit``, and the log index just past the decision (read with no await after
+        it): where a trace places a step the decision commits."""
+        response = await self._controller.handle(event)
+        return response, self._controller.applied_index
+
 
 def connect_in_process(controller: Controller) -> tuple[InProcessControllerClient, ImageView]:
     """A client of ``controller`` and a view of its image, notified after every batch it

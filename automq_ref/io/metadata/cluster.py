@@ -121,6 +121,13 @@ class ClusterControllerClient:
         self._connections: dict[str, ControllerConnection] = {}
 
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        response, _ = await self.submit_indexed(event)
+        return response
+
+    async def submit_indexed(self, event: sm.StreamMetadataEvent) -> tuple[sm.Response, int]:
+        """``submit``, and the log index just past the decision (where a trace places a step
+        the decision commits): this replica's, read with no await after it decided, or the
+        one the remote controller answered with."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._timeout_s
         name = type(event).__name__
@@ -141,7 +148,8 @@ class ClusterControllerClient:
                 )
             if self._election.is_leader:
                 try:
-                    return await self._replica.handle(event)
+                    response = await self._replica.handle(event)
+                    return response, self._replica.applied_index
                 except NotController as error:
                     problem = str(error)
                 except (BatchTooLarge, MetadataLogClosed):
@@ -188,7 +196,7 @@ class ClusterControllerClient:
 
     async def _remote(
         self, leader: ControllerInfo, event: sm.StreamMetadataEvent, deadline: float
-    ) -> sm.Response:
+    ) -> tuple[sm.Response, int]:
         loop = asyncio.get_running_loop()
         connection = self._connections.get(leader.address)
         if connection is None or connection.broken:
@@ -226,7 +234,7 @@ class ClusterControllerClient:
                 f"{name}: decided at log index {index}, but this node's image did not reach "
                 "it in time"
             ) from None
-        return response
+        return response, index
 
     async def _until_deposed(self, leader: ControllerInfo) -> None:
         """Return once ``leader`` does not hold the election any more."""

@@ -716,6 +716,25 @@ class S3Storage:
         await asyncio.gather(*waits)
         self._check_healthy()
 
+    async def commit_appended(self, linger_s: float = 0.0) -> None:
+        """Return once every record whose append completed before the call is in committed
+        objects (the zone router's commit before a node reports its committed route epoch):
+        the uploads that happen anyway are waited for up to ``linger_s``, then the active
+        block is sealed and uploaded. Records appended meanwhile may ride along; nothing to
+        wait for when the cache holds nothing uncommitted."""
+        blocks = [b.block_id for b in lc.uncommitted_blocks(self._cache.state) if b.records]
+        if not blocks:
+            self._check_healthy()
+            return
+        waits = asyncio.gather(*(self._committed_event(b).wait() for b in blocks))
+        if linger_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waits), linger_s)
+        if not waits.done():
+            self._apply(lc.ForceUpload(lc.ALL_STREAMS, self._clock.now_ms()))
+            await waits
+        self._check_healthy()
+
     async def shutdown(self) -> None:
         """Upload everything, so that a restart recovers nothing, then close the WAL.
 
