@@ -376,10 +376,8 @@ class BrokerConfig(BaseModel):
     # Where this broker records the Failover machine's steps it takes, one file per start, for
     # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
     failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
-    # The zone router (AutoMQ's name: the RouterChannels' bucket URIs); set, the router is on,
-    # and with it (in a cluster) route epochs. Route epochs only read whether it is set.
-    automq_zonerouter_channels: str = Field("", alias="automq.zonerouter.channels")
-    # Route epochs (the zone router's channel lifecycle): the active controller bumps the
+    # Route epochs (the zone router's channel lifecycle; on in a cluster whenever
+    # automq.zonerouter.channels, below, is set): the active controller bumps the
     # current and fenced route epoch this often (AutoMQ: every 10 s); each broker reports its
     # committed route epoch at most once per commit interval (AutoMQ: 1 s), after committing its
     # LogCache, waiting up to the linger for the uploads that happen anyway (AutoMQ's lazy
