@@ -3,11 +3,12 @@
 It starts, as child processes, one etcd member (the metadata quorum), an S3 server (moto) with
 one bucket (the shared object store) and three ``automq-ref serve`` brokers: node ids 1, 2, 3 in
 racks ``az1``, ``az2``, ``az3``, Kafka on three consecutive ports from ``--base-port`` (9092), each
-with its data and log under ``--data-dir`` (``./data/cluster``). Once all three accept Kafka
-connections it prints ``bootstrap.servers=...`` and waits. SIGINT or SIGTERM stops everything
-gracefully: the brokers that are not the active controller first, then the controller (so the
-others' last requests still find one), then etcd and moto. A child that dies on its own stops
-the rest, and the command exits 1 naming it.
+with its data and log under ``--data-dir`` (``./data/cluster``), and the zone router's channel in
+the bucket (``automq.zonerouter.channels``), so that Metadata answers a client by its zone.
+Once all three accept Kafka connections it prints ``bootstrap.servers=...`` and waits. SIGINT or
+SIGTERM stops everything gracefully: the brokers that are not the active controller first, then
+the controller (so the others' last requests still find one), then etcd and moto. A child that
+dies on its own stops the rest, and the command exits 1 naming it.
 
 Each broker's WAL is, by default, the object WAL in the bucket (its keys are per node). With
 ``--wal device`` each broker's block WAL lives on a WAL device process of its own instead
@@ -224,6 +225,9 @@ class LocalCluster:
             f"log.dirs={self.settings.data_dir / f'broker-{node_id}'}",
             f"metadata.etcd.endpoints={self.etcd_endpoint}",
             f"s3.data.buckets=0@s3://{bucket}",
+            # The zone router on, its channel in the same bucket: a client declaring its zone
+            # (client.id=automq_az=az2) is told its zone's broker leads every partition.
+            f"automq.zonerouter.channels=0@s3://{bucket}",
             *self.settings.overrides,
         ]
 

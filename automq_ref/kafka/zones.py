@@ -98,8 +98,8 @@ def split_client_id(client_id: str | None) -> dict[str, list[str | None]]:
 def _decode(text: str) -> str:
     """Form decoding: ``+`` is a space, each run of ``%XX`` escapes is UTF-8 (a bad sequence
     becomes U+FFFD). An escape's two characters are read as a signed hexadecimal number, so
-    ``%+a`` is byte 10 and ``%-0`` byte 0, as the decoder clients are written against reads
-    them. Raises ValueError on any other escape."""
+    ``%+a`` is byte 10 and ``%-0`` byte 0, as AutoMQ reads them. Raises ValueError on any
+    other escape."""
     out: list[str] = []
     index = 0
     while index < len(text):

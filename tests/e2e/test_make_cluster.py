@@ -152,6 +152,13 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
         address for address in bootstrap.split(",") if knows_topic(address, "made")
     )
     assert clients_bootstrap, "no broker lists the topic it created"
+    # The zone router is on: a client declaring zone az2 is told node 2 leads the topic, one
+    # without a zone the real leader (produce through node 2 waits for the router itself).
+    for client_id, leaders in [("automq_az=az2", {2}), ("made-client", {1, 2, 3})]:
+        admin = AdminClient({"bootstrap.servers": clients_bootstrap, "client.id": client_id})
+        (partition,) = admin.list_topics("made", timeout=30).topics["made"].partitions.values()
+        assert partition.leader in leaders, (client_id, partition.leader)
+        assert client_id == "made-client" or partition.replicas == [2]
     producer = Producer({"bootstrap.servers": clients_bootstrap, "enable.idempotence": True})
     for index in range(RECORDS):
         producer.produce("made", value=f"record-{index}".encode())

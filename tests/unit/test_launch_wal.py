@@ -62,3 +62,17 @@ def test_an_unknown_wal_kind_is_refused_before_anything_starts(tmp_path: Path) -
     settings = ClusterSettings(data_dir=tmp_path / "c", base_port=1, wal="tape")
     assert run(settings, io.StringIO()) == 2
     assert not (tmp_path / "c").exists()
+
+
+def test_the_brokers_run_with_the_zone_router_on_their_bucket() -> None:
+    made = cluster("object")
+    for node_id in (1, 2, 3):
+        config = load_config(overrides=made.broker_overrides(node_id))
+        assert config.broker_rack == f"az{node_id}"
+        (channel,) = config.zone_router_channels
+        assert channel.wal.store_uri == config.object_wal.store_uri  # type: ignore[union-attr]
+    # The user's overrides still win: an empty list turns the router off.
+    off = load_config(
+        overrides=cluster("object", "automq.zonerouter.channels=").broker_overrides(1)
+    )
+    assert not off.zone_router_enabled
