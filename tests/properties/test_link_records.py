@@ -53,6 +53,7 @@ class S3StorageWithLinksMachine(S3StorageOnObjectWalMachine):
                 node_id=PROXY,
                 node_epoch=1,
                 channel_id=0,
+                route_epoch=0,
                 config=ObjectWalConfig(batch_interval_ms=5, max_bytes_in_batch=2000),
             )
         )
