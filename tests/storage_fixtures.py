@@ -20,7 +20,7 @@ from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import ObjectStore
-from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.s3stream import LinkResolver, S3Storage
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 
@@ -59,6 +59,7 @@ async def start_storage(
     clock: Clock | None = None,
     block_cache_bytes: int | None = None,
     runs_lifecycle: Callable[[], bool] | None = None,
+    link_resolver: LinkResolver | None = None,
 ) -> RunningStorage:
     """Open ``<directory>/meta`` and its controller, register node ``NODE_ID`` proposing
     ``node_epoch`` (the tests' epochs grow, so that is the epoch granted), then start it over
@@ -72,6 +73,7 @@ async def start_storage(
             ("clock", clock),
             ("block_cache_bytes", block_cache_bytes),
             ("runs_lifecycle", runs_lifecycle),
+            ("link_resolver", link_resolver),
         )
         if value is not None
     }

@@ -171,6 +171,11 @@ class ChannelOffset:
         _check("ChannelOffset", "channel_owner", self.channel_owner, _I32)
         _check("ChannelOffset", "target_node_id (attributes)", self.target_node_id, _I32)
 
+    @property
+    def attributes(self) -> int:
+        """The layout's name of the field that holds the target node."""
+        return self.target_node_id
+
     def encode(self) -> bytes:
         return (
             _CHANNEL_OFFSET_HEAD.pack(

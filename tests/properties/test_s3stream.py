@@ -36,6 +36,7 @@ from automq_ref.io.metadata.view import ImageView
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import (
     OBJECT_TTL_MS,
+    LinkResolver,
     OffsetOutOfRangeError,
     S3Storage,
     StorageError,
@@ -109,6 +110,8 @@ class S3StorageMachine(RuleBasedStateMachine):
         self.appended_since_upload = False
         # The storage's clock: only the expire_orphans rule moves it.
         self.clock = ManualClock(1_000_000_000)
+        # How recovery reads link records back (a subclass routes appends through a channel).
+        self.link_resolver: LinkResolver | None = None
 
     def run(self, coroutine: Any) -> Any:
         return self.loop.run_until_complete(coroutine)
@@ -140,6 +143,7 @@ class S3StorageMachine(RuleBasedStateMachine):
             wrap_client=HoldingClient,
             block_size_threshold_bytes=512,
             clock=self.clock,
+            link_resolver=self.link_resolver,
         )
         assert isinstance(running.client, HoldingClient)
         self.storage, self.client, self.view = running.storage, running.client, running.view

@@ -78,6 +78,7 @@ def test_channel_offset_round_trip(value: ChannelOffset) -> None:
     assert len(encoded) == CHANNEL_OFFSET_SIZE == 34
     assert encoded[0] == 0x86
     assert ChannelOffset.decode(encoded) == value
+    assert value.attributes == value.target_node_id
 
 
 @given(value=link_records)

@@ -114,6 +114,7 @@ async def open_channel(cluster: Cluster) -> RouterChannel:
         node_id=PROXY,
         node_epoch=1,
         channel_id=0,
+        route_epoch=0,
         config=WAL_CONFIG,
     )
 

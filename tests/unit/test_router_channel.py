@@ -68,6 +68,7 @@ async def open_channel(
     clock: FakeClock | None = None,
     with_reader: RouterChannelReader | None = None,
     cache_max_bytes: int = 1 << 20,
+    route_epoch: int = 0,
 ) -> RouterChannel:
     return await RouterChannel.open(
         store,
@@ -79,6 +80,7 @@ async def open_channel(
         clock=clock,
         reader=with_reader,
         cache_max_bytes=cache_max_bytes,
+        route_epoch=route_epoch,
     )
 
 
@@ -188,22 +190,42 @@ async def test_trim_removes_the_epochs_every_node_committed(store: ObjectStore) 
     await channel.close()
 
 
-async def test_a_restart_keeps_the_channel_until_the_next_trim(store: ObjectStore) -> None:
+async def test_a_restart_keeps_the_channel_until_its_epoch_is_committed(
+    store: ObjectStore,
+) -> None:
     channel = await open_channel(store, epoch=1)
     channel.next_epoch(4)
     _, old = await channel.append(7, 0, payload(0))
     await channel.close()
-    restarted = await open_channel(store, epoch=2)
-    restarted.next_epoch(5)
+    # The new incarnation knows route epoch 5; it appends before it learns a newer one.
+    restarted = await open_channel(store, epoch=2, route_epoch=5)
     assert await reader(store).read(old) == payload(0)
-    _, new = await restarted.append(7, 0, payload(1))
+    epoch, new = await restarted.append(7, 0, payload(1))
+    assert epoch == 5
     assert new.record_offset.epoch == 2 and new.record_offset.offset > old.record_offset.offset
-    await restarted.append(7, 0, payload(2))  # keeps the object of ``new`` from being newest
+    await restarted.trim(4)  # what it inherited counts as of epoch 5: kept
+    assert await reader(store).read(old) == payload(0)
+    restarted.next_epoch(6)
+    await restarted.append(7, 0, payload(2))
     await restarted.trim(5)
     with pytest.raises(ChannelRecordGoneError):
         await reader(store).read(old)
     with pytest.raises(ChannelRecordGoneError):
         await reader(store).read(new)
+    await restarted.close()
+
+
+async def test_a_lagging_restart_cannot_trim_what_it_inherited(store: ObjectStore) -> None:
+    """An earlier incarnation wrote under route epoch 5; the new one opens knowing 5 but its
+    first appends are tagged 5 too, never lower: committed 3 trims nothing."""
+    channel = await open_channel(store, epoch=1, route_epoch=5)
+    _, old = await channel.append(7, 0, payload(0))
+    await channel.close()
+    restarted = await open_channel(store, epoch=2, route_epoch=5)
+    restarted.next_epoch(3)  # a stale epoch changes nothing
+    assert (await restarted.append(7, 0, payload(1)))[0] == 5
+    await restarted.trim(3)
+    assert await reader(store).read(old) == payload(0)
     await restarted.close()
 
 

@@ -39,8 +39,12 @@ of the last record of the highest epoch ``<= c``: every main has uploaded every 
 that could point there.
 
 A restarted node keeps what its earlier incarnation wrote (:meth:`ObjectWal.resume`, no
-recovery, no reset): mains may still need it. Those records are trimmed with the first trim
-after the restart, since their epochs are at or below the new incarnation's.
+recovery, no reset): mains may still need it. Their epochs are not known any more, so
+:meth:`RouterChannel.open` takes the route epoch the node knows when it opens the channel (the
+cluster's current one, at least every epoch the earlier incarnation could have tagged) and
+counts everything inherited as of that epoch: a trim removes it only once that epoch is
+committed, and a new incarnation that learnt no newer epoch yet cannot trim past it under a
+lower one.
 
 Payloads the owner appended stay in an in-process cache for ``cache_ttl_s`` (10 s), so the
 owner reads its own fresh records (a route to itself in ``router_channel`` local-write mode)
@@ -243,12 +247,15 @@ class RouterChannel:
         clock: Clock | None = None,
         cache_ttl_s: float = CACHE_TTL_S,
         cache_max_bytes: int = CACHE_MAX_BYTES,
-        route_epoch: int = 0,
+        route_epoch: int,
     ) -> RouterChannel:
         """Take the reservation of node ``node_id``'s channel at ``node_epoch`` (fencing an
-        older epoch's writer) and accept appends after what is there. ``channel_id`` is the
-        bucket id of the channel's URI; ``reader`` reads channel records this node did not
-        append (default: only this channel's bucket)."""
+        older epoch's writer) and accept appends after what is there, tagged with
+        ``route_epoch`` until :meth:`next_epoch` raises it. ``route_epoch`` must be at least
+        every route epoch an earlier incarnation of the node could have tagged its records with
+        (the cluster's current route epoch is): what is inherited counts as of it.
+        ``channel_id`` is the bucket id of the channel's URI; ``reader`` reads channel records
+        this node did not append (default: only this channel's bucket)."""
         wal = await ObjectWal.open(
             store,
             namespace=namespace,
@@ -263,7 +270,7 @@ class RouterChannel:
         except BaseException:
             await wal.close()
             raise
-        return cls(
+        channel = cls(
             wal,
             channel_id=channel_id,
             reader=reader or RouterChannelReader({channel_id: store}, namespace),
@@ -272,6 +279,9 @@ class RouterChannel:
             cache_max_bytes=cache_max_bytes,
             route_epoch=route_epoch,
         )
+        if wal.objects:
+            channel._epoch_ends[route_epoch] = wal.confirm_offset
+        return channel
 
     @property
     def channel_id(self) -> int:

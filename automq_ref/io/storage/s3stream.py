@@ -381,6 +381,11 @@ class S3Storage:
                     await cache_oldest()
             while window:
                 await cache_oldest()
+        except BaseException:
+            # Recovery stopped half way (a link it could not resolve): nothing of it runs on,
+            # such as the upload of a block it filled; the next start recovers again.
+            await storage._cancel_tasks()
+            raise
         finally:
             pending = [item for item, _ in window if isinstance(item, asyncio.Task)]
             for task in pending:
@@ -750,13 +755,7 @@ class S3Storage:
         await self._blocks.close()
         await self._wal.close()
 
-    async def abandon(self) -> None:
-        """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
-        it uploads could be committed. What the WAL holds stays there for the next start's
-        recovery, which uploads it under the new epoch."""
-        self._shutting_down.set()
-        if self._ticker is not None:
-            self._ticker.cancel()
+    async def _cancel_tasks(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -764,6 +763,15 @@ class S3Storage:
                 await task
         await self._indexes.close()
         await self._blocks.close()
+
+    async def abandon(self) -> None:
+        """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
+        it uploads could be committed. What the WAL holds stays there for the next start's
+        recovery, which uploads it under the new epoch."""
+        self._shutting_down.set()
+        if self._ticker is not None:
+            self._ticker.cancel()
+        await self._cancel_tasks()
         await self._wal.close()
 
     # -------------------------------------------------------------------- effect execution
