@@ -66,7 +66,7 @@ from automq_ref.state_machines.route_epoch_projections import (
     initial_record,
     learn,
 )
-from automq_ref.vocabulary.naming import node_committed_route_epoch_key
+from automq_ref.vocabulary.naming import ROUTE_EPOCH_KEY, node_committed_route_epoch_key
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class RouteEpochNode:
         )
         self._in_flight: Counter[int] = Counter()
         self._reporting = False
+        self._learned_raw: bytes | None = None
         self._ended: list[tuple[int, str | None]] = []  # ends held while a report is made
         self._new_epoch: list[EpochListener] = []
         self._committed: list[EpochListener] = []
@@ -149,9 +150,15 @@ class RouteEpochNode:
     def learn_latest(self) -> bool:
         """Learn the record in the image if it is new (held while a report is being made).
         True if this node learned one."""
-        stored = stored_record(self._view.image)
-        if stored is None or self._reporting:
+        if self._reporting:
             return False
+        raw = self._view.image.kv.get(ROUTE_EPOCH_KEY)
+        if raw is None or raw == self._learned_raw:
+            return False  # most image changes are other records
+        stored = stored_record(self._view.image)
+        if stored is None:
+            return False
+        self._learned_raw = raw
         record = epoch_record(stored)
         if record == self.state.view:
             return False
