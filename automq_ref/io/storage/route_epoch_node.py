@@ -167,12 +167,17 @@ class RouteEpochNode:
         if self._trace is not None:
             self._trace.record(re_.LearnRouteEpoch(self.node_id))
         if self.state.view.route != before.view.route:
-            for listener in list(self._new_epoch):
-                listener(self.state.view.route)
+            self._tell(self._new_epoch, self.state.view.route)
         if self.state.trimmed != before.trimmed:
-            for listener in list(self._committed):
-                listener(self.state.trimmed)
+            self._tell(self._committed, self.state.trimmed)
         return True
+
+    def _tell(self, listeners: list[EpochListener], epoch: int) -> None:
+        for listener in list(listeners):
+            try:
+                listener(epoch)
+            except Exception:  # a subscriber's fault must not stop this node learning records
+                log.exception("route epoch subscriber failed on epoch %d", epoch)
 
     # ------------------------------------------------------------------ routed requests
 
