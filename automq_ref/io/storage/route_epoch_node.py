@@ -14,11 +14,14 @@ The zone router uses it both ways:
 - as a proxy, :meth:`RouteEpochNode.tag` gives the epoch to put on a new routed write (the
   current route epoch this node knows);
 - as a main, :meth:`RouteEpochNode.begin` admits a routed request by the machine's fence check
-  (refused when its epoch is at or below the fenced epoch this node knows: the leader answers
-  the request with the error the router maps ``ROUTE_EPOCH_FENCED`` to, and nothing is
-  appended) and counts it in flight for its epoch; :meth:`RouteEpochNode.end` takes it out
-  once its append is durable (or failed). :meth:`RouteEpochNode.in_flight` is both as a
-  context manager, raising :class:`RouteEpochFenced`.
+  (refused when its epoch is at or below the fenced epoch this node knows, the machine's
+  ``ROUTE_EPOCH_FENCED``: nothing is appended, and AutoMQ's leader fails the whole
+  ``AutomqZoneRouterRequest`` ("The router request epoch E is less than fenced epoch F", an
+  ``UNKNOWN_SERVER_ERROR`` on the wire), which the proxy answers its client as the retriable
+  ``LEADER_NOT_AVAILABLE``) and counts it in flight for its epoch;
+  :meth:`RouteEpochNode.end` takes it out once its append is durable (or failed).
+  :meth:`RouteEpochNode.in_flight` is both as a context manager, raising
+  :class:`RouteEpochFenced`.
 
 Once a second (``automq.zonerouter.route.epoch.commit.interval.ms``) the loop asks the machine
 which epoch this node may report (``epoch_to_report`` of
