@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MACHINES = ROOT / "automq_ref" / "state_machines"
 MODULES = (
     "route_epoch",
+    "route_epoch_projections",
     "confirm_wal",
     "failover",
     "stream_metadata",

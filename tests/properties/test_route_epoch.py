@@ -9,11 +9,16 @@ machine drains the cluster the way the spec's fairness does (KRaft delivers, req
 handled, mains report, the controller publishes, crashed nodes are failed over) and checks the
 liveness properties: the committed epoch reaches the fenced one and every running proxy trims up
 to it. The run is recorded as a TLA+ trace (``self.trace``: Init, then one line per step).
+
+The projections the shell runs (``route_epoch_projections``: the controller's round, a
+broker's fence check and report) are checked against the machine at every such step: given
+only what a real controller or broker sees, they decide what the machine's step does.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from automq_ref.state_machines import route_epoch as re_
+from automq_ref.state_machines import route_epoch_projections as rp
 from automq_ref.state_machines.route_epoch import (
     AppendLinkRecord,
     BumpRouteEpoch,
@@ -88,6 +94,13 @@ class RouteEpochMachine(RuleBasedStateMachine):
     def learners(self) -> list[int]:
         return [n for n in self.up_nodes() if self.state.nodes[n].view != self.state.controller]
 
+    def controller_views(self) -> list[rp.NodeView]:
+        """What a real controller sees of each node."""
+        return [
+            rp.NodeView(n, node.up, node.open_streams, node.reported)
+            for n, node in self.state.nodes.items()
+        ]
+
     def reporters(self) -> list[int]:
         """Up nodes whose waiting epoch is above their last report."""
         found = []
@@ -104,15 +117,22 @@ class RouteEpochMachine(RuleBasedStateMachine):
     @rule()
     def bump_route_epoch(self) -> None:
         before = self.state.controller
+        decided = rp.controller_round(before, self.controller_views(), bump_due=True)
         self.apply(BumpRouteEpoch())
         after = self.state.controller
         assert after.route == before.route + 1 and after.fenced == before.fenced + 1
+        # The controller's projection, on what a real controller sees, decides the same.
+        assert decided is not None and decided.record == after
 
     @precondition(lambda self: enabled(self.state, PublishCommittedEpoch()))
     @rule()
     def publish_committed_epoch(self) -> None:
         before = self.state.controller.committed
+        decided = rp.controller_round(
+            self.state.controller, self.controller_views(), bump_due=False
+        )
         self.apply(PublishCommittedEpoch())
+        assert decided is not None and decided.record == self.state.controller
         assert self.state.controller.committed > before
         assert self.state.controller.committed == re_.committed_minimum(self.state.nodes)
 
@@ -141,7 +161,9 @@ class RouteEpochMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(self.ids_in(RequestState.SENT)))
         request = self.state.requests[request_id - 1]
         fenced = self.state.nodes[request.main_id].view.fenced
+        admitted = rp.admits(self.state.nodes[request.main_id].view, request.epoch)
         transition = self.apply(ReceiveRequest(request_id))
+        assert admitted is (self.state.requests[request_id - 1].state is RequestState.ACCEPTED)
         after = self.state.requests[request_id - 1]
         if request.epoch <= fenced:
             assert transition.effects == (
@@ -163,8 +185,17 @@ class RouteEpochMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def report_committed_epoch(self, data: st.DataObject) -> None:
         node_id = data.draw(st.sampled_from(self.reporters()))
+        before = self.state.nodes[node_id]
+        in_flight = Counter(
+            r.epoch
+            for r in self.state.requests
+            if r.main_id == node_id and r.state is RequestState.ACCEPTED
+        )
+        decided = rp.epoch_to_report(before.view, in_flight, before.reported)
         self.apply(ReportCommittedEpoch(node_id))
         node = self.state.nodes[node_id]
+        # A broker's projection, on its own view, counts and report, reports the same.
+        assert decided == node.reported
         assert node.reported is not None and node.reported <= node.view.fenced
         # The upload came first: nothing this main appended is left outside committed storage.
         assert all(

@@ -22,12 +22,20 @@ Order across processes, as for failover traces: every line carries the metadata 
 is placed at and whether it was *committed* at that index (a KV write: the controller's record,
 a node's report; the index is the one just past the write) or is *local* (placed after the
 index the process had applied when it took the step). :func:`merge` sorts by (index,
-committed before local, process, sequence number).
+committed before local, causal order): a message between processes is no metadata record, so
+a main's ``ReceiveRequest`` is placed no earlier than the proxy's ``ForwardWrite`` it answers
+(and every later local step of the main no earlier than that), and steps at one index follow a
+Lamport clock. Moving a local step later past records it had not seen changes nothing the
+machine's step reads: a main's verdict reads only its own view and the request, and its own
+steps keep their order (a record written after the forward has a higher index than any index
+applied before it, so no committed step of the process is passed).
 
 An ``Observe`` line is a fact, not an action: the replay turns it into the machine's
 ``CrashNode``, ``FailoverNode`` and ``RestartNode`` steps that make the machine's nodes look
 like the observation (a broker not registered yet is down with no streams open, so it is not
-counted, as the controller does not count it).
+counted, as the controller does not count it). A broker's own step while the machine has it
+down is preceded by its ``RestartNode``: a broker takes route-epoch steps only after it
+registered and heartbeated, so it is up in the image from that index on.
 
 :func:`replay` runs the merged events through the machine's ``step`` from the initial state
 over every node the trace names; a step the machine refuses is a stutter and is reported.
@@ -197,8 +205,49 @@ def read_steps(directory: Path) -> list[RecordedStep]:
 
 
 def merge(steps: Iterable[RecordedStep]) -> list[RecordedStep]:
-    """One behaviour: by index, committed before local, then process and sequence."""
-    return sorted(steps, key=lambda s: (s.index, not s.committed, s.process, s.seq))
+    """One behaviour: by index, committed before local, then causal order (module docstring):
+    a local step is placed no earlier than the step before it in its process, and a main's
+    ``ReceiveRequest`` no earlier than the proxy's ``ForwardWrite`` of the same write (whose
+    message it answers), with a Lamport clock among steps at one index."""
+    processes: dict[str, list[RecordedStep]] = {}
+    for step in steps:
+        processes.setdefault(step.process, []).append(step)
+    for own in processes.values():
+        own.sort(key=lambda s: s.seq)
+    placed: dict[tuple[str, int], tuple[int, int]] = {}  # (index, Lamport clock)
+    forwards: dict[str, tuple[int, int]] = {}
+    changed = True
+    while changed:  # a fixpoint: placements only grow, and are bounded
+        changed = False
+        for own in processes.values():
+            floor = (-(2**62), 0)
+            for step in own:
+                index, clock = step.index, floor[1] + 1
+                if not step.committed:
+                    index = max(index, floor[0])
+                key = str(step.args.get("key"))
+                if step.action == "ReceiveRequest" and key in forwards:
+                    sent = forwards[key]
+                    if not step.committed:
+                        index = max(index, sent[0])
+                    clock = max(clock, sent[1] + 1)
+                at = (index, clock)
+                if step.action == "ForwardWrite":
+                    forwards[key] = at
+                if placed.get((step.process, step.seq)) != at:
+                    placed[(step.process, step.seq)] = at
+                    changed = True
+                floor = at
+    return sorted(
+        (step for own in processes.values() for step in own),
+        key=lambda s: (
+            placed[(s.process, s.seq)][0],
+            not s.committed,
+            placed[(s.process, s.seq)][1],
+            s.process,
+            s.seq,
+        ),
+    )
 
 
 def trace_nodes(steps: Iterable[RecordedStep]) -> list[int]:
@@ -246,6 +295,22 @@ def _observed_events(
     return events
 
 
+def _actor(state: re_.RouteEpochState, event: re_.RouteEpochEvent) -> int | None:
+    """The node whose process takes ``event`` (None: the controller, or a request the
+    machine does not know)."""
+    match event:
+        case re_.LearnRouteEpoch() | re_.ReportCommittedEpoch():
+            node_id: int | None = event.node_id
+        case re_.ForwardWrite():
+            node_id = event.proxy_id
+        case re_.ReceiveRequest() | re_.AppendLinkRecord():
+            request = state.request(event.request_id)
+            node_id = None if request is None else request.main_id
+        case _:
+            node_id = None
+    return node_id if node_id in state.nodes else None
+
+
 def replay(
     steps: Sequence[RecordedStep], params: re_.RouteEpochParams = re_.DEFAULT_PARAMS
 ) -> Replayed:
@@ -280,7 +345,13 @@ def replay(
             ids[str(key)] = len(state.requests) + 1
         elif step.action in ("ReceiveRequest", "AppendLinkRecord"):
             args["request_id"] = ids.get(str(key), 0)
-        apply(EVENTS[step.action](**args), step)
+        event = EVENTS[step.action](**args)
+        actor = _actor(state, event)
+        if actor is not None and not state.nodes[actor].up:
+            # A broker takes route-epoch steps only once it registered and heartbeated: it is
+            # up in every image from here on, so the controller counts it from here on.
+            apply(re_.RestartNode(actor), step)
+        apply(event, step)
     return Replayed(tuple(events), tuple(states), tuple(refused), tuple(origins))
 
 

@@ -14,11 +14,14 @@ The zone router uses it both ways:
 - as a proxy, :meth:`RouteEpochNode.tag` gives the epoch to put on a new routed write (the
   current route epoch this node knows);
 - as a main, :meth:`RouteEpochNode.begin` admits a routed request by the machine's fence check
-  (refused when its epoch is at or below the fenced epoch this node knows: the leader answers
-  the request with the error the router maps ``ROUTE_EPOCH_FENCED`` to, and nothing is
-  appended) and counts it in flight for its epoch; :meth:`RouteEpochNode.end` takes it out
-  once its append is durable (or failed). :meth:`RouteEpochNode.in_flight` is both as a
-  context manager, raising :class:`RouteEpochFenced`.
+  (refused when its epoch is at or below the fenced epoch this node knows, the machine's
+  ``ROUTE_EPOCH_FENCED``: nothing is appended, and AutoMQ's leader fails the whole
+  ``AutomqZoneRouterRequest`` ("The router request epoch E is less than fenced epoch F", an
+  ``UNKNOWN_SERVER_ERROR`` on the wire), which the proxy answers its client as the retriable
+  ``LEADER_NOT_AVAILABLE``) and counts it in flight for its epoch;
+  :meth:`RouteEpochNode.end` takes it out once its append is durable (or failed).
+  :meth:`RouteEpochNode.in_flight` is both as a context manager, raising
+  :class:`RouteEpochFenced`.
 
 Once a second (``automq.zonerouter.route.epoch.commit.interval.ms``) the loop asks the machine
 which epoch this node may report (``epoch_to_report`` of
@@ -66,7 +69,7 @@ from automq_ref.state_machines.route_epoch_projections import (
     initial_record,
     learn,
 )
-from automq_ref.vocabulary.naming import node_committed_route_epoch_key
+from automq_ref.vocabulary.naming import ROUTE_EPOCH_KEY, node_committed_route_epoch_key
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +119,7 @@ class RouteEpochNode:
         )
         self._in_flight: Counter[int] = Counter()
         self._reporting = False
+        self._learned_raw: bytes | None = None
         self._ended: list[tuple[int, str | None]] = []  # ends held while a report is made
         self._new_epoch: list[EpochListener] = []
         self._committed: list[EpochListener] = []
@@ -149,9 +153,15 @@ class RouteEpochNode:
     def learn_latest(self) -> bool:
         """Learn the record in the image if it is new (held while a report is being made).
         True if this node learned one."""
-        stored = stored_record(self._view.image)
-        if stored is None or self._reporting:
+        if self._reporting:
             return False
+        raw = self._view.image.kv.get(ROUTE_EPOCH_KEY)
+        if raw is None or raw == self._learned_raw:
+            return False  # most image changes are other records
+        stored = stored_record(self._view.image)
+        if stored is None:
+            return False
+        self._learned_raw = raw
         record = epoch_record(stored)
         if record == self.state.view:
             return False
@@ -160,12 +170,17 @@ class RouteEpochNode:
         if self._trace is not None:
             self._trace.record(re_.LearnRouteEpoch(self.node_id))
         if self.state.view.route != before.view.route:
-            for listener in list(self._new_epoch):
-                listener(self.state.view.route)
+            self._tell(self._new_epoch, self.state.view.route)
         if self.state.trimmed != before.trimmed:
-            for listener in list(self._committed):
-                listener(self.state.trimmed)
+            self._tell(self._committed, self.state.trimmed)
         return True
+
+    def _tell(self, listeners: list[EpochListener], epoch: int) -> None:
+        for listener in list(listeners):
+            try:
+                listener(epoch)
+            except Exception:  # a subscriber's fault must not stop this node learning records
+                log.exception("route epoch subscriber failed on epoch %d", epoch)
 
     # ------------------------------------------------------------------ routed requests
 
