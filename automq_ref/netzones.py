@@ -211,6 +211,7 @@ class ZoneNetwork:
         self.instance = f"{prefix}{os.getpid()}-{self.tag}"
         self.octet = 0
         self.built = False
+        self._touched = False  # something may exist to tear down
         self._processes: list[subprocess.Popen[bytes]] = []
 
     # Names and addresses.
@@ -247,6 +248,7 @@ class ZoneNetwork:
         if reason is not None:
             raise ZoneNetworkError(reason)
         atexit.register(self.close)
+        self._touched = True
         try:
             self._build()
         except BaseException:
@@ -352,6 +354,8 @@ class ZoneNetwork:
     def close(self) -> None:
         """Kill what runs in the instance's namespaces (what :meth:`popen` started first,
         gracefully), then delete the namespaces and with them every link. Idempotent."""
+        if not self._touched:
+            return
         for process in self._processes:
             if process.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -362,7 +366,7 @@ class ZoneNetwork:
                 process.wait(max(0.0, deadline - time.monotonic()))
         self._processes.clear()
         _remove_instance(self.instance)
-        self.built = False
+        self.built = self._touched = False
         atexit.unregister(self.close)
 
     def __enter__(self) -> ZoneNetwork:

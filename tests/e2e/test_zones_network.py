@@ -244,3 +244,52 @@ def test_cleanup_removes_what_a_killed_run_left() -> None:
         if builder.poll() is None:
             builder.kill()
             builder.wait(30)
+
+
+def test_make_cluster_zones_prints_how_to_reach_a_zone_and_leaves_nothing(tmp_path: Path) -> None:
+    """``automq-ref cluster --zones`` as ``make cluster-zones`` runs it: the bootstrap line of
+    zone addresses, a client command that works in a zone, and at SIGTERM a graceful stop that
+    deletes the namespaces."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "automq_ref.cli",
+            "cluster",
+            "--zones",
+            "--data-dir",
+            str(tmp_path / "cluster"),
+            "--override",
+            "s3.wal.capacity=67108864",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output: list[str] = []
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            output.append(line)
+            if "stops the cluster" in line:
+                break
+        text = "".join(output)
+        assert "bootstrap.servers=10." in text, text
+        hint = next(line for line in output if " kcat -b " in line)
+        command = hint.split(":", 1)[1].split()
+        assert command[:3] == ["ip", "netns", "exec"], hint
+        instance = command[3].removesuffix("-az1")
+        assert instance in instances()
+        listed = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and " 3 brokers:" in listed.stdout, listed
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+        assert process.returncode == 0, text + rest
+        assert rest.rstrip().endswith("automq-ref cluster: stopped"), rest
+        assert instance not in instances()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
