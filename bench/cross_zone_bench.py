@@ -558,6 +558,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for mode in modes:
             if reason is not None:
+                log(f"router {mode}: no figure: {reason}")
                 results.append(ModeResult(mode, reason=reason))
                 continue
             result = run_mode(mode, arguments, workdir)
