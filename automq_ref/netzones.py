@@ -326,19 +326,24 @@ class ZoneNetwork:
             )
             _ip("-n", region_ns, "route", "add", f"{source}/32", "via", zone_end)
         for zone in self.zones:
-            for other_index, other in enumerate(self.zones, start=1):
-                if other != zone:
-                    _ip(
-                        "-n",
-                        self.namespace(zone),
-                        "route",
-                        "add",
-                        f"{self.zone_address(other)}/32",
-                        "via",
-                        f"10.{b}.0.{other_index}",
-                        "src",
-                        self.zone_address(zone),
-                    )
+            self._zone_routes(zone)
+
+    def _zone_routes(self, zone: str) -> None:
+        """``zone``'s routes to the other zones' addresses, through the bridge. The kernel drops
+        them when the link goes down, so :meth:`set_zone_link` puts them back."""
+        for other_index, other in enumerate(self.zones, start=1):
+            if other != zone:
+                _ip(
+                    "-n",
+                    self.namespace(zone),
+                    "route",
+                    "replace",
+                    f"{self.zone_address(other)}/32",
+                    "via",
+                    f"10.{self.octet}.0.{other_index}",
+                    "src",
+                    self.zone_address(zone),
+                )
 
     def _sysctl(self, namespace: str, key: str, value: str) -> None:
         done = subprocess.run(
@@ -413,6 +418,8 @@ class ZoneNetwork:
     def set_zone_link(self, zone: str, up: bool) -> None:
         """Cut ``zone`` off from the other zones (its inter-zone link down) or restore it."""
         _ip("-n", self.namespace(zone), "link", "set", f"xz-{self.tag}", "up" if up else "down")
+        if up:
+            self._zone_routes(zone)
 
     def counters(self) -> Counters:
         """Every link's bytes, read from the bridge's ports and the region's ends."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -293,3 +294,33 @@ def test_make_cluster_zones_prints_how_to_reach_a_zone_and_leaves_nothing(tmp_pa
         if process.poll() is None:
             process.kill()
             process.wait(30)
+
+
+def test_a_zone_cut_off_is_reachable_only_from_inside_until_restored() -> None:
+    """``set_zone_link`` (the zone-partition nemesis's lever): with az1's inter-zone link down,
+    az3 cannot reach az1's address while az1 still reaches itself and the region; once the link
+    is up again az3 does."""
+
+    def reaches(where: str, host: str, port: int) -> bool:
+        with network.inside(where):
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+            except OSError:
+                return False
+            return True
+
+    with ZoneNetwork() as network:
+        az1, region = network.zone_address("az1"), network.region_address
+        listen = (
+            "import socket, time; s = socket.socket(); s.bind(({!r}, 7000)); s.listen(); "
+            "time.sleep(300)"
+        )
+        network.popen("az1", [sys.executable, "-c", listen.format(az1)])
+        network.popen("region", [sys.executable, "-c", listen.format(region)])
+        wait_until(lambda: reaches("az3", az1, 7000), what="az1's listener from az3")
+        network.set_zone_link("az1", up=False)
+        assert not reaches("az3", az1, 7000)
+        assert reaches("az1", az1, 7000)
+        assert reaches("az1", region, 7000)
+        network.set_zone_link("az1", up=True)
+        wait_until(lambda: reaches("az3", az1, 7000), what="az1 reachable again")
