@@ -9,7 +9,7 @@ RUNTIME := $(VENV)/.runtime
 CLUSTER := $(VENV)/.cluster
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest tlc kcat java etcd run cluster bench clean
+.PHONY: test lint typecheck pytest tlc kcat java etcd iproute2 run cluster cluster-zones bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +37,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP) kcat java etcd
+pytest: $(STAMP) kcat java etcd iproute2
 	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
 
 # The end-to-end tests drive the broker with kcat too (Debian's package).
@@ -52,6 +52,13 @@ etcd:
 	@command -v etcd >/dev/null 2>&1 || { \
 	  echo "etcd not found: installing Debian's etcd-server for the cluster tests and make cluster"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server; }
+
+# The three-zone network (make cluster-zones, tests/e2e/test_zones_network.py) is built with
+# iproute2's `ip` (network namespaces, veth pairs, a bridge); its tests skip when not root.
+iproute2:
+	@command -v ip >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { \
+	  echo "ip not found: installing Debian's iproute2 for the three-zone network"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; }
 
 # TLC and Spark (the tests' local Spark session) run on Java: Debian's default JRE if missing.
 java:
@@ -76,6 +83,13 @@ run: $(RUNTIME)
 # gracefully. ARGS go to every broker, e.g. make cluster ARGS="--override num.partitions=3".
 cluster: $(CLUSTER) etcd
 	$(BIN)/automq-ref cluster $(ARGS)
+
+# The same cluster in a three-zone network of namespaces (root and iproute2): broker N in zone
+# azN on 10.B.N.1:909(1+N), etcd and S3 in the region, the kernel counting the bytes between
+# zones (docs/zones-network.md). It prints how to run a client in a zone; Ctrl-C stops
+# everything and removes the namespaces.
+cluster-zones: $(CLUSTER) etcd iproute2
+	$(BIN)/automq-ref cluster --zones $(ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.wal_bench

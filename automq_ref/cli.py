@@ -75,8 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument(
         "--data-dir",
         type=Path,
-        default=Path("data/cluster"),
-        help="where etcd, the brokers and every log live; emptied at start (default data/cluster)",
+        default=None,
+        help="where etcd, the brokers and every log live; emptied at start (default "
+        "data/cluster, with --zones data/cluster-zones)",
+    )
+    cluster.add_argument(
+        "--zones",
+        action="store_true",
+        help="run it in a three-zone network of namespaces (make cluster-zones; root and "
+        "iproute2): broker N in zone azN on its own address, etcd and S3 in the region",
     )
     cluster.add_argument(
         "--wal",
@@ -162,13 +169,16 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.command == "cluster":
         from automq_ref.launch import ClusterSettings
         from automq_ref.launch import run as run_cluster
+        from automq_ref.netzones import ZoneNetwork
 
+        default_dir = Path("data/cluster-zones" if arguments.zones else "data/cluster")
         return run_cluster(
             ClusterSettings(
-                data_dir=arguments.data_dir,
+                data_dir=arguments.data_dir or default_dir,
                 base_port=arguments.base_port,
                 overrides=tuple(arguments.override),
                 wal=arguments.wal,
+                network=ZoneNetwork() if arguments.zones else None,
             )
         )
     if arguments.command == "serve":

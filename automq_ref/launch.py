@@ -48,6 +48,8 @@ from typing import IO
 
 from automq_ref.config import ConfigError, load_config
 from automq_ref.io.metadata.election import election_key
+from automq_ref.netzones import REGION as REGION_NS
+from automq_ref.netzones import ZoneNetwork, ZoneNetworkError
 
 BROKERS = 3
 DEFAULT_BASE_PORT = 9092
@@ -94,8 +96,8 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def _accepts(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+def _accepts(port: int, host: str = "127.0.0.1") -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((host, port), 0.5):
         return True
     return False
 
@@ -171,14 +173,41 @@ class ClusterSettings:
     brokers: int = BROKERS
     wal: str = "object"  # one of WAL_KINDS: the object WAL in the bucket, or WAL devices
     wal_device_bytes: int = WAL_DEVICE_BYTES
+    # In a three-zone network (`--zones`): broker N in zone azN's namespace on its address,
+    # etcd and S3 in the region's; None runs everything on loopback.
+    network: ZoneNetwork | None = None
 
     @property
     def ports(self) -> list[int]:
         return [self.base_port + index for index in range(self.brokers)]
 
+    def host(self, node_id: int) -> str:
+        """The address broker ``node_id`` listens on."""
+        return "127.0.0.1" if self.network is None else self.network.zone_address(f"az{node_id}")
+
+    @property
+    def service_host(self) -> str:
+        """The address etcd and S3 listen on."""
+        return "127.0.0.1" if self.network is None else self.network.region_address
+
     @property
     def bootstrap(self) -> str:
-        return ",".join(f"127.0.0.1:{port}" for port in self.ports)
+        return ",".join(
+            f"{self.host(node_id)}:{port}" for node_id, port in enumerate(self.ports, start=1)
+        )
+
+    def where(self, name: str) -> str:
+        """The namespace a child runs in: its broker's zone, else the region."""
+        return f"az{name.removeprefix('broker-')}" if name.startswith("broker-") else REGION_NS
+
+    @contextlib.contextmanager
+    def reach(self, where: str) -> Iterator[None]:
+        """Run the block where the launcher can reach a child in ``where``."""
+        if self.network is None:
+            yield
+        else:
+            with self.network.inside(where):
+                yield
 
 
 @dataclass
@@ -221,7 +250,7 @@ class LocalCluster:
             f"node.id={node_id}",
             f"broker.rack=az{node_id}",
             f"cluster.id={CLUSTER_ID}",
-            f"listeners=PLAINTEXT://127.0.0.1:{port}",
+            f"listeners=PLAINTEXT://{self.settings.host(node_id)}:{port}",
             f"log.dirs={self.settings.data_dir / f'broker-{node_id}'}",
             f"metadata.etcd.endpoints={self.etcd_endpoint}",
             f"s3.data.buckets=0@s3://{bucket}",
@@ -233,6 +262,8 @@ class LocalCluster:
 
     def _spawn(self, name: str, command: Sequence[str], env: dict[str, str] | None = None) -> Child:
         log_path = self.settings.data_dir / f"{name}.log"
+        if self.settings.network is not None:
+            command = self.settings.network.command(self.settings.where(name), command)
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(
                 list(command),
@@ -278,17 +309,22 @@ class LocalCluster:
             env = {**os.environ, **S3_CREDENTIALS}
             self.brokers[node_id] = self._spawn(f"broker-{node_id}", command, env)
 
+        def serves(node_id: int, child: Child) -> bool:
+            if "serving Kafka on" not in child.log_path.read_text(errors="replace"):
+                return False
+            with self.settings.reach(f"az{node_id}"):
+                return _accepts(self.settings.ports[node_id - 1], self.settings.host(node_id))
+
         def all_serve() -> bool:
-            return all(
-                "serving Kafka on" in child.log_path.read_text(errors="replace") and _accepts(port)
-                for child, port in zip(self.brokers.values(), self.settings.ports, strict=True)
-            )
+            return all(serves(node_id, child) for node_id, child in self.brokers.items())
 
         self._wait_until("the brokers", all_serve, list(self.children))
         for node_id, child in self.brokers.items():
             port = self.settings.ports[node_id - 1]
+            address = f"{self.settings.host(node_id)}:{port}"
+            zone = "" if self.settings.network is None else f" in zone az{node_id}"
             self.say(
-                f"broker {node_id} (rack az{node_id}) on 127.0.0.1:{port}, log {child.log_path}"
+                f"broker {node_id} (rack az{node_id}){zone} on {address}, log {child.log_path}"
             )
 
     def _start_etcd(self) -> None:
@@ -298,8 +334,9 @@ class LocalCluster:
                 "etcd is not on PATH; `make cluster` installs Debian's etcd-server "
                 "(or run `apt-get install -y etcd-server`)"
             )
-        client_url = f"http://127.0.0.1:{free_port()}"
-        peer_url = f"http://127.0.0.1:{free_port()}"
+        host = self.settings.service_host
+        client_url = f"http://{host}:{free_port()}"
+        peer_url = f"http://{host}:{free_port()}"
         self.etcd_endpoint = client_url.removeprefix("http://")
         self.etcd = self._spawn(
             "etcd",
@@ -316,7 +353,7 @@ class LocalCluster:
         )
 
         def healthy() -> bool:
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError), self.settings.reach(REGION_NS):
                 reply = json.loads(_http("GET", f"{client_url}/health", timeout_s=1))
                 return bool(reply.get("health") == "true")
             return False
@@ -325,14 +362,14 @@ class LocalCluster:
         self.say(f"etcd on {self.etcd_endpoint}, log {self.etcd.log_path}")
 
     def _start_moto(self) -> None:
-        port = free_port()
-        self.s3_endpoint = f"http://127.0.0.1:{port}"
+        port, host = free_port(), self.settings.service_host
+        self.s3_endpoint = f"http://{host}:{port}"
         self.moto = self._spawn(
-            "s3-moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+            "s3-moto", [sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)]
         )
 
         def bucket_created() -> bool:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError), self.settings.reach(REGION_NS):
                 _http("PUT", f"{self.s3_endpoint}/{BUCKET}", b"")
                 return True
             return False
@@ -366,7 +403,10 @@ class LocalCluster:
         """The node id in etcd's election key (through etcd's JSON gateway), or None."""
         key = base64.b64encode(election_key(CLUSTER_ID)).decode()
         url = f"http://{self.etcd_endpoint}/v3/kv/range"
-        with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+        with (
+            contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError),
+            self.settings.reach(REGION_NS),
+        ):
             reply = json.loads(_http("POST", url, json.dumps({"key": key}).encode()))
             value = json.loads(base64.b64decode(reply["kvs"][0]["value"]))
             return int(value["node_id"])
@@ -428,13 +468,17 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
     if settings.wal not in WAL_KINDS:
         print(f"{PREFIX} --wal must be one of {', '.join(WAL_KINDS)}", file=sys.stderr)
         return 2
+    if settings.network is not None and settings.wal != "object":
+        print(f"{PREFIX} --zones runs the brokers on the object WAL only", file=sys.stderr)
+        return 2
     try:
         load_config(overrides=LocalCluster(settings, threading.Event(), say).broker_overrides(1))
     except ConfigError as error:
         for problem in error.problems:
             print(f"{PREFIX} {problem}", file=sys.stderr)
         return 2
-    taken = [port for port in settings.ports if _port_taken(port)]
+    # In zones the brokers listen on the zones' own addresses, never on the host's.
+    taken = [port for port in settings.ports if settings.network is None and _port_taken(port)]
     if taken:
         print(
             f"{PREFIX} 127.0.0.1:{taken[0]} is in use (a broker of `make run` or an earlier "
@@ -448,7 +492,18 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM)
     }
     cluster = LocalCluster(settings, stopping, say)
+    network = settings.network
     try:
+        if network is not None:
+            try:
+                network.build()
+            except ZoneNetworkError as error:
+                print(f"{PREFIX} --zones: {error}", file=sys.stderr)
+                return 2
+            say(
+                f"zones az1-az{settings.brokers} in namespaces {network.namespace('az1')} ..., "
+                f"etcd and S3 in {network.namespace(REGION_NS)} on {network.region_address}"
+            )
         say(
             f"a fresh cluster in {settings.data_dir} (moto keeps its objects in memory, so "
             "nothing outlives a run)"
@@ -469,10 +524,20 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
             say(f"broker {controller} is the active controller")
         say(f"all {settings.brokers} brokers serve after {time.monotonic() - started_s:.1f} s")
         print(f"bootstrap.servers={settings.bootstrap}", file=out, flush=True)
+        if network is not None:
+            say("the addresses are reachable inside the zones only; a client in zone az1:")
+            say(f"  ip netns exec {network.namespace('az1')} kcat -b {settings.bootstrap} -L")
+            say(
+                f"  (zones az2, az3: {network.namespace('az2')}, {network.namespace('az3')}; "
+                f"cross-zone bytes: ip -n {network.namespace('xz')} -s link)"
+            )
         say("Ctrl-C (or SIGTERM) stops the cluster")
         code = cluster.serve()
         say("stopped" if code == 0 else "stopped after a failure")
         return code
     finally:
+        if network is not None:
+            cluster.stop()
+            network.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
