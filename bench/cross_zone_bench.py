@@ -313,7 +313,12 @@ def run_mode(mode: str, arguments: argparse.Namespace, workdir: Path) -> ModeRes
         return result
     settings = ClusterSettings(
         data_dir=workdir / f"router-{mode}",
-        overrides=("s3.wal.capacity=67108864",),
+        # make cluster turns the router on; the router-off run turns it off again (the
+        # user's overrides win), the Kafka-like placement
+        overrides=(
+            "s3.wal.capacity=67108864",
+            *(() if mode == "on" else ("automq.zonerouter.channels=",)),
+        ),
         network=network,
     )
     kind = RoutedCluster if mode == "on" else LocalCluster
