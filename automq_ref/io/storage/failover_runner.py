@@ -101,6 +101,11 @@ class FailoverResult:
     streams: int  # streams closed
     records: int  # WAL records uploaded
     bytes: int
+    # Seconds spent on each kind of effect (the WAL taken over, its records recovered and
+    # committed, the streams closed): where a slow takeover's time went.
+    wal_s: float = 0.0
+    recover_s: float = 0.0
+    close_s: float = 0.0
 
 
 async def take_over_failed_node(
@@ -201,6 +206,7 @@ class _Takeover:
         self._opening: tuple[sm.OpeningStream, ...] = ()
         self.newer_epoch: int | None = None  # the failed node's, once the controller said so
         self.aborted: str | None = None
+        self._wal_s = self._recover_s = self._close_s = 0.0
 
     @property
     def opened(self) -> frozenset[int]:
@@ -211,17 +217,21 @@ class _Takeover:
         """Do the effects; whether one of them committed a metadata record."""
         committed = False
         for effect in effects:
+            began_s = self._clock.monotonic_s()
             match effect:
                 case fo.AcquireReservation():
                     self._wal = await self._take_over_wal(
                         self._context.wal_config, effect.wal_node_id, effect.reservation.epoch
                     )
+                    self._wal_s += self._clock.monotonic_s() - began_s
                 case fo.CommitRecords():
                     committed = await self._recover() or committed
+                    self._recover_s += self._clock.monotonic_s() - began_s
                 case fo.CloseStreams():
                     failed, epoch = self._context.failed_node_id, self._context.node_epoch
                     await close_streams(self._client, failed, epoch, self._opening)
                     committed = committed or bool(self._opening)
+                    self._close_s += self._clock.monotonic_s() - began_s
                 case fo.ResetWal():
                     pass  # the recovery resets the WAL once its records are committed
                 case fo.RemoveFailoverContext():
@@ -261,7 +271,14 @@ class _Takeover:
     def result(self) -> FailoverResult:
         assert self._storage is not None
         recovered = self._storage.recovered
-        return FailoverResult(len(self._opening), recovered.records, recovered.bytes)
+        return FailoverResult(
+            len(self._opening),
+            recovered.records,
+            recovered.bytes,
+            round(self._wal_s, 3),
+            round(self._recover_s, 3),
+            round(self._close_s, 3),
+        )
 
     async def close(self) -> None:
         if self._storage is not None:
@@ -390,6 +407,10 @@ class FailoverRunner:
                     records=result.records,
                     bytes=result.bytes,
                     seconds=round(self._clock.monotonic_s() - started_s, 3),
+                    attempts=attempt + 1,
+                    wal_seconds=result.wal_s,
+                    recover_seconds=result.recover_s,
+                    close_seconds=result.close_s,
                 ),
             )
             return
