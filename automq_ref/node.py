@@ -66,7 +66,7 @@ from automq_ref.io.metadata.failover_contexts import FailoverSettings
 from automq_ref.io.metadata.failover_trace import FailoverTrace, TracingClient, open_trace
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.failover_runner import FailoverRunner
+from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -708,15 +708,17 @@ async def _start_on_wal(
             return await take_over_wal(config, wal_path, node_id, node_epoch)
 
         failover = FailoverRunner(
-            take_over_wal=take_over,
-            store=store,
-            client=client,
-            view=view,
-            node_id=config.node_id,
-            node_epoch=registration.node_epoch,
-            namespace=NAMESPACE,
-            params=params,
-            clock=seams.clock,
+            FailoverTarget(
+                take_over_wal=take_over,
+                store=store,
+                client=client,
+                view=view,
+                node_id=config.node_id,
+                node_epoch=registration.node_epoch,
+                namespace=NAMESPACE,
+                params=params,
+                clock=seams.clock,
+            ),
             trace=trace,
         )
         failover.start()

@@ -75,6 +75,24 @@ RETRY_MAX_S = 60.0
 WalTakeover = Callable[[str, int, int], Awaitable[WriteAheadLog]]
 
 
+@dataclass(frozen=True, slots=True)
+class FailoverTarget:
+    """This broker as a failover target: what each takeover works with. ``take_over_wal``
+    opens a failed node's WAL in failover mode; ``store``, ``client`` and ``view`` are this
+    broker's; a takeover prepares object ids as this broker (``node_id``, ``node_epoch``) and
+    recovers with its ``namespace``, LogCache ``params`` and ``clock``."""
+
+    take_over_wal: WalTakeover
+    store: ObjectStore
+    client: ControllerClient
+    view: MetadataView
+    node_id: int
+    node_epoch: int
+    namespace: str
+    params: lc.LogCacheParams
+    clock: Clock
+
+
 class FailoverAborted(Exception):
     """The failed node restarted meanwhile (its node epoch moved on): nothing to take over."""
 
@@ -109,35 +127,15 @@ class FailoverResult:
 
 
 async def take_over_failed_node(
-    context: StoredContext,
-    *,
-    take_over_wal: WalTakeover,
-    store: ObjectStore,
-    client: ControllerClient,
-    view: MetadataView,
-    node_id: int,
-    node_epoch: int,
-    namespace: str,
-    params: lc.LogCacheParams,
-    clock: Clock,
-    trace: FailoverTrace | None = None,
+    context: StoredContext, target: FailoverTarget, trace: FailoverTrace | None = None
 ) -> FailoverResult:
     """The target's steps 1-3 (module docstring), once, each the step the machine's target
     projection takes next (:func:`~automq_ref.state_machines.failover.target.next_step`), its
     effects carried out here; raises on any failure, and :class:`FailoverAborted` when the
     machine aborts the task (the failed node runs a newer epoch)."""
-    takeover = _Takeover(
-        context,
-        take_over_wal=take_over_wal,
-        store=store,
-        client=client,
-        view=view,
-        node_id=node_id,
-        node_epoch=node_epoch,
-        namespace=namespace,
-        params=params,
-        clock=clock,
-    )
+    takeover = _Takeover(context, target)
+    view = target.view
+    node_id = target.node_id
     task = fo_target.start_task(node_id, context.context, _current_epoch(view, context))
     try:
         while True:
@@ -177,30 +175,17 @@ class _Takeover:
     """The I/O of one takeover attempt: the effects of the target's steps, and what they learn
     (the failed node's streams, a newer epoch of it)."""
 
-    def __init__(
-        self,
-        context: StoredContext,
-        *,
-        take_over_wal: WalTakeover,
-        store: ObjectStore,
-        client: ControllerClient,
-        view: MetadataView,
-        node_id: int,
-        node_epoch: int,
-        namespace: str,
-        params: lc.LogCacheParams,
-        clock: Clock,
-    ) -> None:
+    def __init__(self, context: StoredContext, target: FailoverTarget) -> None:
         self._context = context
-        self._take_over_wal = take_over_wal
-        self._store = store
-        self._client = client
-        self._view = view
-        self._node_id = node_id
-        self._node_epoch = node_epoch
-        self._namespace = namespace
-        self._params = params
-        self._clock = clock
+        self._take_over_wal = target.take_over_wal
+        self._store = target.store
+        self._client = target.client
+        self._view = target.view
+        self._node_id = target.node_id
+        self._node_epoch = target.node_epoch
+        self._namespace = target.namespace
+        self._params = target.params
+        self._clock = target.clock
         self._wal: WriteAheadLog | None = None
         self._storage: S3Storage | None = None
         self._opening: tuple[sm.OpeningStream, ...] = ()
@@ -292,29 +277,17 @@ class FailoverRunner:
 
     def __init__(
         self,
+        target: FailoverTarget,
         *,
-        take_over_wal: WalTakeover,
-        store: ObjectStore,
-        client: ControllerClient,
-        view: MetadataView,
-        node_id: int,
-        node_epoch: int,
-        namespace: str,
-        params: lc.LogCacheParams,
-        clock: Clock,
         retry_base_s: float = RETRY_BASE_S,
         retry_max_s: float = RETRY_MAX_S,
         trace: FailoverTrace | None = None,
     ) -> None:
-        self._take_over_wal = take_over_wal
-        self._store = store
-        self._client = client
-        self._view = view
-        self.node_id = node_id
-        self.node_epoch = node_epoch
-        self._namespace = namespace
-        self._params = params
-        self._clock = clock
+        self._target = target
+        self._view = target.view
+        self.node_id = target.node_id
+        self.node_epoch = target.node_epoch
+        self._clock = target.clock
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
         self._trace = trace
@@ -375,19 +348,7 @@ class FailoverRunner:
         log.warning("failover started %s", what)
         while (reason := self._abandoned(context)) is None:
             try:
-                result = await take_over_failed_node(
-                    context,
-                    take_over_wal=self._take_over_wal,
-                    store=self._store,
-                    client=self._client,
-                    view=self._view,
-                    node_id=self.node_id,
-                    node_epoch=self.node_epoch,
-                    namespace=self._namespace,
-                    params=self._params,
-                    clock=self._clock,
-                    trace=self._trace,
-                )
+                result = await take_over_failed_node(context, self._target, self._trace)
             except FailoverAborted as error:
                 reason = str(error)
                 break
