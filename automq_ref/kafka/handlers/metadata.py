@@ -4,15 +4,15 @@ Both answer from this broker's metadata view: the brokers are the live ones (unf
 shutting down) and those still handing partitions over, with their rack and the listener they
 registered, this broker always among them (it answers, so it serves). Handing over are a broker
 in controlled shutdown that still leads a partition or holds a stream open (Kafka lists a broker
-until its controlled shutdown ends), and a broker fenced by its session whose streams a crash
-failover is about to close (still OPENED on it, past the failover grace, on a WAL a survivor can
-take over: :func:`~automq_ref.io.metadata.failover_contexts.awaiting_failover`); each leaves
-the list once its streams are closed, about a second after its partitions moved. A client that
-saw a broker it was producing to vanish from the list in the same answer that moved its
-partitions away would drop them from that connection and find them again only at its next
-periodic leader query (librdkafka parks them on its internal broker: up to a second more, and
-a second after a crash, measured). A fenced broker whose WAL no survivor can reach is not
-listed: its streams stay open until it restarts. A partition's leader is the
+until its controlled shutdown ends), and a broker fenced by its session (in a cluster) while a
+crash failover is about to close its streams (still OPENED on it, past the failover grace, on a
+WAL a survivor can take over:
+:func:`~automq_ref.io.metadata.failover_contexts.awaiting_failover`) and for two seconds after
+this broker first saw it fenced (:mod:`automq_ref.kafka.fenced_brokers`). A client that saw a
+broker it was producing to vanish from the list in the same answer that moved its partitions
+away would drop them from that connection and find them again only at its next periodic leader
+query (librdkafka parks them on its internal broker: up to a second more, measured after a
+crash). A partition's leader is the
 broker placement assigned it to, at its leader epoch (``LEADER_NOT_AVAILABLE`` while no broker
 is live to take it), whether or not that broker has opened it yet: a request sent there early is
 held for the open (up to ``partition.open.wait.ms``), else answered ``NOT_LEADER_OR_FOLLOWER``
@@ -230,7 +230,9 @@ def _handing_over(
 
 
 def _failing_over(context: Context, image: sm.StreamMetadataImage) -> frozenset[int]:
-    """The fenced brokers whose streams a crash failover is about to close (a cluster only)."""
+    """The brokers fenced by their session that stay listed (a cluster only): those whose
+    streams a crash failover is about to close, and those this broker first saw fenced less
+    than :data:`~automq_ref.kafka.fenced_brokers.FENCED_LINGER_S` ago."""
     config = context.config
     if not config.etcd_endpoints or not any(
         broker.fenced and not broker.in_controlled_shutdown for broker in image.brokers.values()
@@ -240,7 +242,8 @@ def _failing_over(context: Context, image: sm.StreamMetadataImage) -> frozenset[
         config.failover_new_epoch_grace_ms,
         config.s3_wal_path if config.object_wal is not None else "",
     )
-    return awaiting_failover(image, context.clock.now_ms(), settings)
+    lingering = context.recently_fenced.lingering(image, context.clock.monotonic_s())
+    return lingering | awaiting_failover(image, context.clock.now_ms(), settings)
 
 
 def _controller_id(context: Context, brokers: list[_Broker]) -> int:
