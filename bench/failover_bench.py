@@ -4,6 +4,7 @@ records again, with the partition-open hold off and on, for two session settings
     python -m bench.failover_bench [--runs 5] [--partitions 12] [--interval-ms 20]
                                    [--sessions 2000/500,9000/2000] [--holds 0,1000]
                                    [--victims broker] [--grace-ms 1000] [--quick]
+                                   [--breakdown] [--save FILE] [--from FILE ...]
                                    [--keep] [--dir DIR] [--out FILE]
 
 Every run is a fresh cluster as ``automq-ref cluster`` starts it (``automq_ref/launch.py``): one
@@ -36,6 +37,17 @@ led`` of the topic after the kill (medians over runs); "writable after led" is t
 runs of each run's median kill to writable less its last ``partition led``: the part the client
 adds once the brokers are done.
 
+``--breakdown`` follows each of the victim's partitions through the chain (``POINTS``): its
+session deadline and the fence (the controller's ``session expired``, which says how long after
+the deadline), the failover assigned, the takeover begun and done (with its steps' seconds from
+``failover done``), the new leader's open begun and done (``partition led``), the moment
+librdkafka hands the partition to the new leader (its debug log, read through a logger), and
+the first acknowledgement; it reports each point's median and max after the kill and each step's,
+and how many partitions librdkafka parked on its internal broker on the way. ``--save FILE``
+appends each run to FILE (JSON lines) and ``--from FILE ...`` reports saved runs instead of
+running any: runs of two commits made alternately (one ``--runs 1`` on each in turn, each with
+its own file) compare under the same background load.
+
 The settings are run alternately, run by run (the order turning each round), so that they see
 the same background load: the machine is shared and noisy, and the medians of per-run figures
 are the ones to compare. ``--quick`` is a smoke run: one run of each hold with the short
@@ -54,7 +66,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -69,6 +80,7 @@ from confluent_kafka.admin import AdminClient
 
 from automq_ref.launch import ClusterSettings, LocalCluster
 from bench.broker_bench import create_topics, fmt, percentile
+from bench.cluster_bench import consecutive_free_ports
 
 PRODUCER = {
     "enable.idempotence": True,
@@ -235,24 +247,6 @@ def steady(acks: Acks, partitions: int, now: float) -> bool:
 # ---------------------------------------------------------------------------------- one run
 
 
-def free_base_port(count: int) -> int:
-    """A base port with ``count`` free ports from it (the OS's ephemeral range: never 9092)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base + 1, base + count):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
 @contextlib.contextmanager
 def running_cluster(
     workdir: Path, setting: Setting, grace_ms: int, keep: bool
@@ -265,7 +259,9 @@ def running_cluster(
         f"failover.new.epoch.grace.ms={grace_ms}",
     )
     cluster = LocalCluster(
-        ClusterSettings(data_dir=data_dir, base_port=free_base_port(3), overrides=overrides),
+        ClusterSettings(
+            data_dir=data_dir, base_port=consecutive_free_ports(3), overrides=overrides
+        ),
         threading.Event(),
         lambda line: None,
     )
