@@ -18,9 +18,11 @@ Between ticks it looks every :data:`SESSION_CHECK_S` for a live broker whose ses
 has passed, and then fences it at once, with a failover round right after: a crashed broker is
 fenced within a tenth of a second of its session's end instead of up to a second after it (the
 session itself is as long as before; only the wait for the next tick goes). Each fence is logged
-(``session expired``, with how long after the deadline). Only the active controller ticks
-(``is_active``): in the embedded one-node mode that is always this process's controller; in a
-cluster, the broker holding the election.
+(``session expired``, with how long after the deadline). A broker that became live or left
+since the last failover round also gets a round at the next check, so that what a round
+observes (the sessions a failover trace records) follows the image within a check, not a tick.
+Only the active controller ticks (``is_active``): in the embedded one-node mode that is always
+this process's controller; in a cluster, the broker holding the election.
 
 A controller that was itself stalled (its process paused, its loop blocked) must not fence the
 brokers whose heartbeats it could not receive meanwhile: when a tick comes much later than due,
@@ -166,6 +168,7 @@ class ControllerTicks:
             None if balance_interval_ms is None else balance_interval_ms / 1000
         )
         self._task: asyncio.Task[None] | None = None
+        self._round_saw: frozenset[int] = frozenset()  # the live brokers at the last round
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._forever(), name="controller-ticks")
@@ -193,7 +196,14 @@ class ControllerTicks:
             may_expire = now_s >= expire_after_s
             if now_s - ticked_s >= EXPIRE_INTERVAL_S:
                 ticked_s = now_s
-            elif not (may_expire and self._session_lapsed()):
+            elif may_expire and self._session_lapsed():
+                pass
+            elif self._failover is not None and self._live() != self._round_saw:
+                # A broker joined or left since the last round: a round now, so that what it
+                # observes (the failover trace's sessions) follows within a check.
+                await self._failover_round(self._failover)
+                continue
+            else:
                 continue
             if may_expire:
                 await self._expire_sessions()
@@ -205,6 +215,9 @@ class ControllerTicks:
             ):
                 balanced_s = now_s
                 await self._decide(sm.BalancePartitions(self._clock.now_ms()))
+
+    def _live(self) -> frozenset[int]:
+        return frozenset(broker.node_id for broker in sm.live_brokers(self._controller.image))
 
     def _session_lapsed(self) -> bool:
         """Whether a live broker's session deadline has passed (by the controller's clock)."""
@@ -251,6 +264,7 @@ class ControllerTicks:
             log.debug("%s: %s", type(event).__name__, error)
 
     async def _failover_round(self, settings: FailoverSettings) -> None:
+        self._round_saw = self._live()
         try:
             await run_failover_round(
                 InProcessControllerClient(self._controller),
