@@ -29,7 +29,10 @@ before anything is opened.
 
 :func:`serve` checks that the listener's address can be bound before it opens anything, so a
 port already taken is refused (:class:`ListenerUnavailable`) with nothing written to the data
-directory.
+directory. A start that finds no controller (etcd answering without one, or, after the first
+start, etcd not answering) is tried again after a pause that doubles up to
+:data:`START_RETRY_MAX_S`, until it succeeds or the process is stopped
+(:func:`_start_when_answered`); a start that fails half way stops what it had opened.
 
 What the node logs at INFO, as ``key=value`` fields: what start-up recovery replayed from the WAL
 (``WAL recovered``), the node once it is open (``node started``), and what was uploaded to the
