@@ -29,7 +29,10 @@ before anything is opened.
 
 :func:`serve` checks that the listener's address can be bound before it opens anything, so a
 port already taken is refused (:class:`ListenerUnavailable`) with nothing written to the data
-directory.
+directory. A start that finds no controller (etcd answering without one, or, after the first
+start, etcd not answering) is tried again after a pause that doubles up to
+:data:`START_RETRY_MAX_S`, until it succeeds or the process is stopped
+(:func:`_start_when_answered`); a start that fails half way stops what it had opened.
 
 What the node logs at INFO, as ``key=value`` fields: what start-up recovery replayed from the WAL
 (``WAL recovered``), the node once it is open (``node started``), and what was uploaded to the
@@ -54,16 +57,21 @@ from typing import TYPE_CHECKING
 from automq_ref.config import BrokerConfig, ObjectWalSettings
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
-from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
-from automq_ref.io.metadata.client import ControllerClient, connect_in_process, register_node
-from automq_ref.io.metadata.controller import Controller
+from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks, SessionError
+from automq_ref.io.metadata.client import (
+    ControllerClient,
+    Registration,
+    connect_in_process,
+    register_node,
+)
+from automq_ref.io.metadata.controller import Controller, ControllerError
 from automq_ref.io.metadata.failover_contexts import FailoverSettings
-from automq_ref.io.metadata.failover_trace import TracingClient, open_trace
+from automq_ref.io.metadata.failover_trace import FailoverTrace, TracingClient, open_trace
 from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogError
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.failover_runner import FailoverRunner
+from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
@@ -91,6 +99,9 @@ log = logging.getLogger(__name__)
 
 # How often what was uploaded is summed up in the log (see the module docstring).
 UPLOAD_LOG_INTERVAL_S = 60.0
+# serve's pauses between starts while no controller answers: doubling from the first, bounded.
+START_RETRY_BASE_S = 0.5
+START_RETRY_MAX_S = 10.0
 
 # (config, granted node epoch) -> the opened WAL.
 WalOpener = Callable[[BrokerConfig, int], Awaitable[WriteAheadLog]]
@@ -554,9 +565,64 @@ async def _start_bound(
         client = TracingClient(client, trace)  # records the opens the controller grants
         if restarted:
             trace.record(fo.Restart(config.node_id), committed=True)
-    wal = await (seams.open_wal or open_wal)(config, registration.node_epoch)
+    opened = _Opened(await (seams.open_wal or open_wal)(config, registration.node_epoch))
     store = open_object_store(config.object_store_uri)
-    await store.__aenter__()
+    try:
+        await store.__aenter__()
+        return await _start_on_wal(
+            config,
+            seams,
+            metadata,
+            server,
+            bound,
+            client=client,
+            registration=registration,
+            trace=trace,
+            restarted=restarted,
+            store=store,
+            opened=opened,
+        )
+    except BaseException:
+        # A start that failed half way (no controller answered, say) leaves nothing running:
+        # serve may start again in this process, on the same WAL.
+        with contextlib.suppress(Exception):
+            await opened.abandon()
+        with contextlib.suppress(Exception):
+            await store.close()
+        raise
+
+
+@dataclass
+class _Opened:
+    """The WAL of a start in progress, and the storage over it once it runs: what to stop if
+    the start fails after them (nothing uploaded: the next start recovers the WAL)."""
+
+    wal: WriteAheadLog
+    storage: S3Storage | None = None
+
+    async def abandon(self) -> None:
+        if self.storage is not None:
+            await self.storage.abandon()
+        else:
+            await self.wal.close()
+
+
+async def _start_on_wal(
+    config: BrokerConfig,
+    seams: Seams,
+    metadata: NodeMetadata,
+    server: KafkaServer,
+    bound: tuple[str, int],
+    *,
+    client: ControllerClient,
+    registration: Registration,
+    trace: FailoverTrace | None,
+    restarted: bool,
+    store: ObjectStore,
+    opened: _Opened,
+) -> Node:
+    view = metadata.view
+    wal = opened.wal
     recovery_started_s = seams.clock.monotonic_s()
     params = lc.LogCacheParams(
         upload_threshold_bytes=config.upload_threshold_bytes,
@@ -576,6 +642,7 @@ async def _start_bound(
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
     )
+    opened.storage = storage
     recovered = storage.recovered
     if trace is not None and restarted:
         closed = frozenset(s.stream_id for s in registration.opening_streams)
@@ -676,15 +743,17 @@ async def _start_bound(
             return await take_over_wal(config, wal_path, node_id, node_epoch)
 
         failover = FailoverRunner(
-            take_over_wal=take_over,
-            store=store,
-            client=client,
-            view=view,
-            node_id=config.node_id,
-            node_epoch=registration.node_epoch,
-            namespace=NAMESPACE,
-            params=params,
-            clock=seams.clock,
+            FailoverTarget(
+                take_over_wal=take_over,
+                store=store,
+                client=client,
+                view=view,
+                node_id=config.node_id,
+                node_epoch=registration.node_epoch,
+                namespace=NAMESPACE,
+                params=params,
+                clock=seams.clock,
+            ),
             trace=trace,
         )
         failover.start()
@@ -765,7 +834,11 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
             loop.add_signal_handler(signum, stop.set)
     first = True
     while True:
-        node = await start_node(config, seams)
+        started = await _start_when_answered(config, seams, stop, first=first)
+        if started is None:
+            log.info("stopped before the broker started")
+            return 0
+        node = started
         host, port = await node.listen()
         if first:
             advertised_host, advertised_port = node.advertised_address
@@ -800,6 +873,57 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     await node.shutdown()
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+async def _start_when_answered(
+    config: BrokerConfig, seams: Seams, stop: asyncio.Event, *, first: bool
+) -> Node | None:
+    """:func:`start_node`, tried again while no controller answers (etcd up but no controller
+    elected yet, or etcd unreachable for a while), after a pause that doubles from
+    :data:`START_RETRY_BASE_S` up to :data:`START_RETRY_MAX_S`, each failure logged, until a
+    start succeeds (the node) or ``stop`` is set (None; a start in progress is cancelled).
+
+    On the process's ``first`` start an etcd that never answered is not waited for
+    (:class:`MetadataUnavailable` is raised: most likely a wrong ``metadata.etcd.endpoints``,
+    and ``automq-ref serve`` says so and exits); etcd answering without a controller is. A
+    start again in the process (after a fence or a storage failure) waits for both."""
+    attempt = 0
+    while True:
+        starting = asyncio.ensure_future(start_node(config, seams))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait((starting, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            return None
+        try:
+            return starting.result()
+        except MetadataUnavailable as error:
+            if first:
+                raise
+            reason = str(error)
+        except (ControllerError, MetadataLogError, SessionError) as error:
+            reason = f"{type(error).__name__}: {error}"
+        pause_s = start_retry_pause_s(attempt)
+        attempt += 1
+        log.warning(
+            "no controller answers; starting again %s",
+            fields(node_id=config.node_id, attempt=attempt, pause_seconds=pause_s, reason=reason),
+        )
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(pause_s):
+                await stop.wait()
+        if stop.is_set():
+            return None
+
+
+def start_retry_pause_s(attempt: int) -> float:
+    """The pause before start number ``attempt + 2`` (``attempt`` failures so far, from 0)."""
+    return float(min(START_RETRY_BASE_S * 2.0 ** min(attempt, 30), START_RETRY_MAX_S))
 
 
 async def _until_stopped_or_fenced(stop: asyncio.Event, *fenced: asyncio.Event) -> bool:

@@ -4,6 +4,7 @@ records again, with the partition-open hold off and on, for two session settings
     python -m bench.failover_bench [--runs 5] [--partitions 12] [--interval-ms 20]
                                    [--sessions 2000/500,9000/2000] [--holds 0,1000]
                                    [--victims broker] [--grace-ms 1000] [--quick]
+                                   [--breakdown] [--save FILE] [--from FILE ...]
                                    [--keep] [--dir DIR] [--out FILE]
 
 Every run is a fresh cluster as ``automq-ref cluster`` starts it (``automq_ref/launch.py``): one
@@ -36,6 +37,17 @@ led`` of the topic after the kill (medians over runs); "writable after led" is t
 runs of each run's median kill to writable less its last ``partition led``: the part the client
 adds once the brokers are done.
 
+``--breakdown`` follows each of the victim's partitions through the chain (``POINTS``): its
+session deadline and the fence (the controller's ``session expired``, which says how long after
+the deadline), the failover assigned, the takeover begun and done (with its steps' seconds from
+``failover done``), the new leader's open begun and done (``partition led``), the moment
+librdkafka hands the partition to the new leader (its debug log, read through a logger), and
+the first acknowledgement; it reports each point's median and max after the kill and each step's,
+and how many partitions librdkafka parked on its internal broker on the way. ``--save FILE``
+appends each run to FILE (JSON lines) and ``--from FILE ...`` reports saved runs instead of
+running any: runs of two commits made alternately (one ``--runs 1`` on each in turn, each with
+its own file) compare under the same background load.
+
 The settings are run alternately, run by run (the order turning each round), so that they see
 the same background load: the machine is shared and noisy, and the medians of per-run figures
 are the ones to compare. ``--quick`` is a smoke run: one run of each hold with the short
@@ -46,12 +58,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import itertools
+import json
+import logging
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -66,6 +80,7 @@ from confluent_kafka.admin import AdminClient
 
 from automq_ref.launch import ClusterSettings, LocalCluster
 from bench.broker_bench import create_topics, fmt, percentile
+from bench.cluster_bench import consecutive_free_ports
 
 PRODUCER = {
     "enable.idempotence": True,
@@ -108,6 +123,10 @@ class Run:
     assigned_s: float | None
     done_s: float | None
     led_s: float | None
+    # With --breakdown: per partition of the victim's, each point of the chain (s after the
+    # kill; see POINTS), and whether the client parked it on its internal broker.
+    chain: list[dict[str, float]] = field(default_factory=list)
+    detours: int = 0
 
 
 # ------------------------------------------------------------------------------- the producer
@@ -138,10 +157,18 @@ class PacedProducer:
     """One record to every partition each ``interval_s``, in a thread, until stopped."""
 
     def __init__(
-        self, bootstrap: str, topic: str, partitions: int, interval_s: float, debug: str = ""
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        interval_s: float,
+        debug: str = "",
+        client_log: ClientLog | None = None,
     ) -> None:
         self.acks = Acks()
-        extra = {"debug": debug} if debug else {}
+        extra: dict[str, object] = {"debug": debug} if debug else {}
+        if client_log is not None:
+            extra["logger"] = client_log.logger
         self._producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER, **extra})
         self._topic, self._partitions, self._interval_s = topic, partitions, interval_s
         self._stop = threading.Event()
@@ -173,6 +200,34 @@ class PacedProducer:
         self._producer.flush(10)
 
 
+class ClientLog(logging.Handler):
+    """librdkafka's debug lines (``--breakdown``), each with the monotonic time it was read
+    (the producer polls every few ms), kept in memory instead of printed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[tuple[float, str]] = []
+        self.logger = logging.getLogger(f"failover_bench.client.{id(self)}")
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.propagate = False
+        self.logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((time.monotonic(), record.getMessage()))
+
+    def delegated(self, topic: str, partition: int) -> list[tuple[float, str]]:
+        """When librdkafka handed the partition to a broker: (time, ``ID`` or ``internal``)."""
+        found = re.compile(
+            rf"{re.escape(topic)} \[{partition}\]: delegating to broker (\S+) for partition"
+        )
+        handed = []
+        for at, line in self.lines:
+            if (match := found.search(line)) is not None:
+                target = match.group(1)
+                handed.append((at, "internal" if "internal" in target else target.split("/")[-1]))
+        return handed
+
+
 def longest_silence(times: Sequence[float], start: float, end: float) -> tuple[float, float]:
     """The longest gap between consecutive acknowledgements in ``[start, end]`` (the window's
     edges count as acknowledgements): (its length, when it ended)."""
@@ -192,24 +247,6 @@ def steady(acks: Acks, partitions: int, now: float) -> bool:
 # ---------------------------------------------------------------------------------- one run
 
 
-def free_base_port(count: int) -> int:
-    """A base port with ``count`` free ports from it (the OS's ephemeral range: never 9092)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base + 1, base + count):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
 @contextlib.contextmanager
 def running_cluster(
     workdir: Path, setting: Setting, grace_ms: int, keep: bool
@@ -222,7 +259,9 @@ def running_cluster(
         f"failover.new.epoch.grace.ms={grace_ms}",
     )
     cluster = LocalCluster(
-        ClusterSettings(data_dir=data_dir, base_port=free_base_port(3), overrides=overrides),
+        ClusterSettings(
+            data_dir=data_dir, base_port=consecutive_free_ports(3), overrides=overrides
+        ),
         threading.Event(),
         lambda line: None,
     )
@@ -274,18 +313,116 @@ def line_after(
     return max(stamps) if last else min(stamps)
 
 
+def lines_after(
+    cluster: LocalCluster, wall_s: float, until_s: float, pattern: str
+) -> list[tuple[float, re.Match[str]]]:
+    """Every line of any broker's log between ``wall_s`` and ``until_s`` matching ``pattern``:
+    (seconds after ``wall_s``, the match), in time order."""
+    found = re.compile(pattern)
+    hits = []
+    for child in cluster.brokers.values():
+        for line in child.log_path.read_text(errors="replace").splitlines():
+            if (match := found.search(line)) is None:
+                continue
+            with contextlib.suppress(ValueError):
+                stamp = datetime.datetime.strptime(line[:23], LOG_TIME).timestamp()
+                if wall_s < stamp < until_s:
+                    hits.append((stamp - wall_s, match))
+    return sorted(hits, key=lambda hit: hit[0])
+
+
+# The chain of a crash failover, per partition of the victim's, in the order it runs
+# (``--breakdown``); each point in seconds after the kill.
+POINTS = (
+    ("deadline", "the victim's session deadline (its last heartbeat + the session)"),
+    ("fenced", "the controller fences it (`session expired`)"),
+    ("assigned", "the failover context written (`failover assigned`)"),
+    ("takeover began", "the target starts (`failover started`)"),
+    ("takeover done", "WAL taken, recovered, uploaded, committed, streams closed"),
+    ("open began", "the new leader starts the open that succeeds (`partition led` - seconds)"),
+    ("led", "the partition open on its new leader (`partition led`)"),
+    ("client at new leader", "librdkafka hands the partition to the new leader (last time)"),
+    ("writable", "the first acknowledgement after the silence"),
+)
+# The takeover's parts, from `failover done`'s fields (seconds, not points).
+PARTS = ("wal_seconds", "recover_seconds", "close_seconds", "attempts")
+
+
+def failover_chain(
+    cluster: LocalCluster,
+    client_log: ClientLog,
+    victim: int,
+    orphaned: Sequence[int],
+    writable: Sequence[float],
+    killed: tuple[float, float],
+    end_wall: float,
+) -> tuple[list[dict[str, float]], int]:
+    """Each of ``orphaned``'s points (POINTS, PARTS) from the brokers' logs and librdkafka's,
+    and how many partitions librdkafka parked on its internal broker after the kill."""
+    killed_wall, killed_at = killed
+    common: dict[str, float] = {}
+    fenced = lines_after(
+        cluster,
+        killed_wall,
+        end_wall,
+        rf"session expired node_id={victim} .*after_deadline_ms=(-?\d+)",
+    )
+    if fenced:
+        at, match = fenced[0]
+        common["fenced"] = at
+        common["deadline"] = at - int(match.group(1)) / 1000
+    for point, pattern in (
+        ("assigned", rf"failover assigned failed_node={victim} "),
+        ("takeover began", rf"failover started failed_node={victim} "),
+    ):
+        if hits := lines_after(cluster, killed_wall, end_wall, pattern):
+            common[point] = hits[0][0]
+    done = lines_after(cluster, killed_wall, end_wall, rf"failover done failed_node={victim} (.*)")
+    if done:
+        at, match = done[0]
+        common["takeover done"] = at
+        for part in PARTS:
+            if (value := re.search(rf"\b{part}=([\d.]+)", match.group(1))) is not None:
+                common[part] = float(value.group(1))
+    chain, detours = [], 0
+    for partition, writable_s in zip(orphaned, writable, strict=True):
+        points = dict(common)
+        led = lines_after(
+            cluster,
+            killed_wall,
+            end_wall,
+            rf"partition led topic={TOPIC} partition={partition} .*seconds=([\d.]+) ",
+        )
+        if led:
+            at, match = led[0]
+            points["led"], points["open began"] = at, at - float(match.group(1))
+        handed = [
+            (at - killed_at, to)
+            for at, to in client_log.delegated(TOPIC, partition)
+            if killed_at < at <= killed_at + writable_s
+        ]
+        if any(to == "internal" for _, to in handed):
+            detours += 1
+        moved = [at for at, to in handed if to not in ("internal", str(victim))]
+        if moved:
+            points["client at new leader"] = moved[-1]
+        points["writable"] = writable_s
+        chain.append(points)
+    return chain, detours
+
+
 def one_run(
     workdir: Path, setting: Setting, victim_kind: str, arguments: argparse.Namespace
 ) -> Run:
     partitions = arguments.partitions
+    client_log = ClientLog() if arguments.breakdown else None
+    debug = arguments.client_debug or ("metadata,topic,broker" if client_log else "")
     with running_cluster(workdir, setting, arguments.grace_ms, arguments.keep) as cluster:
         bootstrap = cluster.settings.bootstrap
         create_topics(bootstrap, {TOPIC: partitions})
         led = leaders(bootstrap, TOPIC, partitions)
         interval_s = arguments.interval_ms / 1000
-        with PacedProducer(
-            bootstrap, TOPIC, partitions, interval_s, arguments.client_debug
-        ) as producer:
+        with PacedProducer(bootstrap, TOPIC, partitions, interval_s, debug, client_log) as producer:
             deadline = time.monotonic() + 60
             while not steady(producer.acks, partitions, time.monotonic()):
                 if time.monotonic() > deadline:
@@ -328,6 +465,16 @@ def one_run(
             line_after(cluster, killed_wall, end_wall, rf"failover done failed_node={victim} "),
             line_after(cluster, killed_wall, end_wall, rf"partition led topic={TOPIC} ", last=True),
         )
+        if client_log is not None:
+            run.chain, run.detours = failover_chain(
+                cluster,
+                client_log,
+                victim,
+                orphaned,
+                writable,
+                (killed_wall, killed_at),
+                end_wall,
+            )
         if producer.acks.failures:
             raise RuntimeError(f"records failed: {producer.acks.failures[:3]}")
     log(
@@ -377,6 +524,63 @@ def report(runs: Sequence[Run], settings: Sequence[Setting], victims: Sequence[s
     return lines
 
 
+def breakdown(runs: Sequence[Run]) -> list[str]:
+    """Where the time went: each point of the chain (s after the kill) and each step between
+    consecutive points, median and max over the victim's partitions of ``runs``."""
+    chains = [points for run in runs for points in run.chain]
+    if not chains:
+        return []
+    lines = [
+        f"{len(chains)} partitions of {len(runs)} runs; librdkafka parked "
+        f"{sum(r.detours for r in runs)} of them on its internal broker after the kill.",
+        "",
+        "| point | s after kill, median | max | step from the previous point, median | max |",
+        "|" + " --- |" * 5,
+    ]
+    previous: str | None = None
+    for point, meaning in POINTS:
+        at = sorted(c[point] for c in chains if point in c)
+        steps = sorted(
+            c[point] - c[previous]
+            for c in chains
+            if previous is not None and point in c and previous in c
+        )
+        lines.append(
+            f"| {point}: {meaning} | {fmt(statistics.median(at)) if at else '-'} | "
+            f"{fmt(at[-1]) if at else '-'} | "
+            f"{fmt(statistics.median(steps)) if steps else '-'} | "
+            f"{fmt(steps[-1]) if steps else '-'} |"
+        )
+        previous = point
+    for part in PARTS:
+        values = sorted(r.chain[0][part] for r in runs if r.chain and part in r.chain[0])
+        if values:
+            lines.append(
+                f"| takeover: {part} (per run) | | | {fmt(statistics.median(values))} | "
+                f"{fmt(values[-1])} |"
+            )
+    return lines
+
+
+def save_runs(path: Path, runs: Sequence[Run]) -> None:
+    """Append ``runs`` to ``path``, one JSON object a line (``--save``)."""
+    with path.open("a") as out:
+        for run in runs:
+            out.write(json.dumps(dataclasses.asdict(run)) + "\n")
+
+
+def load_runs(paths: Sequence[Path]) -> list[Run]:
+    """The runs ``--save`` wrote to ``paths``."""
+    runs = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                fields = json.loads(line)
+                fields["setting"] = Setting(**fields["setting"])
+                runs.append(Run(**fields))
+    return runs
+
+
 def parse_sessions(text: str) -> list[tuple[int, int]]:
     pairs = []
     for part in filter(None, (p.strip() for p in text.split(","))):
@@ -396,9 +600,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grace-ms", type=int, default=1000)
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     parser.add_argument("--client-debug", default="", help="librdkafka debug contexts")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="report where the time went, step by step, from the brokers' and the client's logs",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the clusters keep data")
     parser.add_argument("--keep", action="store_true", help="keep the clusters' logs and data")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    parser.add_argument("--save", type=Path, default=None, help="append the runs here (JSON)")
+    parser.add_argument(
+        "--from",
+        dest="saved",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="report the runs --save wrote to these files instead of running any",
+    )
     arguments = parser.parse_args(argv)
     if arguments.quick:
         arguments.runs, arguments.partitions, arguments.sessions = 1, 4, "2000/500"
@@ -410,10 +628,18 @@ def main(argv: list[str] | None = None) -> None:
         for session, heartbeat in parse_sessions(arguments.sessions)
         for hold in arguments.holds.split(",")
     ]
+    if arguments.saved is not None:
+        # Runs made elsewhere (e.g. alternately on two commits, one --save file each).
+        runs = load_runs(arguments.saved)
+        found = list(dict.fromkeys(r.setting for r in runs))
+        kinds = list(dict.fromkeys(r.victim.split()[0] for r in runs))
+        head = f"{len(runs)} runs from {', '.join(str(p) for p in arguments.saved)}."
+        emit(head, runs, found, kinds, arguments)
+        return
     workdir = Path(tempfile.mkdtemp(prefix="failover-bench-", dir=arguments.dir))
     load_before = os.getloadavg()
     began = time.perf_counter()
-    runs: list[Run] = []
+    runs = []
     try:
         for round_index in range(arguments.runs):
             # Alternate: each round runs the settings in turn, the order reversed every other
@@ -435,7 +661,27 @@ def main(argv: list[str] | None = None) -> None:
         f"grace {arguments.grace_ms} ms, {arguments.partitions} partitions, a record to each "
         f"every {arguments.interval_ms:g} ms."
     )
-    text = "\n".join([head, "", *report(runs, settings, victims)]).rstrip()
+    if arguments.save is not None:
+        save_runs(arguments.save, runs)
+    emit(head, runs, settings, victims, arguments)
+
+
+def emit(
+    head: str,
+    runs: Sequence[Run],
+    settings: Sequence[Setting],
+    victims: Sequence[str],
+    arguments: argparse.Namespace,
+) -> None:
+    """Print the report (and write it to ``--out``): the table, then with ``--breakdown`` the
+    chain of each setting."""
+    sections = [head, "", *report(runs, settings, victims)]
+    if arguments.breakdown:
+        for kind, setting in itertools.product(victims, settings):
+            mine = [r for r in runs if r.setting == setting and r.victim.startswith(kind)]
+            if lines := breakdown(mine):
+                sections += ["", f"Breakdown, {kind} killed, {setting.label}:", "", *lines]
+    text = "\n".join(sections).rstrip()
     print(text, flush=True)
     if arguments.out is not None:
         arguments.out.write_text(text + "\n")

@@ -18,6 +18,7 @@ from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.kafka.fenced_brokers import RecentlyFenced
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
@@ -90,6 +91,8 @@ class Context:
     advertised_host: str
     advertised_port: int
     notices: Notices = field(default_factory=Notices)
+    # The brokers Metadata keeps listing for a moment after their session lapsed.
+    recently_fenced: RecentlyFenced = field(default_factory=RecentlyFenced)
     # The node id of the active controller's broker, as this broker last saw it (None: unknown).
     active_controller: Callable[[], int | None] = lambda: None
 

@@ -32,7 +32,7 @@ from automq_ref.io.metadata.client import connect_in_process, register_node
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, run_failover_round
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
-from automq_ref.io.storage.failover_runner import FailoverRunner
+from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal_object import ObjectWal
@@ -139,15 +139,17 @@ class Recorded:
         for node_id in (1, 2, 3):
             await self.start(node_id, 1_000 * node_id)
         self.runner = FailoverRunner(
-            take_over_wal=take_over_from(self.stores),
-            store=self.stores.data,
-            client=self.clients[2],
-            view=self.metadata.view,
-            node_id=2,
-            node_epoch=self.brokers[2].node_epoch,
-            namespace=NS,
-            params=PARAMS,
-            clock=SystemClock(),
+            FailoverTarget(
+                take_over_wal=take_over_from(self.stores),
+                store=self.stores.data,
+                client=self.clients[2],
+                view=self.metadata.view,
+                node_id=2,
+                node_epoch=self.brokers[2].node_epoch,
+                namespace=NS,
+                params=PARAMS,
+                clock=SystemClock(),
+            ),
             retry_base_s=0.05,
             trace=self.traces[2],
         )

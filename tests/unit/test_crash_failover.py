@@ -36,7 +36,11 @@ from automq_ref.io.metadata.failover_contexts import (
 )
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
-from automq_ref.io.storage.failover_runner import FailoverRunner, take_over_failed_node
+from automq_ref.io.storage.failover_runner import (
+    FailoverRunner,
+    FailoverTarget,
+    take_over_failed_node,
+)
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import S3Storage, StorageError
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -230,6 +234,21 @@ def take_over_from(stores: Stores):  # type: ignore[no-untyped-def]
     return take_over
 
 
+def target(metadata: Metadata, stores: Stores, node_epoch: int) -> FailoverTarget:
+    """Node 2 (at ``node_epoch``) as the failover target."""
+    return FailoverTarget(
+        take_over_wal=take_over_from(stores),
+        store=stores.data,
+        client=metadata.client,
+        view=metadata.view,
+        node_id=2,
+        node_epoch=node_epoch,
+        namespace=NS,
+        params=PARAMS,
+        clock=SystemClock(),
+    )
+
+
 async def fence_node_one(metadata: Metadata, one: S3Storage, two: S3Storage) -> int:
     """Both heartbeat at 0; only node 2 later: node 1's session lapses. Its bumped epoch."""
     for storage in (one, two):
@@ -262,18 +281,7 @@ async def test_a_survivor_takes_the_wal_over_uploads_it_and_the_zombie_acks_noth
     (context,) = stored_contexts(metadata.controller.image)
     assert context == StoredContext(1, failed_epoch, 2, settings.wal_config)
 
-    result = await take_over_failed_node(
-        context,
-        take_over_wal=take_over_from(stores),
-        store=stores.data,
-        client=metadata.client,
-        view=metadata.view,
-        node_id=2,
-        node_epoch=two.node_epoch,
-        namespace=NS,
-        params=PARAMS,
-        clock=SystemClock(),
-    )
+    result = await take_over_failed_node(context, target(metadata, stores, two.node_epoch))
     assert (result.streams, result.records) == (1, len(acked))
     image = metadata.controller.image
     stream = image.streams[stream_id]
@@ -323,18 +331,7 @@ async def test_a_restart_before_the_takeover_wins_and_nothing_is_uploaded_twice(
     restarted = await start_node(metadata, stores, 1, 3_000)
     assert restarted.recovered.records == 10
     with pytest.raises(Exception):  # noqa: B017 - the WAL or the controller refuses
-        await take_over_failed_node(
-            context,
-            take_over_wal=take_over_from(stores),
-            store=stores.data,
-            client=metadata.client,
-            view=metadata.view,
-            node_id=2,
-            node_epoch=two.node_epoch,
-            namespace=NS,
-            params=PARAMS,
-            clock=SystemClock(),
-        )
+        await take_over_failed_node(context, target(metadata, stores, two.node_epoch))
     assert metadata.controller.image.streams[stream_id].end_offset == 10
     await restarted.shutdown()
     await two.shutdown()
@@ -351,18 +348,7 @@ async def test_the_runner_follows_the_contexts_to_its_task(
         await one.append(stream_id, 0, b"y%d" % index, 1)
     failed_epoch = await fence_node_one(metadata, one, two)
     await one.abandon()
-    runner = FailoverRunner(
-        take_over_wal=take_over_from(stores),
-        store=stores.data,
-        client=metadata.client,
-        view=metadata.view,
-        node_id=2,
-        node_epoch=two.node_epoch,
-        namespace=NS,
-        params=PARAMS,
-        clock=SystemClock(),
-        retry_base_s=0.05,
-    )
+    runner = FailoverRunner(target(metadata, stores, two.node_epoch), retry_base_s=0.05)
     runner.start()
     try:
         settings = FailoverSettings(grace_ms=0, wal_config=f"0@dir://{stores.wal_dir}")

@@ -10,7 +10,19 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.failover_bench import Acks, longest_silence, parse_sessions, steady
+from bench.failover_bench import (
+    POINTS,
+    Acks,
+    ClientLog,
+    Run,
+    Setting,
+    breakdown,
+    load_runs,
+    longest_silence,
+    parse_sessions,
+    save_runs,
+    steady,
+)
 from tests.etcd_fixture import etcd_binary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +50,48 @@ def test_steady_wants_every_partition_acknowledged_for_a_while() -> None:
 
 def test_sessions_are_session_slash_heartbeat() -> None:
     assert parse_sessions("2000/500, 9000/2000") == [(2000, 500), (9000, 2000)]
+
+
+def a_run(writable: list[float], shift: float = 0.0) -> Run:
+    """A run of two partitions whose chain points are their order in POINTS, plus ``shift``."""
+    chain = [{name: index + shift for index, (name, _) in enumerate(POINTS)} for _ in writable]
+    for points, writable_s in zip(chain, writable, strict=True):
+        points["writable"] = writable_s
+    chain[0]["wal_seconds"] = 0.1
+    return Run(Setting(2000, 500, 1000), "broker 2", writable, [0.5], 1.0, 2.0, 3.0, chain, 1)
+
+
+def test_the_breakdown_gives_each_point_and_step_its_median_and_max() -> None:
+    lines = breakdown([a_run([8.0, 9.0]), a_run([8.5, 10.0], shift=1.0)])
+    assert lines[0].startswith("4 partitions of 2 runs; librdkafka parked 2 of them")
+    table = {row[0].split(":")[0]: row[1:] for row in rows("\n".join(lines))}
+    assert table["deadline"] == ["0.50", "1.00", "-", "-"]  # no step before the first point
+    assert table["fenced"] == ["1.50", "2.00", "1.00", "1.00"]
+    # Steps from "client at new leader" (7, 7, 8, 8): 1.0, 2.0, 0.5, 2.0.
+    assert table["writable"] == ["8.75", "10.0", "1.50", "2.00"]
+    assert table["takeover"] == ["", "", "0.10", "0.10"]  # wal_seconds, per run
+
+
+def test_saved_runs_read_back(tmp_path: Path) -> None:
+    runs = [a_run([3.0, 3.5]), a_run([2.5, 4.0], shift=0.5)]
+    save_runs(tmp_path / "runs.jsonl", runs[:1])
+    save_runs(tmp_path / "runs.jsonl", runs[1:])  # appended
+    assert load_runs([tmp_path / "runs.jsonl"]) == runs
+
+
+def test_the_client_log_finds_each_delegation() -> None:
+    client_log = ClientLog()
+    client_log.logger.debug(
+        "[thrd:main]: crash [1]: delegating to broker 127.0.0.1:5/3 for partition with 4 messages"
+    )
+    client_log.logger.debug(
+        "[thrd:x]: crash [1]: delegating to broker :0/internal for partition with 0 messages"
+    )
+    client_log.logger.debug(
+        "[thrd:x]: crash [10]: delegating to broker 127.0.0.1:5/1 for partition with 0 messages"
+    )
+    assert [to for _, to in client_log.delegated("crash", 1)] == ["3", "internal"]
+    assert [to for _, to in client_log.delegated("crash", 10)] == ["1"]
 
 
 def rows(report: str) -> list[list[str]]:

@@ -27,7 +27,7 @@ from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.failover_contexts import StoredContext
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
-from automq_ref.io.storage.failover_runner import take_over_failed_node
+from automq_ref.io.storage.failover_runner import FailoverTarget, take_over_failed_node
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectStore
 from automq_ref.io.storage.router_channel import (
     ChannelLinkResolver,
@@ -254,8 +254,7 @@ async def test_a_failover_takeover_restores_linked_data(cluster: Cluster) -> Non
             cluster.wal, namespace=NS, node_id=node_id, node_epoch=node_epoch, config=WAL_CONFIG
         )
 
-    result = await take_over_failed_node(
-        context,
+    target = FailoverTarget(
         take_over_wal=take_over,
         store=cluster.data,
         client=cluster.client,
@@ -267,6 +266,7 @@ async def test_a_failover_takeover_restores_linked_data(cluster: Cluster) -> Non
         clock=SystemClock(),
         link_resolver=cluster.resolver(),
     )
+    result = await take_over_failed_node(context, target)
     assert (result.streams, result.records) == (1, 30)
     assert await two.open_stream(stream_id, 1) == (0, 60)
     assert await read_all(two, stream_id) == written

@@ -7,14 +7,12 @@ log's end, trimmed past, a clean since) is ignored for the full scan.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from automq_ref.config import BrokerConfig, load_config
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.meta_stream import latest_records, replay
 from automq_ref.formats.partition_checkpoint import decode_checkpoint, encode_checkpoint
@@ -24,32 +22,12 @@ from automq_ref.kafka import partition as partition_module
 from automq_ref.kafka.compaction import clean_partition
 from automq_ref.kafka.partition import Partition, _read_meta
 from automq_ref.node import Node, start_node
-from automq_ref.state_machines.compaction import CleanerConfig
+from tests.unit import test_broker_compaction as compaction_tests
 
-NOW = 1_700_000_000_000
-EAGER = CleanerConfig(min_cleanable_dirty_ratio=0.0)
 PRODUCER = 7
-
-
-def config_for(tmp_path: Path) -> BrokerConfig:
-    return load_config(
-        overrides=[
-            f"log.dirs={tmp_path}",
-            "s3.wal.capacity=16777216",
-            "log.cleaner.enable=false",
-            "log.cleaner.min.cleanable.ratio=0",
-        ],
-        environment={},
-    )
-
-
-@pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    node = await start_node(config_for(tmp_path))
-    try:
-        yield node
-    finally:
-        await node.shutdown()
+NOW, EAGER, config_for = compaction_tests.NOW, compaction_tests.EAGER, compaction_tests.config_for
+# The compaction tests' broker (embedded; cleans driven by the test), shared as their fixture.
+node = compaction_tests.node
 
 
 async def topic(node: Node, name: str, policy: str = "delete") -> Partition:

@@ -169,6 +169,22 @@ def node_views(image: sm.StreamMetadataImage, now_ms: int, grace_ms: int) -> lis
     return views
 
 
+def awaiting_failover(
+    image: sm.StreamMetadataImage, now_ms: int, settings: FailoverSettings
+) -> frozenset[int]:
+    """The brokers whose streams a crash failover will close: the round's candidates (session
+    fenced, streams still OPENED, past the grace, a WAL a survivor can reach), whether or not
+    one is in flight for them yet. Read-only: nothing is logged."""
+    return frozenset(
+        view.node_id
+        for view in node_views(image, now_ms, settings.grace_ms)
+        if view.session is Session.FENCED
+        and view.opened
+        and not view.in_grace
+        and survivors_can_take_over(failed_node_wal(image, view.node_id, settings))
+    )
+
+
 async def run_failover_round(
     client: ControllerClient,
     image: sm.StreamMetadataImage,

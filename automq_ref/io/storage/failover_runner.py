@@ -76,6 +76,27 @@ RETRY_MAX_S = 60.0
 WalTakeover = Callable[[str, int, int], Awaitable[WriteAheadLog]]
 
 
+@dataclass(frozen=True, slots=True)
+class FailoverTarget:
+    """This broker as a failover target: what each takeover works with. ``take_over_wal``
+    opens a failed node's WAL in failover mode; ``store``, ``client`` and ``view`` are this
+    broker's; a takeover prepares object ids as this broker (``node_id``, ``node_epoch``) and
+    recovers with its ``namespace``, LogCache ``params`` and ``clock``."""
+
+    take_over_wal: WalTakeover
+    store: ObjectStore
+    client: ControllerClient
+    view: MetadataView
+    node_id: int
+    node_epoch: int
+    namespace: str
+    params: lc.LogCacheParams
+    clock: Clock
+    # Turns the WAL's link records back into data (the zone router's channels); None: a WAL
+    # holding a link record to replay fails the takeover rather than dropping it.
+    link_resolver: LinkResolver | None = None
+
+
 class FailoverAborted(Exception):
     """The failed node restarted meanwhile (its node epoch moved on): nothing to take over."""
 
@@ -102,40 +123,23 @@ class FailoverResult:
     streams: int  # streams closed
     records: int  # WAL records uploaded
     bytes: int
+    # Seconds spent on each kind of effect (the WAL taken over, its records recovered and
+    # committed, the streams closed): where a slow takeover's time went.
+    wal_s: float = 0.0
+    recover_s: float = 0.0
+    close_s: float = 0.0
 
 
 async def take_over_failed_node(
-    context: StoredContext,
-    *,
-    take_over_wal: WalTakeover,
-    store: ObjectStore,
-    client: ControllerClient,
-    view: MetadataView,
-    node_id: int,
-    node_epoch: int,
-    namespace: str,
-    params: lc.LogCacheParams,
-    clock: Clock,
-    trace: FailoverTrace | None = None,
-    link_resolver: LinkResolver | None = None,
+    context: StoredContext, target: FailoverTarget, trace: FailoverTrace | None = None
 ) -> FailoverResult:
     """The target's steps 1-3 (module docstring), once, each the step the machine's target
     projection takes next (:func:`~automq_ref.state_machines.failover.target.next_step`), its
     effects carried out here; raises on any failure, and :class:`FailoverAborted` when the
     machine aborts the task (the failed node runs a newer epoch)."""
-    takeover = _Takeover(
-        context,
-        take_over_wal=take_over_wal,
-        store=store,
-        client=client,
-        view=view,
-        node_id=node_id,
-        node_epoch=node_epoch,
-        namespace=namespace,
-        params=params,
-        clock=clock,
-        link_resolver=link_resolver,
-    )
+    takeover = _Takeover(context, target)
+    view = target.view
+    node_id = target.node_id
     task = fo_target.start_task(node_id, context.context, _current_epoch(view, context))
     try:
         while True:
@@ -175,37 +179,24 @@ class _Takeover:
     """The I/O of one takeover attempt: the effects of the target's steps, and what they learn
     (the failed node's streams, a newer epoch of it)."""
 
-    def __init__(
-        self,
-        context: StoredContext,
-        *,
-        take_over_wal: WalTakeover,
-        store: ObjectStore,
-        client: ControllerClient,
-        view: MetadataView,
-        node_id: int,
-        node_epoch: int,
-        namespace: str,
-        params: lc.LogCacheParams,
-        clock: Clock,
-        link_resolver: LinkResolver | None = None,
-    ) -> None:
+    def __init__(self, context: StoredContext, target: FailoverTarget) -> None:
         self._context = context
-        self._link_resolver = link_resolver
-        self._take_over_wal = take_over_wal
-        self._store = store
-        self._client = client
-        self._view = view
-        self._node_id = node_id
-        self._node_epoch = node_epoch
-        self._namespace = namespace
-        self._params = params
-        self._clock = clock
+        self._take_over_wal = target.take_over_wal
+        self._store = target.store
+        self._client = target.client
+        self._view = target.view
+        self._node_id = target.node_id
+        self._node_epoch = target.node_epoch
+        self._namespace = target.namespace
+        self._params = target.params
+        self._clock = target.clock
+        self._link_resolver = target.link_resolver
         self._wal: WriteAheadLog | None = None
         self._storage: S3Storage | None = None
         self._opening: tuple[sm.OpeningStream, ...] = ()
         self.newer_epoch: int | None = None  # the failed node's, once the controller said so
         self.aborted: str | None = None
+        self._wal_s = self._recover_s = self._close_s = 0.0
 
     @property
     def opened(self) -> frozenset[int]:
@@ -216,17 +207,21 @@ class _Takeover:
         """Do the effects; whether one of them committed a metadata record."""
         committed = False
         for effect in effects:
+            began_s = self._clock.monotonic_s()
             match effect:
                 case fo.AcquireReservation():
                     self._wal = await self._take_over_wal(
                         self._context.wal_config, effect.wal_node_id, effect.reservation.epoch
                     )
+                    self._wal_s += self._clock.monotonic_s() - began_s
                 case fo.CommitRecords():
                     committed = await self._recover() or committed
+                    self._recover_s += self._clock.monotonic_s() - began_s
                 case fo.CloseStreams():
                     failed, epoch = self._context.failed_node_id, self._context.node_epoch
                     await close_streams(self._client, failed, epoch, self._opening)
                     committed = committed or bool(self._opening)
+                    self._close_s += self._clock.monotonic_s() - began_s
                 case fo.ResetWal():
                     pass  # the recovery resets the WAL once its records are committed
                 case fo.RemoveFailoverContext():
@@ -267,7 +262,14 @@ class _Takeover:
     def result(self) -> FailoverResult:
         assert self._storage is not None
         recovered = self._storage.recovered
-        return FailoverResult(len(self._opening), recovered.records, recovered.bytes)
+        return FailoverResult(
+            len(self._opening),
+            recovered.records,
+            recovered.bytes,
+            round(self._wal_s, 3),
+            round(self._recover_s, 3),
+            round(self._close_s, 3),
+        )
 
     async def close(self) -> None:
         if self._storage is not None:
@@ -281,34 +283,20 @@ class FailoverRunner:
 
     def __init__(
         self,
+        target: FailoverTarget,
         *,
-        take_over_wal: WalTakeover,
-        store: ObjectStore,
-        client: ControllerClient,
-        view: MetadataView,
-        node_id: int,
-        node_epoch: int,
-        namespace: str,
-        params: lc.LogCacheParams,
-        clock: Clock,
         retry_base_s: float = RETRY_BASE_S,
         retry_max_s: float = RETRY_MAX_S,
         trace: FailoverTrace | None = None,
-        link_resolver: LinkResolver | None = None,
     ) -> None:
-        self._take_over_wal = take_over_wal
-        self._store = store
-        self._client = client
-        self._view = view
-        self.node_id = node_id
-        self.node_epoch = node_epoch
-        self._namespace = namespace
-        self._params = params
-        self._clock = clock
+        self._target = target
+        self._view = target.view
+        self.node_id = target.node_id
+        self.node_epoch = target.node_epoch
+        self._clock = target.clock
         self._retry_base_s = retry_base_s
         self._retry_max_s = retry_max_s
         self._trace = trace
-        self._link_resolver = link_resolver
         self._follower: asyncio.Task[None] | None = None
         self._tasks: dict[tuple[int, int], asyncio.Task[None]] = {}
         self.completed: list[tuple[StoredContext, FailoverResult]] = []
@@ -366,20 +354,7 @@ class FailoverRunner:
         log.warning("failover started %s", what)
         while (reason := self._abandoned(context)) is None:
             try:
-                result = await take_over_failed_node(
-                    context,
-                    take_over_wal=self._take_over_wal,
-                    store=self._store,
-                    client=self._client,
-                    view=self._view,
-                    node_id=self.node_id,
-                    node_epoch=self.node_epoch,
-                    namespace=self._namespace,
-                    params=self._params,
-                    clock=self._clock,
-                    trace=self._trace,
-                    link_resolver=self._link_resolver,
-                )
+                result = await take_over_failed_node(context, self._target, self._trace)
             except FailoverAborted as error:
                 reason = str(error)
                 break
@@ -399,6 +374,10 @@ class FailoverRunner:
                     records=result.records,
                     bytes=result.bytes,
                     seconds=round(self._clock.monotonic_s() - started_s, 3),
+                    attempts=attempt + 1,
+                    wal_seconds=result.wal_s,
+                    recover_seconds=result.recover_s,
+                    close_seconds=result.close_s,
                 ),
             )
             return

@@ -1,12 +1,18 @@
 """Metadata and DescribeCluster: the cluster's brokers, its topics and their partitions' leaders.
 
 Both answer from this broker's metadata view: the brokers are the live ones (unfenced, not
-shutting down) and those in controlled shutdown that are still handing partitions over (they
-lead some, or hold a stream open), as Kafka lists a broker until its controlled shutdown ends,
-with their rack and the listener they registered, this broker always among them (it answers, so
-it serves). A client that saw a broker it was producing to vanish from the list in the same
-answer that moved its partitions away would drop them from that connection and find them again
-only at its next periodic leader query (librdkafka: hundreds of ms). A partition's leader is the
+shutting down) and those still handing partitions over, with their rack and the listener they
+registered, this broker always among them (it answers, so it serves). Handing over are a broker
+in controlled shutdown that still leads a partition or holds a stream open (Kafka lists a broker
+until its controlled shutdown ends), and a broker fenced by its session (in a cluster) while a
+crash failover is about to close its streams (still OPENED on it, past the failover grace, on a
+WAL a survivor can take over:
+:func:`~automq_ref.io.metadata.failover_contexts.awaiting_failover`) and for two seconds after
+this broker first saw it fenced (:mod:`automq_ref.kafka.fenced_brokers`). A client that saw a
+broker it was producing to vanish from the list in the same answer that moved its partitions
+away would drop them from that connection and find them again only at its next periodic leader
+query (librdkafka parks them on its internal broker: up to a second more, measured after a
+crash). A partition's leader is the
 broker placement assigned it to, at its leader epoch (``LEADER_NOT_AVAILABLE`` while no broker
 is live to take it), whether or not that broker has opened it yet: a request sent there early is
 held for the open (up to ``partition.open.wait.ms``), else answered ``NOT_LEADER_OR_FOLLOWER``
@@ -43,6 +49,7 @@ from dataclasses import dataclass
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
+from automq_ref.io.metadata.failover_contexts import FailoverSettings, awaiting_failover
 from automq_ref.kafka.acl_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
@@ -237,7 +244,7 @@ def _brokers(context: Context) -> list[_Broker]:
         )
     ]
     image = context.topics.view.image
-    for broker in [*sm.live_brokers(image), *_handing_over(image)]:
+    for broker in [*sm.live_brokers(image), *_handing_over(image, _failing_over(context, image))]:
         if broker.node_id == node_id or not broker.listeners:
             continue
         endpoint = broker.listeners[0]
@@ -245,16 +252,40 @@ def _brokers(context: Context) -> list[_Broker]:
     return sorted(found, key=lambda b: b.node_id)
 
 
-def _handing_over(image: sm.StreamMetadataImage) -> list[sm.BrokerRegistration]:
-    """Brokers in controlled shutdown that still lead a partition or hold a stream open."""
+def _handing_over(
+    image: sm.StreamMetadataImage, failing_over: frozenset[int] = frozenset()
+) -> list[sm.BrokerRegistration]:
+    """Brokers in controlled shutdown that still lead a partition or hold a stream open, and
+    those in ``failing_over`` (fenced, their streams about to be closed by a failover)."""
     return [
         broker
         for broker in image.brokers.values()
-        if broker.in_controlled_shutdown
-        and (
-            sm.broker_partitions(image, broker.node_id) or sm.opening_streams(image, broker.node_id)
+        if (
+            broker.in_controlled_shutdown
+            and (
+                sm.broker_partitions(image, broker.node_id)
+                or sm.opening_streams(image, broker.node_id)
+            )
         )
+        or (not broker.live and broker.node_id in failing_over)
     ]
+
+
+def _failing_over(context: Context, image: sm.StreamMetadataImage) -> frozenset[int]:
+    """The brokers fenced by their session that stay listed (a cluster only): those whose
+    streams a crash failover is about to close, and those this broker first saw fenced less
+    than :data:`~automq_ref.kafka.fenced_brokers.FENCED_LINGER_S` ago."""
+    config = context.config
+    if not config.etcd_endpoints or not any(
+        broker.fenced and not broker.in_controlled_shutdown for broker in image.brokers.values()
+    ):
+        return frozenset()  # the common case, answered without looking at the streams
+    settings = FailoverSettings(
+        config.failover_new_epoch_grace_ms,
+        config.s3_wal_path if config.object_wal is not None else "",
+    )
+    lingering = context.recently_fenced.lingering(image, context.clock.monotonic_s())
+    return lingering | awaiting_failover(image, context.clock.now_ms(), settings)
 
 
 def _controller_id(context: Context, brokers: list[_Broker]) -> int:
