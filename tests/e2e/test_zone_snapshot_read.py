@@ -1,0 +1,115 @@
+"""Reads in the client's zone on three broker processes (racks az1, az2, az3, the zone router on,
+object WALs in one shared directory): records produced straight to the partitions' leaders by a
+producer without a zone are consumed, every one in order, by a kafka-python consumer declaring
+zone az2 that bootstraps to node 2 and only ever talks to node 2, which serves the partitions
+nodes 1 and 3 lead from its snapshot-read copies (kept up through AutomqGetPartitionSnapshot
+and, when the main's delta overflows, the main's WAL objects).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Producer
+from kafka import KafkaConsumer, TopicPartition
+
+from tests.e2e.test_cluster import (
+    NODES,
+    Cluster,
+    agreed_leaders,
+    create_topic,
+    running_cluster,
+    unique,
+)
+from tests.waiting import PATIENCE_S
+
+PARTITIONS = 6
+ROUNDS = 3
+PER_ROUND = 120  # per partition and round: 240 KiB a partition, past the main's 32 KiB delta
+VALUE_BYTES = 2048
+
+
+@pytest.fixture(scope="module")
+def zoned(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Cluster]:
+    failed_before = request.session.testsfailed
+    channel = tmp_path_factory.mktemp("router-channel")
+    wals = tmp_path_factory.mktemp("wals")
+    overrides = (
+        f"automq.zonerouter.channels=0@dir://{channel}?batchInterval=250",
+        f"s3.wal.path=0@dir://{wals}?batchInterval=50",
+    )
+    with running_cluster(
+        lambda: request.session.testsfailed > failed_before, overrides=overrides
+    ) as cluster:
+        yield cluster
+
+
+def produce(bootstrap: str, topic: str, round_: int) -> dict[int, list[bytes]]:
+    """``PER_ROUND`` records to every partition, acknowledged by its leader (no zone)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    sent: dict[int, list[bytes]] = {index: [] for index in range(PARTITIONS)}
+    failures: list[object] = []
+    for number in range(PER_ROUND):
+        for index in range(PARTITIONS):
+            value = f"{round_}:{index}:{number}:".encode().ljust(VALUE_BYTES, b"x")
+            sent[index].append(value)
+            producer.produce(
+                topic,
+                value=value,
+                partition=index,
+                on_delivery=lambda error, _: failures.append(error) if error else None,
+            )
+        producer.poll(0)
+    assert producer.flush(PATIENCE_S) == 0
+    assert not failures, failures[:3]
+    return sent
+
+
+def test_a_consumer_in_az2_reads_every_partition_from_node_2(zoned: Cluster) -> None:
+    topic = unique("snapread")
+    create_topic(zoned.brokers[1].bootstrap, topic, PARTITIONS)
+    leaders = agreed_leaders(zoned, topic)
+    assert set(leaders.values()) == set(NODES), f"placement spreads the topic: {leaders}"
+    consumer = KafkaConsumer(
+        bootstrap_servers=zoned.brokers[2].bootstrap,
+        client_id="automq_az=az2&automq_type=consumer",
+        enable_auto_commit=False,
+        fetch_max_wait_ms=200,
+        max_partition_fetch_bytes=64 * 1024,
+    )
+    try:
+        partitions = [TopicPartition(topic, index) for index in range(PARTITIONS)]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        expected: dict[int, list[bytes]] = {index: [] for index in range(PARTITIONS)}
+        got: dict[int, list[tuple[int, bytes]]] = {index: [] for index in range(PARTITIONS)}
+        for round_ in range(ROUNDS):
+            for index, values in produce(zoned.bootstrap(), topic, round_).items():
+                expected[index].extend(values)
+            deadline = time.monotonic() + PATIENCE_S
+            while any(len(got[i]) < len(expected[i]) for i in got):
+                assert time.monotonic() < deadline, {i: len(got[i]) for i in got}
+                for part, records in consumer.poll(timeout_ms=500).items():
+                    got[part.partition].extend((r.offset, r.value) for r in records)
+        for index in range(PARTITIONS):
+            offsets = [offset for offset, _ in got[index]]
+            assert offsets == list(range(len(expected[index]))), index
+            assert [value for _, value in got[index]] == expected[index], index
+        # kafka-python fetches each partition from its leader as Metadata named it: node 2.
+        cluster = consumer._client.cluster
+        assert {cluster.leader_for_partition(p) for p in partitions} == {2}
+    finally:
+        consumer.close()
+    # Node 2 served the partitions nodes 1 and 3 lead from its snapshot-read copies, and no
+    # other broker served any.
+    for node in NODES:
+        log = zoned.brokers[node].log_path.read_text(errors="replace")
+        served = {
+            index for index in range(PARTITIONS) if f"snapshot read serves {topic}-{index} " in log
+        }
+        want = {index for index, leader in leaders.items() if leader != 2} if node == 2 else set()
+        assert served == want, (node, served, leaders)
