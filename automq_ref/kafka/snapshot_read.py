@@ -86,6 +86,7 @@ POLL_SPACING_S: Final = 0.001
 RECONNECT_S: Final = 0.5
 CACHE_BYTES: Final = 64 * 1024 * 1024  # per proxy, across its snapshot-read partitions
 REBASE_RECORDS: Final = 256
+FILL_ROUNDS: Final = 8  # gaps filled from committed objects per answer, at most
 _LENGTH = struct.Struct(">i")
 
 
@@ -219,6 +220,8 @@ class SnapshotPartition:
             if isinstance(effect, cw.Rejected):
                 raise StorageError(f"{self.topic}-{self.index}: {type(event).__name__}: {effect}")
         self._machine = transition.state
+        if self.record_trace:  # tests: the machine's invariants after every step
+            cw.check_invariants(self._machine)
         name = type(event).__name__
         self.steps[name] = self.steps.get(name, 0) + 1
         if self.record_trace:
@@ -238,6 +241,13 @@ class SnapshotPartition:
             cached.index = -1  # served from the cache, no longer the machine's
 
     # ------------------------------------------------------------------ from answers
+
+    def start_at(self, offset: int) -> None:
+        """Before any fetch: the replay begins at ``offset`` (below it: committed objects,
+        which the main is asked to upload)."""
+        if offset < self.floor:
+            self.floor = self.exposed = max(offset, self._log_start)
+            self.wants_commit = True
 
     def update(self, snapshot: PartitionSnapshot) -> None:
         self.epoch = snapshot.leader_epoch
@@ -349,39 +359,44 @@ class SnapshotPartition:
         return True
 
     async def _apply(self) -> None:
-        """Raise the applied end as far as the cache holds data without a gap."""
-        for _ in range(8):
+        """Apply the newest answer once the cache holds every offset below its end as data
+        (filling gaps from committed objects where they hold them)."""
+        for _ in range(FILL_ROUNDS):
             cursor = max(self.exposed, self.floor)
-            position = bisect.bisect_right(self._bases, cursor) - 1
             while cursor < self.target_end:
-                if position + 1 < len(self._bases) and self._bases[position + 1] <= cursor:
-                    position += 1
-                if position < 0 or position >= len(self._bases):
-                    break
-                cached = self._cache[self._bases[position]]
-                if not cached.base <= cursor < cached.base + cached.count:
+                cached = self._holding(cursor)
+                if cached is None:
                     break
                 if cached.payload is None and not await self._retry_link(cached):
                     self.wants_commit = True  # a link that does not resolve yet
                     return
                 cursor = cached.base + cached.count
-                position += 1
             if cursor >= self.target_end:
-                break
-            later = bisect.bisect_right(self._bases, cursor)
-            gap_end = self._bases[later] if later < len(self._bases) else self.target_end
-            if not await self._fill_from_objects(cursor, min(gap_end, self.target_end)):
-                self.wants_commit = True
-                self._expose(cursor)
+                self.wants_commit = False
+                self._expose(self.target_end)
                 return
-        self.wants_commit = False
-        self._expose(self.target_end)
+            gap_end = min(self._next_cached(cursor, self.target_end), self.target_end)
+            if not await self._fill_from_objects(cursor, gap_end):
+                break
+        self.wants_commit = True  # the main's next commit lets the gap be filled
+
+    def _holding(self, offset: int) -> _Cached | None:
+        position = bisect.bisect_right(self._bases, offset) - 1
+        if position < 0:
+            return None
+        cached = self._cache[self._bases[position]]
+        return cached if offset < cached.base + cached.count else None
 
     def _expose(self, end: int) -> None:
+        """``ApplySnapshot``: fetches may read below ``end``; waiting fetches wake."""
         if end <= self.exposed:
             return
-        machine = self._machine
-        if machine.proxy.target.partition_end > machine.proxy.exposed_end:
+        proxy = self._machine.proxy
+        if proxy.target.partition_end > proxy.exposed_end:
+            transition = cw.step(self._machine, cw.ApplySnapshot())
+            if any(isinstance(effect, cw.Rejected) for effect in transition.effects):
+                log.error("%s-%d: the machine refuses ApplySnapshot", self.topic, self.index)
+                return
             self._step(cw.ApplySnapshot())
         self.exposed = end
         self._appended.set()
@@ -468,8 +483,8 @@ class SnapshotPartition:
                 chunk = [(batch.payload, batch.last_offset) for batch in batches]
                 self.served_from_objects += len(chunk)
             else:
-                cached = self._cache[self._bases[bisect.bisect_right(self._bases, cursor) - 1]]
-                assert cached.payload is not None
+                cached = self._holding(cursor)
+                assert cached is not None and cached.payload is not None
                 if cached.index >= 0 and cached.index < self._machine.proxy.exposed_end:
                     self._step(cw.ServeRead(cached.index))
                 self.served_from_cache += 1
@@ -487,11 +502,8 @@ class SnapshotPartition:
         return payloads
 
     def _covered(self, offset: int) -> bool:
-        position = bisect.bisect_right(self._bases, offset) - 1
-        if position < 0:
-            return False
-        cached = self._cache[self._bases[position]]
-        return cached.base <= offset < cached.base + cached.count and cached.payload is not None
+        cached = self._holding(offset)
+        return cached is not None and cached.payload is not None
 
     def _next_cached(self, offset: int, end: int) -> int:
         position = bisect.bisect_right(self._bases, offset)
@@ -630,14 +642,6 @@ class MainSubscriber:
         if response.confirm_wal_config:
             self._wal_config = response.confirm_wal_config
         end = RecordOffset.decode(response.confirm_wal_end_offset)
-        touched: set[tuple[str, int]] = set()
-        for topic in response.topics:
-            name = self._topic_name(topic.topic_id)
-            if name is None:
-                continue
-            for snapshot in topic.partitions:
-                touched.add((name, snapshot.partition_index))
-                self._change(name, topic.topic_id, snapshot)
         records: list[StreamRecordBatch] = []
         if not first and self._wal_end is not None and end.offset > self._wal_end:
             if response.confirm_wal_delta_data is not None:
@@ -646,6 +650,20 @@ class MainSubscriber:
             else:
                 records = await self._read_wal(end.epoch, self._wal_end, end.offset)
         self._wal_end = end.offset
+        # Where each stream's records of this answer begin: a partition added by a later answer
+        # (it opened on the main since the previous one) replays them rather than reading them
+        # from objects the main may not have committed yet.
+        first_base: dict[int, int] = {}
+        for batch in records:
+            first_base.setdefault(batch.stream_id, batch.base_offset)
+        touched: set[tuple[str, int]] = set()
+        for topic in response.topics:
+            name = self._topic_name(topic.topic_id)
+            if name is None:
+                continue
+            for snapshot in topic.partitions:
+                touched.add((name, snapshot.partition_index))
+                self._change(name, topic.topic_id, snapshot, None if first else first_base)
         by_partition: dict[tuple[str, int], list[StreamRecordBatch]] = {}
         for batch in records:
             partition = self._by_stream.get(batch.stream_id)
@@ -656,7 +674,13 @@ class MainSubscriber:
             if partition is not None:
                 await partition.ingest(by_partition.get(key, []))
 
-    def _change(self, name: str, topic_id: uuid.UUID, snapshot: PartitionSnapshot) -> None:
+    def _change(
+        self,
+        name: str,
+        topic_id: uuid.UUID,
+        snapshot: PartitionSnapshot,
+        first_base: Mapping[int, int] | None,
+    ) -> None:
         key = (name, snapshot.partition_index)
         held = self.partitions.get(key)
         if snapshot.operation is SnapshotOperation.REMOVE:
@@ -680,6 +704,8 @@ class MainSubscriber:
                 record_trace=self._record_trace,
                 on_cache_change=self._on_cache_change,
             )
+            if first_base is not None:
+                held.start_at(first_base.get(held.data_stream_id, held.floor))
             self.partitions[key] = held
             self._by_stream[held.data_stream_id] = held
         else:

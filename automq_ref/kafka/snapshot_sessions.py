@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import uuid
@@ -279,8 +278,10 @@ class SnapshotSessions:
                 remaining = deadline - self._clock.monotonic_s()
                 if remaining <= 0:
                     break
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self._changed.wait(), remaining)
+                except TimeoutError:
+                    break
                 if session.session_id not in self._sessions:
                     break
         response = self._answer(session, version, first=new)
