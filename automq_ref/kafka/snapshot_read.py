@@ -604,12 +604,7 @@ class MainSubscriber:
                 self._session_id, self._session_epoch = 0, 0
                 while True:
                     correlation += 1
-                    wants = self._session_id == 0 or any(
-                        p.wants_commit for p in self.partitions.values()
-                    )
-                    request = GetPartitionSnapshotRequest(
-                        self._session_id, self._session_epoch, request_commit=wants
-                    )
+                    request = self.next_request()
                     frame = encode_request_frame(
                         request, MAX_VERSION, correlation, f"snapshot-read-{self._node_id}"
                     )
@@ -632,12 +627,21 @@ class MainSubscriber:
                 if writer is not None:
                     writer.close()
 
+    def next_request(self) -> GetPartitionSnapshotRequest:
+        """The next poll: this session's id and epoch; a commit asked for at a session's start
+        and while a partition waits for committed objects."""
+        wants = self._session_id == 0 or any(p.wants_commit for p in self.partitions.values())
+        return GetPartitionSnapshotRequest(
+            self._session_id, self._session_epoch, request_commit=wants
+        )
+
     async def apply(self, response: GetPartitionSnapshotResponse) -> None:
         """One answer: partition changes, then the WAL records since the previous answer."""
         if response.error_code:
             raise ConnectionError(f"the main answered error {response.error_code}")
         self.answers += 1
-        first = response.session_id != self._session_id
+        # A session's first answer has epoch 1 (a restarted main may reuse an id).
+        first = response.session_id != self._session_id or response.session_epoch == 1
         self._session_id, self._session_epoch = response.session_id, response.session_epoch
         if response.confirm_wal_config:
             self._wal_config = response.confirm_wal_config
@@ -669,7 +673,8 @@ class MainSubscriber:
             partition = self._by_stream.get(batch.stream_id)
             if partition is not None:
                 by_partition.setdefault((partition.topic, partition.index), []).append(batch)
-        for key in touched | set(by_partition):
+        behind = {key for key, p in self.partitions.items() if p.exposed < p.target_end}
+        for key in touched | set(by_partition) | behind:
             partition = self.partitions.get(key)
             if partition is not None:
                 await partition.ingest(by_partition.get(key, []))
