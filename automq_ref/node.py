@@ -49,6 +49,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig, ObjectWalSettings
@@ -444,6 +445,14 @@ class Node:
                 if proxy == config.node_id and main != config.node_id
             }
 
+        trace_dir = (
+            Path(config.automq_zonerouter_snapshot_read_trace_dir)
+            if config.automq_zonerouter_snapshot_read_trace_dir
+            else None
+        )
+        if trace_dir is not None:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+
         def subscriber(main: int, on_cache: Callable[[int], None]) -> MainSubscriber:
             return MainSubscriber(
                 main,
@@ -457,6 +466,7 @@ class Node:
                 namespace=NAMESPACE,
                 sources=lambda: frozenset(view.image.brokers),
                 node_id=config.node_id,
+                trace_dir=trace_dir,
                 on_cache_change=on_cache,
             )
 

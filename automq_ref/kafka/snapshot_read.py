@@ -46,11 +46,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import logging
 import struct
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Protocol
 
 from automq_ref.formats.errors import FormatError
@@ -179,6 +181,7 @@ class SnapshotPartition:
         committed: CommittedReader,
         resolver: LinkResolver | None,
         record_trace: bool = False,
+        trace_path: Path | None = None,
         on_cache_change: Callable[[int], None] = lambda delta: None,
     ) -> None:
         self.topic = topic
@@ -203,14 +206,15 @@ class SnapshotPartition:
         self._appended = asyncio.Event()
         self._lock = asyncio.Lock()
         self._machine = cw.initial_state(sources)
-        self.record_trace = record_trace
+        self.record_trace = record_trace or trace_path is not None
+        self._trace_path = trace_path
         self.trace: list[tuple[str, dict[str, object]]] = []
         self.steps: dict[str, int] = {}
         self.served = 0  # fetches answered
         self.served_from_cache = 0
         self.served_from_objects = 0
-        if record_trace:
-            self.trace.append(("Init", cw.tla_state(self._machine)))
+        if self.record_trace:
+            self._record("Init")
 
     # ------------------------------------------------------------------- the machine
 
@@ -225,8 +229,15 @@ class SnapshotPartition:
         name = type(event).__name__
         self.steps[name] = self.steps.get(name, 0) + 1
         if self.record_trace:
-            self.trace.append((name, cw.tla_state(self._machine)))
+            self._record(name)
         return cw.response_of(transition)
+
+    def _record(self, action: str) -> None:
+        state = cw.tla_state(self._machine)
+        self.trace.append((action, state))
+        if self._trace_path is not None:  # a line a step, readable while the broker runs
+            with self._trace_path.open("a") as file:
+                file.write(json.dumps({"action": action, "state": state}, sort_keys=True) + "\n")
 
     def _rebase(self) -> None:
         """Start the machine afresh once all is applied (tracing off): its state stays small."""
@@ -552,6 +563,7 @@ class MainSubscriber:
         sources: Callable[[], frozenset[int]],
         node_id: int,
         record_trace: bool = False,
+        trace_dir: Path | None = None,
         on_cache_change: Callable[[int], None] = lambda delta: None,
     ) -> None:
         self.main = main
@@ -564,6 +576,7 @@ class MainSubscriber:
         self._sources = sources
         self._node_id = node_id
         self._record_trace = record_trace
+        self._trace_dir = trace_dir
         self._on_cache_change = on_cache_change
         self.partitions: dict[tuple[str, int], SnapshotPartition] = {}
         self._by_stream: dict[int, SnapshotPartition] = {}
@@ -707,6 +720,13 @@ class MainSubscriber:
                 committed=self._committed,
                 resolver=self._resolver,
                 record_trace=self._record_trace,
+                trace_path=(
+                    None
+                    if self._trace_dir is None
+                    else self._trace_dir
+                    / f"node{self._node_id}-main{self.main}-session{self._session_id}"
+                    f"-{name}-{snapshot.partition_index}.ndjson"
+                ),
                 on_cache_change=self._on_cache_change,
             )
             if first_base is not None:
@@ -723,6 +743,10 @@ class MainSubscriber:
         if store is None:
             return []
         try:
+            if not self.wal_reads:
+                log.info(
+                    "snapshot read of node %d: reading its WAL objects from %d", self.main, start
+                )
             self.wal_reads += 1
             return await read_wal_records(store, self._namespace, self.main, epoch, start, end)
         except WalUnreadableError as error:
