@@ -69,7 +69,7 @@ from automq_ref.formats.zone_router import LinkRecord, RecordOffset
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, StorageError
 from automq_ref.io.storage.wal_object import DATA_ALIGN_BYTES
-from automq_ref.kafka.snapshot_sessions import LOG_STREAM
+from automq_ref.kafka.snapshot_sessions import CLEANED_SUFFIX, LOG_STREAM
 from automq_ref.protocol.partition_snapshot import (
     MAX_VERSION,
     GetPartitionSnapshotRequest,
@@ -89,6 +89,7 @@ RECONNECT_S: Final = 0.5
 CACHE_BYTES: Final = 64 * 1024 * 1024  # per proxy, across its snapshot-read partitions
 REBASE_RECORDS: Final = 256
 FILL_ROUNDS: Final = 8  # gaps filled from committed objects per answer, at most
+FILL_BYTES: Final = 8 * 1024 * 1024  # read from committed objects per fill
 _LENGTH = struct.Struct(">i")
 
 
@@ -191,6 +192,7 @@ class SnapshotPartition:
         self.data_stream_id = _data_stream(snapshot)
         start, end = _offsets(snapshot)
         self._log_start = start
+        self.cleaned = _cleaned(snapshot)  # below its end: the cleaned stream's objects
         self.floor = end  # below: read from committed objects
         self.exposed = end  # fetches read below it
         self.target_end = end  # the main's durable end in its newest answer
@@ -264,6 +266,7 @@ class SnapshotPartition:
         self.epoch = snapshot.leader_epoch
         start, end = _offsets(snapshot)
         self._log_start = start
+        self.cleaned = _cleaned(snapshot)
         self.target_end = max(self.target_end, end)
 
     async def ingest(self, records: list[StreamRecordBatch]) -> None:
@@ -361,7 +364,7 @@ class SnapshotPartition:
     async def _fill_from_objects(self, start: int, end: int) -> bool:
         """A gap [start, end) of the replay, filled from committed objects if they hold it."""
         try:
-            batches = await self._committed.read(self.data_stream_id, start, end, 1 << 30)
+            batches = await self._committed.read(self.data_stream_id, start, end, FILL_BYTES)
         except StorageError:
             return False
         if not batches or batches[0].base_offset > start:
@@ -484,12 +487,23 @@ class SnapshotPartition:
         size = 0
         cursor = offset
         while cursor < end:
-            if cursor < self.floor or not self._covered(cursor):
+            cleaned = self.cleaned
+            if cleaned is not None and cursor < cleaned[1]:
+                # Below the cleaned end the leader reads the compacted stream: so does this.
+                batches = await self._committed.read(
+                    cleaned[0], cursor, min(cleaned[1], end), max(max_bytes - size, 1)
+                )
+                if not batches:
+                    break
+                chunk = [(batch.payload, batch.last_offset) for batch in batches]
+                self.served_from_objects += len(chunk)
+            elif cursor < self.floor or not self._covered(cursor):
                 stop = self.floor if cursor < self.floor else self._next_cached(cursor, end)
                 batches = await self._committed.read(
                     self.data_stream_id, cursor, min(stop, end), max(max_bytes - size, 1)
                 )
                 if not batches:
+                    self.wants_commit = True  # not in committed objects yet: ask for an upload
                     break
                 chunk = [(batch.payload, batch.last_offset) for batch in batches]
                 self.served_from_objects += len(chunk)
@@ -530,6 +544,20 @@ def _data_stream(snapshot: PartitionSnapshot) -> int:
     if snapshot.stream_metadata:
         return snapshot.stream_metadata[0].stream_id
     raise StorageError(f"partition {snapshot.partition_index}: the snapshot names no data stream")
+
+
+def _cleaned(snapshot: PartitionSnapshot) -> tuple[int, int] | None:
+    """A compacted topic's cleaned stream and where it ends (None: no clean yet)."""
+    metadata = snapshot.log_metadata
+    if metadata is None:
+        return None
+    stream = dict(metadata.stream_map).get(LOG_STREAM + CLEANED_SUFFIX)
+    if stream is None:
+        return None
+    for segment in metadata.segments:
+        if segment.stream_suffix == CLEANED_SUFFIX:
+            return stream, segment.log.end
+    return None
 
 
 def _offsets(snapshot: PartitionSnapshot) -> tuple[int, int]:

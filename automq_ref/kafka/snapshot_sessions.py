@@ -64,6 +64,7 @@ LAZY_COMMIT_S: Final = 1.0
 MAX_DELTA_BYTES: Final = 32 * 1024
 WAL_TRIM_DELAY_S: Final = 30.0
 LOG_STREAM: Final = "log"  # the data stream's name in the stream map
+CLEANED_SUFFIX: Final = ".cleaned"  # a compacted topic's cleaned stream: "log.cleaned"
 
 
 class LedPartition(Protocol):
@@ -89,19 +90,37 @@ class PartitionFacts:
     log_start: int
     log_end: int  # the end of the durable prefix (the high watermark)
     data_stream_id: int
+    # A compacted topic's cleaned stream and where it ends (the log below is read from it).
+    cleaned_stream_id: int | None = None
+    cleaned_end: int = 0
 
     def snapshot(self, index: int, operation: SnapshotOperation) -> PartitionSnapshot:
-        segment = SegmentMetadata(
-            base_offset=self.log_start, log=SliceRange(self.log_start, self.log_end)
+        live_start = self.log_start
+        segments = []
+        stream_map = [(LOG_STREAM, self.data_stream_id)]
+        stream_ends = [StreamEnd(self.data_stream_id, self.log_end)]
+        if self.cleaned_stream_id is not None:
+            live_start = max(self.log_start, self.cleaned_end)
+            segments.append(
+                SegmentMetadata(
+                    base_offset=self.log_start,
+                    stream_suffix=CLEANED_SUFFIX,
+                    log=SliceRange(self.log_start, live_start),
+                )
+            )
+            stream_map.append((LOG_STREAM + CLEANED_SUFFIX, self.cleaned_stream_id))
+            stream_ends.append(StreamEnd(self.cleaned_stream_id, self.cleaned_end))
+        segments.append(
+            SegmentMetadata(base_offset=live_start, log=SliceRange(live_start, self.log_end))
         )
         return PartitionSnapshot(
             partition_index=index,
             leader_epoch=self.leader_epoch,
             operation=operation,
-            log_metadata=LogMetadata((segment,), ((LOG_STREAM, self.data_stream_id),)),
+            log_metadata=LogMetadata(tuple(segments), tuple(stream_map)),
             first_unstable_offset=LogOffset(self.log_end),
             log_end_offset=LogOffset(self.log_end),
-            stream_metadata=(StreamEnd(self.data_stream_id, self.log_end),),
+            stream_metadata=tuple(stream_ends),
         )
 
 
@@ -113,6 +132,8 @@ def facts_of(partition: LedPartition) -> PartitionFacts | None:
             partition.log_start_offset,
             partition.high_watermark,
             partition.data_stream_id,
+            getattr(partition, "cleaned_stream_id", None),
+            getattr(partition, "cleaned_end", 0),
         )
     except Exception:  # the storage no longer holds its streams (closing, moved)
         return None

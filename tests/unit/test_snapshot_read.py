@@ -100,7 +100,8 @@ class Main:
         )
 
     async def commit(self, linger_s: float) -> None:
-        self.committed.batches = list(self.appended)
+        others = [b for b in self.committed.batches if b.stream_id != STREAM]
+        self.committed.batches = [*others, *self.appended]
 
     async def append(self, payload: bytes, link: LinkRecord | None = None) -> None:
         base = self.led.end
@@ -261,3 +262,44 @@ async def test_a_main_restart_takes_back_nothing_served(store: ObjectStore) -> N
     if shutil.which("java") is not None:
         verdict = tv.validate(trace_of(partition), "ConfirmWal")
         assert verdict.accepted, verdict.message
+
+
+async def test_evicted_records_are_read_from_committed_objects(store: ObjectStore) -> None:
+    main = Main(store, await open_wal(store, 1))
+    sub = subscriber(main)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    payloads = [b"r%d" % n for n in range(6)]
+    for payload in payloads:
+        await main.append(payload)
+    await poll(sub, main)
+    assert partition.evict(0) == sum(map(len, payloads))
+    assert partition.floor == 6 and partition.cached_bytes == 0
+    # Not committed yet: nothing to serve, and the next poll asks the main for an upload.
+    assert await everything(partition) == []
+    assert sub.next_request().request_commit
+    await main.commit(0)
+    assert await everything(partition) == payloads
+    assert [bytes(p) for p in await partition.read(3, 1)] == [payloads[3]]
+    await main.wal.close()
+
+
+async def test_a_compacted_log_below_the_cleaned_end_comes_from_the_cleaned_stream(
+    store: ObjectStore,
+) -> None:
+    main = Main(store, await open_wal(store, 1))
+    for n in range(4):
+        await main.append(b"live %d" % n)
+    await main.commit(0)
+    # A clean wrote offsets 0..3 compacted into one record of the cleaned stream 200.
+    main.committed.batches.append(StreamRecordBatch(200, 1, 0, 4, b"compacted 0-3"))
+    main.led.cleaned_stream_id = 200  # type: ignore[attr-defined]
+    main.led.cleaned_end = 4  # type: ignore[attr-defined]
+    sub = subscriber(main)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    assert partition.cleaned == (200, 4) and partition.exposed == 4
+    await main.append(b"live 4")
+    await poll(sub, main)
+    assert await everything(partition) == [b"compacted 0-3", b"live 4"]
+    await main.wal.close()
