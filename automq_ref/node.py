@@ -508,6 +508,8 @@ class Node:
             await self.route_epochs.close()
         if self.context.snapshot_reads is not None:
             await self.context.snapshot_reads.close()
+        if self.context.snapshot_sessions is not None:
+            await self.context.snapshot_sessions.close()
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
@@ -552,6 +554,8 @@ class Node:
             await self.route_epochs.close()
         if self.context.snapshot_reads is not None:
             await self.context.snapshot_reads.close()
+        if self.context.snapshot_sessions is not None:
+            await self.context.snapshot_sessions.close()
         # With those whose give-up the stop cut short: none may stay open.
         partitions = self.topics.unclosed()
         for partition in partitions:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import itertools
 import logging
 import uuid
@@ -247,8 +248,16 @@ class SnapshotSessions:
         self._wal_end = 0  # the end of the newest durable WAL record seen
         self._changed = asyncio.Event()
         self._lazy_commit: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self.commits_requested = 0
+
+    async def close(self) -> None:
+        """Stop answering: sessions dropped, a lazy commit in flight cancelled."""
+        self._sessions.clear()
+        task, self._lazy_commit = self._lazy_commit, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
 
     # ---------------------------------------------------------------- the storage's listener
 
