@@ -454,6 +454,16 @@ class SnapshotPartition:
     def log_start_offset(self) -> int:
         return self._log_start
 
+    def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as OffsetForLeaderEpoch answers, from what the copy knows: the
+        current epoch ends at the applied end. The copy has no epoch history; for an older
+        epoch it answers that epoch with the applied end, which tells a client that nothing it
+        read was truncated: true, since only durable records are ever served and none is taken
+        back."""
+        if leader_epoch >= self.epoch:
+            return self.epoch, self.exposed
+        return leader_epoch, self.exposed
+
     async def wait_for_data(self) -> None:
         await self._appended.wait()
 

@@ -1,9 +1,11 @@
 """Reads in the client's zone on three broker processes (racks az1, az2, az3, the zone router on,
 object WALs in one shared directory): records produced straight to the partitions' leaders by a
-producer without a zone are consumed, every one in order, by a kafka-python consumer declaring
-zone az2 that bootstraps to node 2 and only ever talks to node 2, which serves the partitions
-nodes 1 and 3 lead from its snapshot-read copies (kept up through AutomqGetPartitionSnapshot
-and, when the main's delta overflows, the main's WAL objects).
+producer without a zone are consumed, every one in order, by a kafka-python and a confluent-kafka
+consumer declaring zone az2 that bootstrap to node 2, which Metadata names leader of every
+partition and which serves the partitions nodes 1 and 3 lead from its snapshot-read copies (kept
+up through AutomqGetPartitionSnapshot and, when the main's delta overflows, the main's WAL
+objects); node 2's log names every partition it served that way, the other brokers' none. The
+ConfirmWal trace node 2 recorded for one of them is validated by TLC.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaPartition
 from kafka import KafkaConsumer, TopicPartition
 
 from tests.e2e.test_cluster import (
@@ -84,6 +87,37 @@ def produce(bootstrap: str, topic: str, round_: int) -> dict[int, list[bytes]]:
     return sent
 
 
+def confluent_read(
+    bootstrap: str, topic: str, expected: dict[int, list[bytes]]
+) -> dict[int, list[bytes]]:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automq_az=az2",
+            "group.id": unique("unused"),  # required by the client; offsets are not committed
+            "enable.auto.commit": False,
+        }
+    )
+    got: dict[int, list[bytes]] = {index: [] for index in expected}
+    try:
+        consumer.assign([KafkaPartition(topic, index, OFFSET_BEGINNING) for index in expected])
+        deadline = time.monotonic() + PATIENCE_S
+        while any(len(got[i]) < len(expected[i]) for i in got):
+            assert time.monotonic() < deadline, {i: len(got[i]) for i in got}
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            index = message.partition()
+            assert message.offset() == len(got[index]), (index, message.offset())
+            value = message.value()
+            assert value is not None
+            got[index].append(value)
+    finally:
+        consumer.close()
+    return got
+
+
 def test_a_consumer_in_az2_reads_every_partition_from_node_2(zoned: Cluster, traces: Path) -> None:
     topic = unique("snapread")
     create_topic(zoned.brokers[1].bootstrap, topic, PARTITIONS)
@@ -119,6 +153,9 @@ def test_a_consumer_in_az2_reads_every_partition_from_node_2(zoned: Cluster, tra
         assert {cluster.leader_for_partition(p) for p in partitions} == {2}
     finally:
         consumer.close()
+    # confluent-kafka (librdkafka: it validates positions with OffsetForLeaderEpoch) reads the
+    # same records from node 2.
+    assert confluent_read(zoned.brokers[2].bootstrap, topic, expected) == expected
     # Node 2 served the partitions nodes 1 and 3 lead from its snapshot-read copies, and no
     # other broker served any.
     for node in NODES:

@@ -258,6 +258,10 @@ async def test_a_main_restart_takes_back_nothing_served(store: ObjectStore) -> N
     assert partition.exposed == 4
     assert (await everything(partition))[:3] == served
     assert await everything(partition) == [*served, b"after"]
+    # OffsetForLeaderEpoch: the current epoch ends at the applied end; an older one reports no
+    # truncation (the copy keeps no epoch history, and nothing served is ever taken back).
+    assert partition.end_offset_for_epoch(2) == (2, 4)
+    assert partition.end_offset_for_epoch(1) == (1, 4)
     await restarted.wal.close()
     if shutil.which("java") is not None:
         verdict = tv.validate(trace_of(partition), "ConfirmWal")

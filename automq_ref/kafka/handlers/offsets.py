@@ -114,7 +114,12 @@ async def handle_offset_for_leader_epoch(context: Context, request: Request) -> 
         partitions = []
         for asked in topic.partitions:
             index = int(asked.partition)
-            partition = partitions_by_key.get((topic.topic, index))
+            partition: Partition | SnapshotPartition | None = partitions_by_key.get(
+                (topic.topic, index)
+            )
+            if partition is None:
+                # A proxy answers for its main's partition, from its snapshot-read copy.
+                partition = snapshot_partition(context, request, topic.topic, index)
             current_epoch = int(asked.current_leader_epoch)
             if partition is None:
                 code = context.topics.not_here(topic.topic, index)
