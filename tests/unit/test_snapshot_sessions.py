@@ -3,23 +3,31 @@ session's first answer adds every partition led here and names the WAL; later an
 changes (PATCH, REMOVE, ADD); the WAL delta rides along while it fits in 32 KiB and is null
 (read the WAL) once it overflowed; the long poll ends early when the WAL grows; an unknown
 session or a wrong epoch starts a new session; idle sessions expire after 60 s; requestCommit
-uploads before a new session's first answer and lazily (1 s) otherwise."""
+uploads before a new session's first answer and lazily (1 s) otherwise. And the two storage
+hooks it uses, on a real S3Storage: the append listeners and the delayed WAL trims."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
+from automq_ref.formats.stream_record_batch import decode as decode_batch
 from automq_ref.formats.zone_router import RecordOffset
 from automq_ref.io.clock import SystemClock
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.kafka import snapshot_sessions as ss
 from automq_ref.protocol.partition_snapshot import (
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
     SnapshotOperation,
 )
+from tests.storage_fixtures import NODE_ID, start_storage
+from tests.unit.test_s3stream import PARAMS
 
 TOPIC = uuid.UUID(int=7)
 
@@ -180,3 +188,42 @@ async def test_request_commit_uploads_at_once_for_a_new_session_else_lazily() ->
     await main.ask(first.session_id, first.session_epoch, commit=True)
     await asyncio.sleep(0)
     assert main.commits == [0.0, ss.LAZY_COMMIT_S]
+
+
+async def test_the_storage_reports_durable_records_and_delays_its_wal_trims(
+    tmp_path: Path,
+) -> None:
+    """The two storage hooks snapshot reads use: every durable record goes to the append
+    listeners in WAL order, as the WAL holds it; with a trim delay the WAL is trimmed that much
+    after the commit that allows it (the main's WAL objects stay readable for proxies)."""
+    objects = LocalDirectoryObjectStore(tmp_path / "wal", fsync=False)
+    wal = await ObjectWal.open(
+        objects,
+        namespace="_kafka_test",
+        node_id=NODE_ID,
+        node_epoch=1,
+        config=ObjectWalConfig(batch_interval_ms=5),
+    )
+    running = await start_storage(
+        tmp_path, wal, LocalDirectoryObjectStore(tmp_path / "data", fsync=False), params=PARAMS
+    )
+    storage = running.storage
+    heard: list[tuple[bytes, int, int]] = []
+    storage.append_listeners.append(lambda *record: heard.append(record))
+    storage.wal_trim_delay_s = 0.5
+    stream = await storage.create_stream()
+    await storage.open_stream(stream, 0)
+    for n in range(3):
+        await storage.append(stream, 0, b"record %d" % n, 1)
+    decoded = [decode_batch(encoded)[0] for encoded, _, _ in heard]
+    assert [(b.stream_id, b.base_offset, bytes(b.payload)) for b in decoded] == [
+        (stream, n, b"record %d" % n) for n in range(3)
+    ]
+    assert all(a[2] <= b[1] for a, b in itertools.pairwise(heard))
+    await storage.force_upload(stream)
+    await asyncio.sleep(0.1)
+    assert wal.trim_offset == 0  # committed, not trimmed yet
+    await asyncio.sleep(0.8)
+    assert wal.trim_offset > 0
+    await running.stop(close_store=True)
+    await objects.close()
