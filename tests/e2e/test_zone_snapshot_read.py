@@ -110,6 +110,7 @@ def confluent_read(
                 continue
             assert message.error() is None, message.error()
             index = message.partition()
+            assert index is not None
             assert message.offset() == len(got[index]), (index, message.offset())
             value = message.value()
             assert value is not None
