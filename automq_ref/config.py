@@ -396,6 +396,12 @@ class BrokerConfig(BaseModel):
     automq_zonerouter_route_epoch_trace_dir: str | None = Field(
         None, alias="automq.zonerouter.route.epoch.trace.dir"
     )
+    # Where this broker, as a proxy, records the ConfirmWal machine's steps of each of its
+    # snapshot-read partitions (one file per partition and main session), for trace validation
+    # against specs/ConfirmWal.tla; off when unset.
+    automq_zonerouter_snapshot_read_trace_dir: str | None = Field(
+        None, alias="automq.zonerouter.snapshot.read.trace.dir"
+    )
     # A Produce, Fetch or ListOffsets for a partition placed on this broker that it has not
     # opened yet (it moved here and waits for its old broker's or a failover's close, or is
     # opening) is held at most this long (and never past a Produce's own timeout) for the open,

@@ -52,6 +52,7 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig, ObjectWalSettings
@@ -74,6 +75,7 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
+from automq_ref.io.storage.router_channel import ChannelLinkResolver, RouterChannelReader
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
@@ -85,7 +87,10 @@ from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
+from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotReads
+from automq_ref.kafka.snapshot_sessions import WAL_TRIM_DELAY_S, SnapshotSessions
 from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.kafka.zones import proxy_mapping
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -382,6 +387,8 @@ class Node:
             advertised_port=(config.advertised_address or bound)[1],
             active_controller=metadata.active_controller,
         )
+        if config.zone_router_enabled and config.etcd_endpoints:
+            self._start_snapshot_reads(config, metadata, storage, topics, clock, store)
         self.front_end = Dispatcher(self.context)
         server.handler = self.front_end
         self._retention_task = asyncio.create_task(
@@ -393,6 +400,91 @@ class Node:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = server
         self._bound = bound
+
+    def _start_snapshot_reads(
+        self,
+        config: BrokerConfig,
+        metadata: NodeMetadata,
+        storage: S3Storage,
+        topics: TopicRegistry,
+        clock: Clock,
+        store: ObjectStore,
+    ) -> None:
+        """The zone router's reads in the client's zone: this broker answers its proxies as a
+        main and keeps snapshot-read copies of its mains' partitions as a proxy
+        (kafka/snapshot_sessions.py, kafka/snapshot_read.py)."""
+        sessions = SnapshotSessions(
+            partitions=lambda: list(topics.partitions.values()),
+            commit=storage.commit_appended,
+            wal_epoch=lambda: storage.node_epoch,
+            wal_config=config.s3_wal_path if config.object_wal is not None else "",
+            clock=clock,
+        )
+        storage.append_listeners.append(sessions.on_append)
+        storage.wal_trim_delay_s = WAL_TRIM_DELAY_S
+        view = metadata.view
+        channels = {
+            channel.channel_id: open_object_store(channel.wal.store_uri)
+            for channel in config.zone_router_channels
+        }
+        resolver = ChannelLinkResolver(RouterChannelReader(channels, NAMESPACE))
+        wal_stores: dict[str, ObjectStore | None] = {}
+
+        def wal_store(wal_config: str) -> ObjectStore | None:
+            if wal_config not in wal_stores:
+                settings = (
+                    config.model_copy(update={"s3_wal_path": wal_config}).object_wal
+                    if wal_config
+                    else None
+                )
+                wal_stores[wal_config] = (
+                    open_object_store(settings.store_uri) if settings is not None else None
+                )
+            return wal_stores[wal_config]
+
+        def address(node: int) -> tuple[str, int] | None:
+            broker = view.image.brokers.get(node)
+            if broker is None or not broker.listeners:
+                return None
+            return broker.listeners[0].host, broker.listeners[0].port
+
+        def mains() -> set[int]:
+            mapping = proxy_mapping(view.image.brokers.values())
+            return {
+                main
+                for main, proxy in mapping.by_zone.get(config.broker_rack, {}).items()
+                if proxy == config.node_id and main != config.node_id
+            }
+
+        trace_dir = (
+            Path(config.automq_zonerouter_snapshot_read_trace_dir)
+            if config.automq_zonerouter_snapshot_read_trace_dir
+            else None
+        )
+        if trace_dir is not None:
+            trace_dir.mkdir(parents=True, exist_ok=True)
+
+        def subscriber(main: int, on_cache: Callable[[int], None]) -> MainSubscriber:
+            return MainSubscriber(
+                main,
+                address=address,
+                topic_name=lambda topic_id: (
+                    None if (t := topics.topic_by_id(topic_id)) is None else t.name
+                ),
+                committed=storage,
+                resolver=resolver,
+                wal_store=wal_store,
+                namespace=NAMESPACE,
+                sources=lambda: frozenset(view.image.brokers),
+                node_id=config.node_id,
+                trace_dir=trace_dir,
+                on_cache_change=on_cache,
+            )
+
+        reads = SnapshotReads(node_id=config.node_id, mains=mains, subscriber=subscriber)
+        reads.start()
+        self.context.snapshot_sessions = sessions
+        self.context.snapshot_reads = reads
 
     @property
     def advertised_address(self) -> tuple[str, int]:
@@ -425,6 +517,10 @@ class Node:
             await self.failover.close()
         if self.route_epochs is not None:
             await self.route_epochs.close()
+        if self.context.snapshot_reads is not None:
+            await self.context.snapshot_reads.close()
+        if self.context.snapshot_sessions is not None:
+            await self.context.snapshot_sessions.close()
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
@@ -467,6 +563,10 @@ class Node:
             await self.failover.close()
         if self.route_epochs is not None:
             await self.route_epochs.close()
+        if self.context.snapshot_reads is not None:
+            await self.context.snapshot_reads.close()
+        if self.context.snapshot_sessions is not None:
+            await self.context.snapshot_sessions.close()
         # With those whose give-up the stop cut short: none may stay open.
         partitions = self.topics.unclosed()
         for partition in partitions:

@@ -27,7 +27,7 @@ import logging
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.kafka.handlers import (
@@ -37,6 +37,7 @@ from automq_ref.kafka.handlers import (
     groups,
     metadata,
     offsets,
+    partition_snapshot,
     produce,
     producer_ids,
     reassignments,
@@ -51,6 +52,9 @@ from automq_ref.protocol.kio_codec import (
     api_name,
     decode_request,
     peek_header,
+)
+from automq_ref.protocol.partition_snapshot import (
+    decode_request_frame as decode_partition_snapshot_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -101,15 +105,24 @@ ROUTES: Mapping[ApiKey, Route] = {
     ),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
+    # Between brokers only (AutoMQ's own API, kio has no schema): decoded by hand, answered
+    # with the zone router on, not advertised to clients.
+    ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT: Route(
+        partition_snapshot.handle_get_partition_snapshot, 0, 2
+    ),
 }
+INTERNAL_KEYS = frozenset({ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT})
 
 # Plain ints for admit's comparisons, the per-request path.
 _PRODUCE = int(ApiKey.PRODUCE)
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
+_PARTITION_SNAPSHOT = int(ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT)
 
 # The advertised table, by plain API key number.
 API_VERSIONS: dict[int, tuple[int, int]] = {
-    int(key): (route.min_version, route.max_version) for key, route in sorted(ROUTES.items())
+    int(key): (route.min_version, route.max_version)
+    for key, route in sorted(ROUTES.items())
+    if key not in INTERNAL_KEYS
 }
 
 
@@ -141,12 +154,15 @@ class Dispatcher:
                 reason=f"api {api_key} v{api_version}",
                 client_id=_client_id(frame),
             )
+        body: Any
         try:
             if api_key == _PRODUCE and api_version >= PRODUCE_MIN_VERSION:
                 # By hand: the records stay memoryview slices of the frame (no copy), writable
                 # when the frame is a bytearray (the partition patches them in place).
                 produce_header, body = decode_produce_frame(frame)
                 client_id = produce_header.client_id
+            elif api_key == _PARTITION_SNAPSHOT:
+                _, _, client_id, body = decode_partition_snapshot_frame(frame)
             else:
                 header, body = decode_request(bytes(frame))  # bytes: no copy
                 client_id = header.client_id

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
@@ -24,6 +24,10 @@ from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.server import Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
+
+if TYPE_CHECKING:  # the snapshot-read modules import this one's neighbours, not this one
+    from automq_ref.kafka.snapshot_read import SnapshotReads
+    from automq_ref.kafka.snapshot_sessions import SnapshotSessions
 
 
 class ApiKey(enum.IntEnum):
@@ -58,6 +62,7 @@ class ApiKey(enum.IntEnum):
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
     CONSUMER_GROUP_HEARTBEAT = 68
+    AUTOMQ_GET_PARTITION_SNAPSHOT = 516
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,10 @@ class Context:
     recently_fenced: RecentlyFenced = field(default_factory=RecentlyFenced)
     # The node id of the active controller's broker, as this broker last saw it (None: unknown).
     active_controller: Callable[[], int | None] = lambda: None
+    # The zone router's snapshot reads (None: the router is off): the sessions this broker
+    # answers as a main, and the snapshot-read partitions it serves as a proxy.
+    snapshot_sessions: SnapshotSessions | None = None
+    snapshot_reads: SnapshotReads | None = None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

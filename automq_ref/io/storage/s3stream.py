@@ -286,6 +286,13 @@ class S3Storage:
         self._shutting_down = asyncio.Event()
         self._upload_totals = UploadTotals()
         self.recovered = RecoveryTotals()
+        # Called in WAL completion order with each durable record as the WAL holds it (the
+        # encoded stream record batch, a link record's for routed data), its WAL offset and
+        # the next: the main's side of snapshot reads (kafka/snapshot_sessions.py).
+        self.append_listeners: list[Callable[[bytes, int, int], None]] = []
+        # How long a WAL trim waits after its commit: proxies reading the WAL objects for
+        # snapshot reads need them a while longer (AutoMQ: 30 s with snapshot reads on).
+        self.wal_trim_delay_s = 0.0
 
     # ---------------------------------------------------------------------------- start-up
 
@@ -562,8 +569,11 @@ class S3Storage:
                         )
                     )
                 return
-            self._cache_record(batch, future.result().next_offset)
+            result = future.result()
+            self._cache_record(batch, result.next_offset)
             stream.confirm_offset = max(stream.confirm_offset, batch.last_offset)
+            for listener in self.append_listeners:
+                listener(pending.encoded, result.record_offset, result.next_offset)
             if not pending.durable.done():
                 pending.durable.set_result(None)
 
@@ -815,6 +825,13 @@ class S3Storage:
                 case lc.CommitBlock():
                     await self._commit(effect)
                 case lc.TrimWal():
+                    if self.wal_trim_delay_s > 0:
+                        # Snapshot reads: proxies may still read the WAL objects (a stop ends
+                        # the wait, so shutdown's trims are not held up).
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(
+                                self._shutting_down.wait(), self.wal_trim_delay_s
+                            )
                     if not self._recovering:
                         await self._wal.trim(effect.wal_offset)
         except Exception as error:

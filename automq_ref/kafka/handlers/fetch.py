@@ -22,15 +22,20 @@ from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.storage.s3stream import StorageError
+from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
+from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.protocol import FetchableTopicResponse, FetchPartitionData, encode_fetch_response
 
 log = logging.getLogger(__name__)
 
 # (the topic as the response names it: id or name, its name if known, the partitions asked)
 Wanted = list[tuple[Any, str | None, list[Any]]]
+# A partition led here, or a snapshot-read copy of one its main leads (the zone router's reads
+# in the client's zone): the same reads, offsets and waits.
+Readable = Partition | SnapshotPartition
 
 
 async def handle_fetch(context: Context, request: Request) -> Reply:
@@ -64,7 +69,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         hold_s = min(context.config.partition_open_wait_ms / 1000, max_wait_s)
         await context.topics.wait_opened(opening, hold_s)
     while True:
-        responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
+        responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
         remaining = deadline - clock.monotonic_s()
         if total >= int(body.min_bytes) or remaining <= 0 or answer_now or not waits:
             break
@@ -75,7 +80,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         for future in pending:
             future.cancel()
         if not done:
-            responses, total, waits, answer_now = await _fetch_once(context, body, wanted, by_id)
+            responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
             break
     chunks = encode_fetch_response(version, request.correlation_id, responses)
     # The encoder's first chunk starts with the frame size; the listener writes its own.
@@ -83,22 +88,29 @@ async def _fetch(context: Context, request: Request) -> Chunks:
 
 
 async def _fetch_once(
-    context: Context, body: Any, wanted: Wanted, by_id: bool
-) -> tuple[list[FetchableTopicResponse], int, list[Partition], bool]:
+    context: Context, request: Request, wanted: Wanted, by_id: bool
+) -> tuple[list[FetchableTopicResponse], int, list[Readable], bool]:
     """The responses, their size, the partitions that had nothing to read, and whether to answer
     without waiting for more: an error, or a partition that had data the byte limits left out
     (the response is as full as it can be)."""
+    body = request.body
     partitions_by_key = context.topics.partitions
     budget = int(body.max_bytes)
     total = 0
-    waits: list[Partition] = []
+    waits: list[Readable] = []
     answer_now = False
     responses = []
     for key, name, fetch_partitions in wanted:
         partitions: list[FetchPartitionData] = []
         for fetch_partition in fetch_partitions:
             index = int(fetch_partition.partition)
-            partition = partitions_by_key.get((name, index)) if name is not None else None
+            partition: Readable | None = (
+                partitions_by_key.get((name, index)) if name is not None else None
+            )
+            if partition is None:
+                # With the zone router on, this broker may be the client's zone proxy of the
+                # partition's leader: its snapshot-read copy answers.
+                partition = snapshot_partition(context, request, name, index)
             if partition is None:
                 code = (
                     KafkaErrorCode.UNKNOWN_TOPIC_ID
@@ -141,7 +153,7 @@ async def _fetch_once(
 
 
 async def _read_partition(
-    partition: Partition, fetch_partition: Any, budget: int, first: bool
+    partition: Readable, fetch_partition: Any, budget: int, first: bool
 ) -> tuple[KafkaErrorCode, list[bytes | memoryview]]:
     leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
     if leader_epoch >= 0 and leader_epoch != partition.epoch:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.record_batch import iter_batches
+from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
@@ -28,6 +29,7 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
+from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.vocabulary.naming import is_internal_topic
 
 
@@ -48,6 +50,16 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
             index = int(list_partition.partition_index)
             partition = partitions_by_key.get((list_topic.name, index))
             if partition is None:
+                # A proxy answers for its main's partition, from its snapshot-read copy.
+                proxied = snapshot_partition(context, request, list_topic.name, index)
+                if proxied is not None and int(list_partition.timestamp) in (-1, -2, -4, -5):
+                    offset, timestamp = await _list_offset(proxied, int(list_partition.timestamp))
+                    partitions.append(
+                        ListOffsetsPartition(
+                            index, timestamp=timestamp, offset=offset, leader_epoch=proxied.epoch
+                        )
+                    )
+                    continue
                 code = context.topics.not_here(list_topic.name, index)
                 partitions.append(ListOffsetsPartition(index, error_code=code))
                 continue
@@ -60,11 +72,12 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
     return respond(request, ListOffsetsResponse(topics))
 
 
-async def _list_offset(partition: Partition, timestamp: int) -> tuple[int, int]:
+async def _list_offset(partition: Partition | SnapshotPartition, timestamp: int) -> tuple[int, int]:
     if timestamp in (-2, -4, -5):  # earliest; earliest local; earliest tiered
         return partition.log_start_offset, -1
     if timestamp == -1:  # latest
         return partition.high_watermark, -1
+    assert isinstance(partition, Partition)  # a snapshot-read copy answers the two above
     if timestamp == -3:  # the record with the largest timestamp
         found = partition.max_timestamp_offset()
         if found is None:
@@ -101,7 +114,12 @@ async def handle_offset_for_leader_epoch(context: Context, request: Request) -> 
         partitions = []
         for asked in topic.partitions:
             index = int(asked.partition)
-            partition = partitions_by_key.get((topic.topic, index))
+            partition: Partition | SnapshotPartition | None = partitions_by_key.get(
+                (topic.topic, index)
+            )
+            if partition is None:
+                # A proxy answers for its main's partition, from its snapshot-read copy.
+                partition = snapshot_partition(context, request, topic.topic, index)
             current_epoch = int(asked.current_leader_epoch)
             if partition is None:
                 code = context.topics.not_here(topic.topic, index)

@@ -1,0 +1,309 @@
+"""The proxy's side of snapshot reads (automq_ref/kafka/snapshot_read.py) against a main made of
+the real sessions (automq_ref/kafka/snapshot_sessions.py), a real object WAL and a real
+RouterChannel in a local directory, with fake partitions and a fake committed-object reader:
+the snapshot-read partition follows deltas, the main's WAL objects (read-only, when the delta
+overflowed) and link records (resolved through the channel); replays of records already held
+change nothing; a gap no replay filled waits for committed objects; a main restart takes back
+nothing a fetch returned. Each partition's ConfirmWal machine checks its invariants after every
+step, and the trace of a run is validated against specs/ConfirmWal.tla by TLC."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.formats.zone_router import LinkRecord
+from automq_ref.io.clock import SystemClock
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectStore
+from automq_ref.io.storage.router_channel import (
+    ChannelLinkResolver,
+    RouterChannel,
+    RouterChannelReader,
+)
+from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
+from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotPartition, read_wal_records
+from automq_ref.kafka.snapshot_sessions import SnapshotSessions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
+import trace_validate as tv
+
+NS = "_kafka_snapread"
+MAIN, PROXY, ROUTER = 1, 2, 3
+STREAM = 100
+TOPIC = uuid.UUID(int=9)
+CONFIG = ObjectWalConfig(
+    batch_interval_ms=5, max_bytes_in_batch=4096, retry_base_s=0.001, retry_max_s=0.01
+)
+
+
+@dataclass
+class Led:
+    topic_id: uuid.UUID
+    index: int
+    epoch: int
+    data_stream_id: int
+    end: int = 0
+
+    @property
+    def high_watermark(self) -> int:
+        return self.end
+
+    @property
+    def log_start_offset(self) -> int:
+        return 0
+
+
+class Committed:
+    """The committed objects of the main's streams, as any reader sees them."""
+
+    def __init__(self) -> None:
+        self.batches: list[StreamRecordBatch] = []
+        self.reads = 0
+
+    async def read(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        self.reads += 1
+        found = []
+        cursor = start_offset
+        for batch in sorted(self.batches, key=lambda b: b.base_offset):
+            if batch.stream_id == stream_id and batch.base_offset <= cursor < batch.last_offset:
+                if cursor >= end_offset:
+                    break
+                found.append(batch)
+                cursor = batch.last_offset
+        return found
+
+
+class Main:
+    """Node 1: one partition led here, its object WAL and the snapshot sessions."""
+
+    def __init__(self, store: ObjectStore, wal: ObjectWal, epoch: int = 1) -> None:
+        self.store = store
+        self.wal = wal
+        self.led = Led(TOPIC, 0, epoch, STREAM)
+        self.appended: list[StreamRecordBatch] = []  # the data, as the LogCache holds it
+        self.committed = Committed()
+        self.sessions = SnapshotSessions(
+            partitions=lambda: [self.led],
+            commit=self.commit,
+            wal_epoch=lambda: wal.node_epoch,
+            wal_config="object WAL",
+            clock=SystemClock(),
+        )
+
+    async def commit(self, linger_s: float) -> None:
+        others = [b for b in self.committed.batches if b.stream_id != STREAM]
+        self.committed.batches = [*others, *self.appended]
+
+    async def append(self, payload: bytes, link: LinkRecord | None = None) -> None:
+        base = self.led.end
+        data = StreamRecordBatch(STREAM, self.led.epoch, base, 1, payload)
+        written = (
+            data
+            if link is None
+            else StreamRecordBatch(STREAM, self.led.epoch, base, -1, link.encode())
+        )
+        encoded = written.encode()
+        result = await self.wal.append(encoded)
+        self.led.end += 1
+        self.appended.append(data)
+        self.sessions.on_append(encoded, result.record_offset, result.next_offset)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[ObjectStore]:
+    async with LocalDirectoryObjectStore(tmp_path / "objects", fsync=False) as opened:
+        yield opened
+
+
+async def open_wal(store: ObjectStore, epoch: int) -> ObjectWal:
+    wal = await ObjectWal.open(store, namespace=NS, node_id=MAIN, node_epoch=epoch, config=CONFIG)
+    # A restart's recovery replays what an earlier epoch wrote (committed by then), then resets.
+    _ = [record async for record in wal.recover()]
+    await wal.reset()
+    return wal
+
+
+def subscriber(main: Main, *, wal_readable: bool = True) -> MainSubscriber:
+    return MainSubscriber(
+        MAIN,
+        address=lambda node: None,
+        topic_name=lambda topic_id: "t" if topic_id == TOPIC else None,
+        committed=main.committed,
+        resolver=ChannelLinkResolver(RouterChannelReader({0: main.store}, NS)),
+        wal_store=lambda config: main.store if wal_readable and config else None,
+        namespace=NS,
+        sources=lambda: frozenset({MAIN, PROXY, ROUTER}),
+        node_id=PROXY,
+        record_trace=True,
+    )
+
+
+async def poll(sub: MainSubscriber, main: Main) -> None:
+    request = sub.next_request()
+    await sub.apply(await main.sessions.handle(request, 2))
+
+
+async def everything(partition: SnapshotPartition) -> list[bytes]:
+    payloads = await partition.read(partition.log_start_offset, 1 << 30)
+    return [bytes(p) for p in payloads]
+
+
+def trace_of(partition: SnapshotPartition) -> list[tv.TraceLine]:
+    return [tv.TraceLine(action, state) for action, state in partition.trace]
+
+
+async def test_deltas_links_wal_objects_and_duplicates(store: ObjectStore) -> None:
+    main = Main(store, await open_wal(store, 1))
+    channel = await RouterChannel.open(
+        store, namespace=NS, node_id=ROUTER, node_epoch=1, channel_id=0, config=CONFIG
+    )
+    sub = subscriber(main)
+    await poll(sub, main)  # the session's first answer adds the partition, empty
+    partition = sub.partitions[("t", 0)]
+    assert partition.exposed == 0
+    expected = [b"a0", b"a1"]
+    for payload in expected:
+        await main.append(payload)
+    _, where = await channel.append(MAIN, 0, b"routed through node 3")
+    await main.append(b"", LinkRecord(2, 0, 0, 1, where))
+    expected.append(b"routed through node 3")
+    await poll(sub, main)
+    assert sub.delta_answers == 1 and partition.exposed == 3
+    assert await everything(partition) == expected
+    # More than the main's 32 KiB delta between two polls: the proxy reads its WAL objects.
+    big = [bytes([n]) * 3000 for n in range(15)]
+    for payload in big:
+        await main.append(payload)
+    expected += big
+    await poll(sub, main)
+    assert sub.wal_reads == 1 and partition.exposed == len(expected)
+    assert await everything(partition) == expected
+    # Replaying records the cache holds (an answer seen twice) changes nothing.
+    end = main.wal.confirm_offset
+    again = await read_wal_records(store, NS, MAIN, 1, 0, end)
+    await partition.ingest([b for b in again if b.stream_id == STREAM])
+    assert partition.steps["ReplayDuplicate"] == len(expected)
+    assert await everything(partition) == expected
+    assert partition.steps["ResolveLink"] == 1 and partition.steps["ServeRead"] > 0
+    # From the middle of the log: whole batches from the one holding the offset.
+    assert [bytes(p) for p in await partition.read(4, 1)] == [expected[4]]
+    assert main.committed.reads == 0  # everything came from the cache
+    await channel.close()
+    await main.wal.close()
+    if shutil.which("java") is not None:
+        lines = trace_of(partition)
+        verdict = tv.validate(lines, "ConfirmWal")
+        assert verdict.accepted, verdict.message
+        # The same run with the partition applied one record further than its answer said:
+        # TLC rejects it at that line.
+        apply = next(n for n, line in enumerate(lines) if line.action == "ApplySnapshot")
+        state = dict(lines[apply].state)
+        assert isinstance(state["exposed"], int)
+        state["exposed"] += 1
+        broken = [*lines[:apply], tv.TraceLine("ApplySnapshot", state)]
+        verdict = tv.validate(broken, "ConfirmWal")
+        assert not verdict.accepted and verdict.matched == apply, verdict.message
+
+
+async def test_a_gap_waits_for_committed_objects(store: ObjectStore) -> None:
+    main = Main(store, await open_wal(store, 1))
+    sub = subscriber(main, wal_readable=False)  # a block WAL, say
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    payloads = [bytes([n]) * 3000 for n in range(15)]
+    for payload in payloads:
+        await main.append(payload)
+    await poll(sub, main)  # the delta overflowed, the WAL cannot be read
+    assert partition.exposed == 0 and partition.wants_commit
+    assert sub.next_request().request_commit
+    await main.commit(0)
+    await poll(sub, main)
+    assert partition.exposed == len(payloads) and not partition.wants_commit
+    assert await everything(partition) == payloads
+    await main.wal.close()
+
+
+async def test_a_main_restart_takes_back_nothing_served(store: ObjectStore) -> None:
+    main = Main(store, await open_wal(store, 1))
+    sub = subscriber(main)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    for n in range(3):
+        await main.append(b"before %d" % n)
+    await poll(sub, main)
+    served = await everything(partition)
+    assert len(served) == 3
+    # The main restarts: a new WAL epoch, new sessions, the partition reopened one epoch
+    # higher; what was durable stays (committed at the restart), more is appended.
+    await main.commit(0)
+    await main.wal.close()
+    restarted = Main(store, await open_wal(store, 2), epoch=2)
+    restarted.led.end = main.led.end
+    restarted.appended = list(main.appended)
+    restarted.committed = main.committed
+    sub._committed = restarted.committed  # the same objects, as any reader sees them
+    await poll(sub, restarted)  # the old session is unknown: a first answer
+    assert sub.partitions[("t", 0)] is partition and partition.epoch == 2
+    await restarted.append(b"after")
+    await poll(sub, restarted)
+    assert partition.exposed == 4
+    assert (await everything(partition))[:3] == served
+    assert await everything(partition) == [*served, b"after"]
+    # OffsetForLeaderEpoch: the current epoch ends at the applied end; an older one reports no
+    # truncation (the copy keeps no epoch history, and nothing served is ever taken back).
+    assert partition.end_offset_for_epoch(2) == (2, 4)
+    assert partition.end_offset_for_epoch(1) == (1, 4)
+    await restarted.wal.close()
+    if shutil.which("java") is not None:
+        verdict = tv.validate(trace_of(partition), "ConfirmWal")
+        assert verdict.accepted, verdict.message
+
+
+async def test_evicted_records_are_read_from_committed_objects(store: ObjectStore) -> None:
+    main = Main(store, await open_wal(store, 1))
+    sub = subscriber(main)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    payloads = [b"r%d" % n for n in range(6)]
+    for payload in payloads:
+        await main.append(payload)
+    await poll(sub, main)
+    assert partition.evict(0) == sum(map(len, payloads))
+    assert partition.floor == 6 and partition.cached_bytes == 0
+    # Not committed yet: nothing to serve, and the next poll asks the main for an upload.
+    assert await everything(partition) == []
+    assert sub.next_request().request_commit
+    await main.commit(0)
+    assert await everything(partition) == payloads
+    assert [bytes(p) for p in await partition.read(3, 1)] == [payloads[3]]
+    await main.wal.close()
+
+
+async def test_a_compacted_log_below_the_cleaned_end_comes_from_the_cleaned_stream(
+    store: ObjectStore,
+) -> None:
+    main = Main(store, await open_wal(store, 1))
+    for n in range(4):
+        await main.append(b"live %d" % n)
+    await main.commit(0)
+    # A clean wrote offsets 0..3 compacted into one record of the cleaned stream 200.
+    main.committed.batches.append(StreamRecordBatch(200, 1, 0, 4, b"compacted 0-3"))
+    main.led.cleaned_stream_id = 200  # type: ignore[attr-defined]
+    main.led.cleaned_end = 4  # type: ignore[attr-defined]
+    sub = subscriber(main)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    assert partition.cleaned == (200, 4) and partition.exposed == 4
+    await main.append(b"live 4")
+    await poll(sub, main)
+    assert await everything(partition) == [b"compacted 0-3", b"live 4"]
+    await main.wal.close()
