@@ -164,7 +164,13 @@ def trace_of(partition: SnapshotPartition) -> list[tv.TraceLine]:
 async def test_deltas_links_wal_objects_and_duplicates(store: ObjectStore) -> None:
     main = Main(store, await open_wal(store, 1))
     channel = await RouterChannel.open(
-        store, namespace=NS, node_id=ROUTER, node_epoch=1, channel_id=0, config=CONFIG
+        store,
+        namespace=NS,
+        node_id=ROUTER,
+        node_epoch=1,
+        channel_id=0,
+        config=CONFIG,
+        route_epoch=0,
     )
     sub = subscriber(main)
     await poll(sub, main)  # the session's first answer adds the partition, empty
