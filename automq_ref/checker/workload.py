@@ -52,6 +52,12 @@ CLIENT_LOG.setLevel(logging.CRITICAL)
 # after the deadline still gets FINAL_READ_GRACE_S.
 FINAL_READ_TIMEOUT_S = 60.0
 FINAL_READ_GRACE_S = 5.0
+# How long the workload waits for a client thread to end once the faults are over. Producers
+# flush for at most 30 s; a consumer only closes. librdkafka's consumer close was once seen
+# waiting for good (a soak run sat in "producers flushing" with every broker idle and the
+# consumer's thread in close()): the thread is then left behind, logged, and the run goes on to
+# its final read; everything the client saw is in the history already.
+CLIENT_STOP_TIMEOUT_S = 90.0
 
 
 @dataclass
@@ -156,11 +162,18 @@ def run_workload(
         threading.Thread(
             target=_produce,
             args=(bootstrap, topic, settings, p, history, stop, tally.acknowledged),
+            name=f"producer-{p}",
+            daemon=True,
         )
         for p in range(settings.producers)
     ]
     threads += [
-        threading.Thread(target=_consume, args=(bootstrap, topic, settings, 100 + c, history, stop))
+        threading.Thread(
+            target=_consume,
+            args=(bootstrap, topic, settings, 100 + c, history, stop),
+            name=f"consumer-{100 + c}",
+            daemon=True,
+        )
         for c in range(settings.consumers)
     ]
     tally.stage, tally.workload_started = "workload", time.monotonic()
@@ -171,8 +184,16 @@ def run_workload(
     finally:
         stop.set()
         tally.stage = "producers flushing"
+        deadline_s = time.monotonic() + CLIENT_STOP_TIMEOUT_S
         for thread in threads:
-            thread.join()
+            thread.join(max(0.0, deadline_s - time.monotonic()))
+            if thread.is_alive():
+                log.warning(
+                    "%s did not stop within %.0f s of the faults' end (its client hangs): "
+                    "left behind",
+                    thread.name,
+                    CLIENT_STOP_TIMEOUT_S,
+                )
     tally.stage = "final read"
     unreadable = _final_read(bootstrap, topic, settings, history)
     return WorkloadResult(history.ops, faults, topic, unreadable)
