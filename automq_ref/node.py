@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig, ObjectWalSettings
+from automq_ref.formats.zone_router import ChannelOffset
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks
@@ -66,10 +67,12 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.failover_runner import FailoverRunner
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
+from automq_ref.io.storage.router_channel import RouterChannel, RouterChannelReader
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
+from automq_ref.kafka.broker_link import BrokerLink
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -78,6 +81,8 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.kafka.zone_router_in import ProduceLinkResolver, RouterIn
+from automq_ref.kafka.zone_router_out import RouterOut, link_sender
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -322,6 +327,79 @@ async def take_over_wal(
     )
 
 
+class ZoneRouterParts:
+    """The zone router's storage on this broker (``automq.zonerouter.channels``): the stores
+    of the channels' buckets, a read-only reader of every node's channel on them (recovery's
+    link resolver reads through it), this broker's own RouterChannel (on the first channel,
+    opened once the node epoch is granted) following the route epochs, and the links to other
+    brokers its proxy side sends on."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.settings = config.zone_router_channels
+        self.stores = {c.channel_id: open_object_store(c.wal.store_uri) for c in self.settings}
+        self.reader = RouterChannelReader(self.stores, NAMESPACE)
+        self.channel: RouterChannel | None = None
+        self.links: dict[int, BrokerLink] = {}
+        self._trim: asyncio.Task[None] | None = None
+        self._trim_to: int | None = None
+
+    @property
+    def link_resolver(self) -> ProduceLinkResolver:
+        return ProduceLinkResolver(self.read)
+
+    async def read(self, offset: ChannelOffset) -> bytes:
+        """A channel payload: this broker's own from its cache, any from the buckets."""
+        if self.channel is not None:
+            return await self.channel.read(offset)
+        return await self.reader.read(offset)
+
+    async def open_channel(self, config: BrokerConfig, node_epoch: int, clock: Clock) -> None:
+        first = self.settings[0]
+        self.channel = await RouterChannel.open(
+            self.stores[first.channel_id],
+            namespace=NAMESPACE,
+            node_id=config.node_id,
+            node_epoch=node_epoch,
+            channel_id=first.channel_id,
+            config=_object_wal_config(first.wal),
+            reader=self.reader,
+            clock=clock,
+        )
+
+    def follow(self, route_epochs: RouteEpochNode) -> None:
+        """Tag appends with each new route epoch; trim to each committed one (one at a time,
+        to the latest)."""
+        channel = self.channel
+        assert channel is not None
+        route_epochs.subscribe(on_new_epoch=channel.next_epoch, on_committed=self._trim_later)
+
+    def _trim_later(self, committed: int) -> None:
+        self._trim_to = committed
+        if self._trim is None or self._trim.done():
+            self._trim = asyncio.get_running_loop().create_task(self._trim_forward())
+
+    async def _trim_forward(self) -> None:
+        while self._trim_to is not None and self.channel is not None:
+            committed, self._trim_to = self._trim_to, None
+            try:
+                await self.channel.trim(committed)
+            except Exception as error:  # the next committed epoch trims again
+                log.warning("router channel trim to epoch %d failed: %s", committed, error)
+
+    async def close(self) -> None:
+        if self._trim is not None:
+            self._trim.cancel()
+            with contextlib.suppress(BaseException):
+                await self._trim
+        for link in self.links.values():
+            await link.close()
+        if self.channel is not None:
+            with contextlib.suppress(Exception):
+                await self.channel.close()
+        for store in self.stores.values():
+            await store.close()
+
+
 class Node:
     """A running node: its parts, the task it runs, and the listener once it listens."""
 
@@ -342,8 +420,10 @@ class Node:
         bound: tuple[str, int],
         failover: FailoverRunner | None = None,
         route_epochs: RouteEpochNode | None = None,
+        zone_router: ZoneRouterParts | None = None,
     ) -> None:
         self.config = config
+        self.zone_router = zone_router
         self.failover = failover
         # The zone router's route epochs on this broker (None: the router is off).
         self.route_epochs = route_epochs
@@ -371,6 +451,18 @@ class Node:
             advertised_port=(config.advertised_address or bound)[1],
             active_controller=metadata.active_controller,
         )
+        if zone_router is not None and zone_router.channel is not None:
+            router_in = RouterIn(self.context, zone_router.read, route_epochs)
+            self.context.router_in = router_in
+            self.context.router_out = RouterOut(
+                node_id=config.node_id,
+                zone=config.broker_rack,
+                local_write_mode=config.automq_zonerouter_local_write_mode,
+                channel=zone_router.channel,
+                router_in=router_in,
+                route_epochs=route_epochs,
+                sender=link_sender(zone_router.links, lambda: metadata.view.image, config.node_id),
+            )
         self.front_end = Dispatcher(self.context)
         server.handler = self.front_end
         self._retention_task = asyncio.create_task(
@@ -420,6 +512,8 @@ class Node:
         try:
             await self.storage.abandon()
         finally:
+            if self.zone_router is not None:
+                await self.zone_router.close()
             await self.ticks.close()
             await self.session.stop_heartbeats()
             await self.metadata.close()
@@ -469,6 +563,8 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
+            if self.zone_router is not None:
+                await self.zone_router.close()
             await self.ticks.close()
             await self.metadata.close()
             await self._store.close()
@@ -564,7 +660,10 @@ async def _start_bound(
         stream_object_split_bytes=config.s3_stream_object_split_size,
         capacity_bytes=config.s3_wal_cache_size,
     )
+    # The zone router: link records in the WAL are resolved through the channels' buckets.
+    zone_router = ZoneRouterParts(config) if config.zone_router_enabled else None
     storage = await S3Storage.start(
+        link_resolver=None if zone_router is None else zone_router.link_resolver,
         wal=wal,
         store=store,
         client=client,
@@ -686,6 +785,7 @@ async def _start_bound(
             params=params,
             clock=seams.clock,
             trace=trace,
+            link_resolver=None if zone_router is None else zone_router.link_resolver,
         )
         failover.start()
     route_epochs = None
@@ -701,6 +801,11 @@ async def _start_bound(
             interval_ms=config.automq_zonerouter_route_epoch_commit_interval_ms,
             trace=route_trace,
         )
+    if zone_router is not None:
+        await zone_router.open_channel(config, registration.node_epoch, seams.clock)
+        if route_epochs is not None:
+            zone_router.follow(route_epochs)
+    if route_epochs is not None:
         route_epochs.start()
     return Node(
         config=config,
@@ -717,6 +822,7 @@ async def _start_bound(
         bound=bound,
         failover=failover,
         route_epochs=route_epochs,
+        zone_router=zone_router,
     )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
@@ -23,6 +23,10 @@ from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.server import Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
+
+if TYPE_CHECKING:
+    from automq_ref.kafka.zone_router_in import RouterIn
+    from automq_ref.kafka.zone_router_out import RouterOut
 
 
 class ApiKey(enum.IntEnum):
@@ -57,6 +61,7 @@ class ApiKey(enum.IntEnum):
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
     CONSUMER_GROUP_HEARTBEAT = 68
+    AUTOMQ_ZONE_ROUTER = 515  # AutoMQ's broker-to-broker zone router (on with its channels)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,9 @@ class Context:
     notices: Notices = field(default_factory=Notices)
     # The node id of the active controller's broker, as this broker last saw it (None: unknown).
     active_controller: Callable[[], int | None] = lambda: None
+    # The zone router's proxy side (Produce) and main side (AutomqZoneRouter); None: off.
+    router_out: RouterOut | None = None
+    router_in: RouterIn | None = None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]
