@@ -81,7 +81,7 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
-from automq_ref.kafka.zone_router_in import ProduceLinkResolver, RouterIn
+from automq_ref.kafka.zone_router_in import ProduceLinkResolver, RouterIn, admit_routed
 from automq_ref.kafka.zone_router_out import RouterOut, link_sender
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
@@ -452,7 +452,7 @@ class Node:
             active_controller=metadata.active_controller,
         )
         if zone_router is not None and zone_router.channel is not None:
-            router_in = RouterIn(self.context, zone_router.read, route_epochs)
+            router_in = RouterIn(admit_routed(self.context), zone_router.read, route_epochs)
             self.context.router_in = router_in
             self.context.router_out = RouterOut(
                 node_id=config.node_id,

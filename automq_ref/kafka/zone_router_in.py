@@ -39,7 +39,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
@@ -50,7 +50,6 @@ from automq_ref.formats.zone_router import (
     RouterRecordV2,
     ZoneRouterPack,
 )
-from automq_ref.io.storage.route_epoch_node import RouteEpochNode
 from automq_ref.io.storage.router_channel import ChannelUnavailableError
 from automq_ref.kafka.handlers.produce import admit_partition, answer_partition
 from automq_ref.kafka.request import Context
@@ -71,6 +70,17 @@ READ_RETRY_S: Final = 0.2
 INTERNAL_TOPICS_ALLOWED: Final = 1  # the pack's flag bit
 
 ChannelRead = Callable[[ChannelOffset], Awaitable[bytes]]
+
+
+class EpochGate(Protocol):
+    """What the router needs of the route epochs (a
+    :class:`~automq_ref.io.storage.route_epoch_node.RouteEpochNode`)."""
+
+    def begin(self, epoch: int, key: str | None = None) -> bool: ...
+
+    def end(self, epoch: int, key: str | None = None) -> None: ...
+
+    def tag(self, main_id: int, key: str | None = None) -> int: ...
 
 
 class RoutedDataError(Exception):
@@ -159,19 +169,45 @@ class Entry:
     owner: int = -1
 
 
+# Admit one routed partition now (in queue order) and answer it once durable.
+Admit = Callable[[RoutedPartition, ChannelOffset], Awaitable[ProducePartitionAnswer]]
+
+
+def admit_routed(context: Context) -> Admit:
+    """The append of a routed partition on this broker: admitted as a client's produce of it
+    would be (:func:`~automq_ref.kafka.handlers.produce.admit_partition`), with acks = -1 (it
+    must be durable before its route epoch can be committed) and its channel offset (the WAL
+    gets a link record)."""
+
+    def admit(routed: RoutedPartition, offset: ChannelOffset) -> Awaitable[ProducePartitionAnswer]:
+        outcome = admit_partition(
+            context,
+            routed.topic,
+            routed.partition.index,
+            routed.partition.records,
+            -1,
+            internal_allowed=bool(routed.flag & INTERNAL_TOPICS_ALLOWED),
+            channel_offset=offset,
+        )
+        return answer_partition(routed.topic, routed.partition.index, outcome)
+
+    return admit
+
+
 class RouterIn:
-    """This broker's main side (module docstring). ``read`` reads a channel payload (this
-    node's RouterChannel's ``read``: its cache, else any node's channel); ``route_epochs``
-    is None outside a cluster (every epoch admitted)."""
+    """This broker's main side (module docstring). ``admit`` appends one routed partition
+    (:func:`admit_routed`); ``read`` reads a channel payload (this node's RouterChannel's
+    ``read``: its cache, else any node's channel); ``route_epochs`` is None outside a cluster
+    (every epoch admitted)."""
 
     def __init__(
         self,
-        context: Context,
+        admit: Admit,
         read: ChannelRead,
-        route_epochs: RouteEpochNode | None,
+        route_epochs: EpochGate | None,
         stripes: int | None = None,
     ) -> None:
-        self._context = context
+        self._admit = admit
         self._read = read
         self._route_epochs = route_epochs
         self._stripes = stripes or min(MAX_STRIPES, (os.cpu_count() or 1) * STRIPES_PER_CPU)
@@ -192,10 +228,9 @@ class RouterIn:
         if self._route_epochs is not None and not self._route_epochs.begin(epoch):
             self.fenced += 1
             log.warning(
-                "zone router request from node %d refused: its route epoch %d is fenced (%d)",
+                "zone router request from node %d refused: its route epoch %d is fenced",
                 record.proxy_node_id,
                 epoch,
-                self._route_epochs.record.fenced,
             )
             return _ready(ZoneRouterResponse(KafkaErrorCode.UNKNOWN_SERVER_ERROR.value))
         self.admitted += 1
@@ -263,18 +298,7 @@ class RouterIn:
             self._fail(entry, f"its channel data: {error}")
             return
         entry.topic = routed.topic
-        outcome = admit_partition(
-            self._context,
-            routed.topic,
-            routed.partition.index,
-            routed.partition.records,
-            -1,  # durable before the route epoch can be committed
-            internal_allowed=bool(routed.flag & INTERNAL_TOPICS_ALLOWED),
-            channel_offset=offset,
-        )
-        task = asyncio.ensure_future(
-            answer_partition(routed.topic, routed.partition.index, outcome)
-        )
+        task = asyncio.ensure_future(self._admit(routed, offset))
         task.add_done_callback(lambda done: _settle(entry, done))
 
     def _fail(self, entry: Entry, reason: str) -> None:

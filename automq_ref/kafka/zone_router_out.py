@@ -48,12 +48,11 @@ from automq_ref.formats.zone_router import (
     RouterRecordV2,
     ZoneRouterPack,
 )
-from automq_ref.io.storage.route_epoch_node import RouteEpochNode
 from automq_ref.kafka.broker_link import BrokerLink, BrokerLinkError
 from automq_ref.kafka.handlers.produce import admit_partition, answer_partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
-from automq_ref.kafka.zone_router_in import Located, RouterIn
+from automq_ref.kafka.zone_router_in import EpochGate, Located, RouterIn
 from automq_ref.kafka.zones import Route, client_zone, proxy_mapping, route_out
 from automq_ref.protocol.produce_response import ProducePartitionAnswer, encode_produce_response
 from automq_ref.protocol.zone_router import (
@@ -257,7 +256,7 @@ class RouterOut:
         local_write_mode: str,
         channel: Channel,
         router_in: RouterIn,
-        route_epochs: RouteEpochNode | None,
+        route_epochs: EpochGate | None,
         sender: Callable[[int], Sender | None],
     ) -> None:
         self.node_id = node_id
@@ -313,10 +312,10 @@ class RouterOut:
                     records,
                 )
                 if decision.route is Route.LOCAL:
-                    pending.append(self._local(index, hint, payload))
+                    pending.append(self.write_local(index, hint, payload))
                 else:
                     assert decision.target is not None
-                    pending.append(self._remote(decision.target, index, hint, payload))
+                    pending.append(self.send_routed(decision.target, index, hint, payload))
             answers.append((name, pending))
         if acks == 0:
             for _, pending in answers:
@@ -330,9 +329,11 @@ class RouterOut:
         self._background.add(future)
         future.add_done_callback(self._background.discard)
 
-    def _remote(
+    def send_routed(
         self, target: int, index: int, hint: int, payload: bytes
     ) -> asyncio.Future[ProducePartitionAnswer]:
+        """Route one partition's payload to ``target``: appended to the channel, then batched
+        and sent in admission order; the future is its answer."""
         appended = asyncio.ensure_future(self._channel.append(target, hint, payload))
         entry = _Routed(index, appended)
         if self._route_epochs is not None:
@@ -347,7 +348,7 @@ class RouterOut:
         if self._route_epochs is not None and not done.cancelled() and done.exception() is None:
             self._route_epochs.tag(target)
 
-    def _local(
+    def write_local(
         self, index: int, hint: int, payload: bytes
     ) -> asyncio.Future[ProducePartitionAnswer]:
         """router_channel mode, a partition led here: through the channel, then appended in

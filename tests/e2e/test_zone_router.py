@@ -99,6 +99,10 @@ def produce_in_az2(cluster: Cluster, topic: str, rounds: int, start: int, acks: 
     assert producer.flush(PATIENCE_S) == 0, "records not delivered"
 
 
+def objects_dir(cluster: Cluster) -> Path:
+    return Path(cluster.store.removeprefix("file://"))
+
+
 def wal_records(wal_dir: Path, node_id: int) -> list[tuple[int, bytes]]:
     """(count, payload) of every batch in node ``node_id``'s WAL objects, read raw."""
 
@@ -144,6 +148,21 @@ def test_a_producer_in_az2_writes_through_node_2_to_every_leader(
     log = read_all(cluster.bootstrap(), topic, PARTITIONS)
     check(log, acks.acks, [NAME])
     assert sum(len(records) for records in log.values()) == 40 * PARTITIONS
+
+    # The WALs never hold the records (only link records to node 2's channel); the uploads,
+    # which the route epochs' commits make within seconds, hold every one of them.
+    for node in NODES:
+        records = wal_records(wal_dir, node)
+        assert not any(f"{NAME}-".encode() in payload for _, payload in records), node
+    values = {ack.value for ack in acks.acks}
+
+    def uploaded() -> bool:
+        stored = b"".join(
+            path.read_bytes() for path in objects_dir(cluster).rglob("*") if path.is_file()
+        )
+        return all(value in stored for value in values)
+
+    wait_until(uploaded, "every acknowledged record in the uploaded objects")
 
 
 def test_a_killed_leader_keeps_routed_records(routed: tuple[Cluster, Path]) -> None:
