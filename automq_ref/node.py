@@ -686,6 +686,7 @@ async def _start_bound(
             bytes=recovered.bytes,
             streams=recovered.streams,
             refused=recovered.refused,
+            links=recovered.links,
             seconds=seams.clock.monotonic_s() - recovery_started_s,
         ),
     )

@@ -32,6 +32,8 @@ from tests.e2e.test_cluster import (
     NODES,
     Ack,
     Cluster,
+    _field,
+    _last_line,
     agreed_leaders,
     check,
     create_topic,
@@ -191,6 +193,12 @@ def test_a_killed_leader_keeps_routed_records(routed: tuple[Cluster, Path]) -> N
     wait_until(lambda: agreed_leaders(cluster, topic) is not None, "leaders again")
     log = read_all(cluster.bootstrap(), topic, PARTITIONS)
     check(log, acks.acks, [NAME])
+    recovered = _last_line(cluster.brokers[1], "WAL recovered")
+    print(recovered)
+    failed_over = any(
+        "failover started" in cluster.brokers[node].log_path.read_text() for node in (2, 3)
+    )
+    assert failed_over or _field(recovered, "links") > 0, recovered
 
     # The router works on after it.
     more = Acks()
