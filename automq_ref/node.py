@@ -12,7 +12,10 @@ with that address (proposing the clock's time as the node epoch; the controller 
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
 then the group coordinator and the topic registry (the partitions placed on this broker opened;
 the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
-producer-id allocator, the retention and cleaner tasks, for a cluster the crash failover (the
+producer-id allocator, the retention and cleaner tasks, with ``automq.zonerouter.channels`` the
+zone router's storage (:class:`ZoneRouterParts`: the channels' stores, a reader of every
+node's channel, which WAL recovery resolves link records through, and this broker's own
+RouterChannel following the route epochs), for a cluster the crash failover (the
 controller's failover round in its ticks, and this broker's
 :class:`~automq_ref.io.storage.failover_runner.FailoverRunner`, which takes over a dead broker's
 WAL, an object WAL or one on a WAL device process, when the controller names it: each broker
@@ -96,6 +99,8 @@ log = logging.getLogger(__name__)
 
 # How often what was uploaded is summed up in the log (see the module docstring).
 UPLOAD_LOG_INTERVAL_S = 60.0
+# How long closing the zone router's channel may take (it uploads what it queued).
+CHANNEL_CLOSE_TIMEOUT_S = 10.0
 
 # (config, granted node epoch) -> the opened WAL.
 WalOpener = Callable[[BrokerConfig, int], Awaitable[WriteAheadLog]]
@@ -394,8 +399,9 @@ class ZoneRouterParts:
         for link in self.links.values():
             await link.close()
         if self.channel is not None:
+            # Bounded: a fenced node's channel may not upload any more.
             with contextlib.suppress(Exception):
-                await self.channel.close()
+                await asyncio.wait_for(self.channel.close(), CHANNEL_CLOSE_TIMEOUT_S)
         for store in self.stores.values():
             await store.close()
 

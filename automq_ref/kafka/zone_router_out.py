@@ -204,7 +204,7 @@ class _Target:
             if sender is None:
                 raise BrokerLinkError(f"broker {self.node_id} has no known listener")
             response = await sender.call(ZONE_ROUTER_MAX_VERSION, request)
-        except (BrokerLinkError, OSError) as error:
+        except Exception as error:  # no answer (or a broken one): the client retries
             log.warning("zone router: request to node %d failed: %s", self.node_id, error)
             for entry in entries:
                 entry.settle(_unavailable(entry.index))
