@@ -12,7 +12,10 @@ with that address (proposing the clock's time as the node epoch; the controller 
 any it stored), opens the WAL at the granted epoch, the object store and S3Storage over them,
 then the group coordinator and the topic registry (the partitions placed on this broker opened;
 the coordinator hears of each ``__consumer_offsets`` partition taken and given up), the
-producer-id allocator, the retention and cleaner tasks, for a cluster the crash failover (the
+producer-id allocator, the retention and cleaner tasks, with ``automq.zonerouter.channels`` the
+zone router's storage (:class:`ZoneRouterParts`: the channels' stores, a reader of every
+node's channel, which WAL recovery resolves link records through, and this broker's own
+RouterChannel following the route epochs), for a cluster the crash failover (the
 controller's failover round in its ticks, and this broker's
 :class:`~automq_ref.io.storage.failover_runner.FailoverRunner`, which takes over a dead broker's
 WAL, an object WAL or one on a WAL device process, when the controller names it: each broker
@@ -52,10 +55,9 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from automq_ref.config import BrokerConfig, ObjectWalSettings
+from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks, SessionError
@@ -75,11 +77,10 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
-from automq_ref.io.storage.router_channel import ChannelLinkResolver, RouterChannelReader
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
-from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
+from automq_ref.io.storage.wal_object import ObjectWal
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -87,10 +88,8 @@ from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
-from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotReads
-from automq_ref.kafka.snapshot_sessions import WAL_TRIM_DELAY_S, SnapshotSessions
 from automq_ref.kafka.topic_registry import TopicRegistry
-from automq_ref.kafka.zones import proxy_mapping
+from automq_ref.node_zones import ZoneRouterParts, object_wal_config, start_snapshot_reads
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
@@ -298,18 +297,8 @@ async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
         namespace=NAMESPACE,
         node_id=config.node_id,
         node_epoch=node_epoch,
-        config=_object_wal_config(settings),
+        config=object_wal_config(settings),
         owns_store=True,
-    )
-
-
-def _object_wal_config(settings: ObjectWalSettings) -> ObjectWalConfig:
-    return ObjectWalConfig(
-        batch_interval_ms=settings.batch_interval_ms,
-        max_bytes_in_batch=settings.max_bytes_in_batch,
-        max_unflushed_bytes=settings.max_unflushed_bytes,
-        max_inflight_uploads=settings.max_inflight_uploads,
-        readahead_bytes=settings.readahead_bytes,
     )
 
 
@@ -333,7 +322,7 @@ async def take_over_wal(
         namespace=NAMESPACE,
         node_id=node_id,
         node_epoch=node_epoch,
-        config=_object_wal_config(settings),
+        config=object_wal_config(settings),
         owns_store=True,
     )
 
@@ -358,8 +347,10 @@ class Node:
         bound: tuple[str, int],
         failover: FailoverRunner | None = None,
         route_epochs: RouteEpochNode | None = None,
+        zone_router: ZoneRouterParts | None = None,
     ) -> None:
         self.config = config
+        self.zone_router = zone_router
         self.failover = failover
         # The zone router's route epochs on this broker (None: the router is off).
         self.route_epochs = route_epochs
@@ -388,7 +379,11 @@ class Node:
             active_controller=metadata.active_controller,
         )
         if config.zone_router_enabled and config.etcd_endpoints:
-            self._start_snapshot_reads(config, metadata, storage, topics, clock, store)
+            start_snapshot_reads(
+                self.context, config, metadata.view, storage, topics, clock, zone_router
+            )
+        if zone_router is not None:
+            zone_router.serve(self.context, config, metadata.view, route_epochs)
         self.front_end = Dispatcher(self.context)
         server.handler = self.front_end
         self._retention_task = asyncio.create_task(
@@ -400,91 +395,6 @@ class Node:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = server
         self._bound = bound
-
-    def _start_snapshot_reads(
-        self,
-        config: BrokerConfig,
-        metadata: NodeMetadata,
-        storage: S3Storage,
-        topics: TopicRegistry,
-        clock: Clock,
-        store: ObjectStore,
-    ) -> None:
-        """The zone router's reads in the client's zone: this broker answers its proxies as a
-        main and keeps snapshot-read copies of its mains' partitions as a proxy
-        (kafka/snapshot_sessions.py, kafka/snapshot_read.py)."""
-        sessions = SnapshotSessions(
-            partitions=lambda: list(topics.partitions.values()),
-            commit=storage.commit_appended,
-            wal_epoch=lambda: storage.node_epoch,
-            wal_config=config.s3_wal_path if config.object_wal is not None else "",
-            clock=clock,
-        )
-        storage.append_listeners.append(sessions.on_append)
-        storage.wal_trim_delay_s = WAL_TRIM_DELAY_S
-        view = metadata.view
-        channels = {
-            channel.channel_id: open_object_store(channel.wal.store_uri)
-            for channel in config.zone_router_channels
-        }
-        resolver = ChannelLinkResolver(RouterChannelReader(channels, NAMESPACE))
-        wal_stores: dict[str, ObjectStore | None] = {}
-
-        def wal_store(wal_config: str) -> ObjectStore | None:
-            if wal_config not in wal_stores:
-                settings = (
-                    config.model_copy(update={"s3_wal_path": wal_config}).object_wal
-                    if wal_config
-                    else None
-                )
-                wal_stores[wal_config] = (
-                    open_object_store(settings.store_uri) if settings is not None else None
-                )
-            return wal_stores[wal_config]
-
-        def address(node: int) -> tuple[str, int] | None:
-            broker = view.image.brokers.get(node)
-            if broker is None or not broker.listeners:
-                return None
-            return broker.listeners[0].host, broker.listeners[0].port
-
-        def mains() -> set[int]:
-            mapping = proxy_mapping(view.image.brokers.values())
-            return {
-                main
-                for main, proxy in mapping.by_zone.get(config.broker_rack, {}).items()
-                if proxy == config.node_id and main != config.node_id
-            }
-
-        trace_dir = (
-            Path(config.automq_zonerouter_snapshot_read_trace_dir)
-            if config.automq_zonerouter_snapshot_read_trace_dir
-            else None
-        )
-        if trace_dir is not None:
-            trace_dir.mkdir(parents=True, exist_ok=True)
-
-        def subscriber(main: int, on_cache: Callable[[int], None]) -> MainSubscriber:
-            return MainSubscriber(
-                main,
-                address=address,
-                topic_name=lambda topic_id: (
-                    None if (t := topics.topic_by_id(topic_id)) is None else t.name
-                ),
-                committed=storage,
-                resolver=resolver,
-                wal_store=wal_store,
-                namespace=NAMESPACE,
-                sources=lambda: frozenset(view.image.brokers),
-                node_id=config.node_id,
-                trace_dir=trace_dir,
-                on_cache_change=on_cache,
-            )
-
-        reads = SnapshotReads(node_id=config.node_id, mains=mains, subscriber=subscriber)
-        reads.start()
-        self.context.snapshot_sessions = sessions
-        self.context.snapshot_reads = reads
 
     @property
     def advertised_address(self) -> tuple[str, int]:
@@ -527,6 +437,8 @@ class Node:
         try:
             await self.storage.abandon()
         finally:
+            if self.zone_router is not None:
+                await self.zone_router.close()
             await self.ticks.close()
             await self.session.stop_heartbeats()
             await self.metadata.close()
@@ -580,6 +492,8 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
+            if self.zone_router is not None:
+                await self.zone_router.close()
             await self.ticks.close()
             await self.metadata.close()
             await self._store.close()
@@ -730,7 +644,10 @@ async def _start_on_wal(
         stream_object_split_bytes=config.s3_stream_object_split_size,
         capacity_bytes=config.s3_wal_cache_size,
     )
+    # The zone router: link records in the WAL are resolved through the channels' buckets.
+    zone_router = ZoneRouterParts(config) if config.zone_router_enabled else None
     storage = await S3Storage.start(
+        link_resolver=None if zone_router is None else zone_router.link_resolver,
         wal=wal,
         store=store,
         client=client,
@@ -754,6 +671,7 @@ async def _start_on_wal(
             bytes=recovered.bytes,
             streams=recovered.streams,
             refused=recovered.refused,
+            links=recovered.links,
             seconds=seams.clock.monotonic_s() - recovery_started_s,
         ),
     )
@@ -853,6 +771,7 @@ async def _start_on_wal(
                 namespace=NAMESPACE,
                 params=params,
                 clock=seams.clock,
+                link_resolver=None if zone_router is None else zone_router.link_resolver,
             ),
             trace=trace,
         )
@@ -870,6 +789,14 @@ async def _start_on_wal(
             interval_ms=config.automq_zonerouter_route_epoch_commit_interval_ms,
             trace=route_trace,
         )
+    if zone_router is not None:
+        if route_epochs is not None:
+            route_epochs.learn_latest()
+        route_epoch = 0 if route_epochs is None else route_epochs.current_epoch
+        await zone_router.open_channel(config, registration.node_epoch, route_epoch, seams.clock)
+        if route_epochs is not None:
+            zone_router.follow(route_epochs)
+    if route_epochs is not None:
         route_epochs.start()
     return Node(
         config=config,
@@ -886,6 +813,7 @@ async def _start_on_wal(
         bound=bound,
         failover=failover,
         route_epochs=route_epochs,
+        zone_router=zone_router,
     )
 
 

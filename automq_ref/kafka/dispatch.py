@@ -19,6 +19,15 @@ The version ranges are Kafka 4.0's for the keys implemented (``tests/unit/test_b
 .py`` compares them with kafka-python's table of real releases); ApiVersions answers from the
 table. Produce v0-2 are advertised, as Kafka 4.0 does for librdkafka's feature detection, and
 refused when used.
+
+AutomqZoneRouter (API key 515, AutoMQ's broker-to-broker request of the zone router: a proxy
+asks a partition's leader to append what it put in its RouterChannel) is served, and listed by
+ApiVersions with AutoMQ's range (v0-1), only with the zone router on
+(``automq.zonerouter.channels``): its answers come from the main side
+(:mod:`automq_ref.kafka.zone_router_in`); v0 (AutoMQ's older router) is answered
+``UNSUPPORTED_VERSION``. With the router off it is an API this broker does not serve (the
+connection is closed, as for any unknown key), where AutoMQ lists it always and answers
+``UNKNOWN_SERVER_ERROR``.
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ import logging
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.kafka.handlers import (
     api_versions,
@@ -45,7 +55,7 @@ from automq_ref.kafka.handlers import (
     unsupported,
 )
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
-from automq_ref.kafka.server import CloseConnection, Peer, Reply
+from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply
 from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
 from automq_ref.protocol.kio_codec import (
     RequestDecodeError,
@@ -55,6 +65,13 @@ from automq_ref.protocol.kio_codec import (
 )
 from automq_ref.protocol.partition_snapshot import (
     decode_request_frame as decode_partition_snapshot_frame,
+)
+from automq_ref.protocol.zone_router import (
+    ZONE_ROUTER_MAX_VERSION,
+    ZONE_ROUTER_MIN_VERSION,
+    ZoneRouterResponse,
+    decode_zone_router_request,
+    encode_zone_router_response,
 )
 
 log = logging.getLogger(__name__)
@@ -68,7 +85,28 @@ class Route:
 
 
 async def _api_versions(context: Context, request: Request) -> Reply:
-    return api_versions.answer(request, API_VERSIONS)
+    return api_versions.answer(request, api_version_table(context))
+
+
+async def _zone_router(context: Context, request: Request) -> Reply:
+    router_in = context.router_in
+    assert router_in is not None  # routed here only with the router on
+    version = request.api_version
+    if version < 1:
+        # v0 carries the older router record (data in objects of its own), not built here.
+        response = ZoneRouterResponse(KafkaErrorCode.UNSUPPORTED_VERSION.value)
+        return [encode_zone_router_response(version, request.correlation_id, response)]
+    answer = router_in.admit(request.body)
+
+    async def respond() -> Chunks:
+        response = await answer
+        return [encode_zone_router_response(version, request.correlation_id, response)]
+
+    return respond()
+
+
+# AutomqZoneRouter (AutoMQ's broker-to-broker API), served with the zone router on.
+ZONE_ROUTER_ROUTE: Final = Route(_zone_router, ZONE_ROUTER_MIN_VERSION, ZONE_ROUTER_MAX_VERSION)
 
 
 ROUTES: Mapping[ApiKey, Route] = {
@@ -117,6 +155,7 @@ INTERNAL_KEYS = frozenset({ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT})
 _PRODUCE = int(ApiKey.PRODUCE)
 _API_VERSIONS = int(ApiKey.API_VERSIONS)
 _PARTITION_SNAPSHOT = int(ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT)
+_ZONE_ROUTER = int(ApiKey.AUTOMQ_ZONE_ROUTER)
 
 # The advertised table, by plain API key number.
 API_VERSIONS: dict[int, tuple[int, int]] = {
@@ -126,19 +165,30 @@ API_VERSIONS: dict[int, tuple[int, int]] = {
 }
 
 
+def api_version_table(context: Context) -> dict[int, tuple[int, int]]:
+    """What ApiVersions advertises: the table, and AutomqZoneRouter with the router on (as
+    AutoMQ's brokers list it on their broker listener)."""
+    if context.router_in is None:
+        return API_VERSIONS
+    zone_router = (ZONE_ROUTER_ROUTE.min_version, ZONE_ROUTER_ROUTE.max_version)
+    return {**API_VERSIONS, _ZONE_ROUTER: zone_router}
+
+
 class Dispatcher:
     """The listener's request handler (:class:`automq_ref.kafka.server.RequestHandler`)."""
 
     def __init__(self, context: Context, routes: Mapping[ApiKey, Route] = ROUTES) -> None:
         self.context = context
         self._routes = {int(key): route for key, route in routes.items()}
+        if context.router_in is not None:
+            self._routes[_ZONE_ROUTER] = ZONE_ROUTER_ROUTE
         self._api_versions_max = self._routes[ApiKey.API_VERSIONS].max_version
 
     async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
         # peek_header reads with struct.unpack_from: any buffer does.
         api_key, api_version, correlation_id = peek_header(cast(bytes, frame))
         if api_key == _API_VERSIONS and api_version > self._api_versions_max:
-            return api_versions.unsupported_version(correlation_id, API_VERSIONS)
+            return api_versions.unsupported_version(correlation_id, api_version_table(self.context))
         route = self._routes.get(api_key)
         if route is None:
             raise CloseConnection(
@@ -163,6 +213,8 @@ class Dispatcher:
                 client_id = produce_header.client_id
             elif api_key == _PARTITION_SNAPSHOT:
                 _, _, client_id, body = decode_partition_snapshot_frame(frame)
+            elif api_key == _ZONE_ROUTER:
+                _, _, client_id, body = decode_zone_router_request(frame)
             else:
                 header, body = decode_request(bytes(frame))  # bytes: no copy
                 client_id = header.client_id

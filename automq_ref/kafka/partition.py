@@ -73,8 +73,9 @@ from automq_ref.formats.meta_stream import (
     replay,
 )
 from automq_ref.formats.partition_checkpoint import decode_checkpoint
-from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.formats.record_batch import TIMESTAMP_TYPE_MASK, RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.formats.zone_router import ChannelOffset, LinkRecord
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
@@ -555,10 +556,14 @@ class Partition:
         max_batch_bytes: int,
         *,
         require_keys: bool = False,
+        channel_offset: ChannelOffset | None = None,
     ) -> ProduceResult:
         """Validate, assign offsets and queue the WAL write; nothing here awaits, so calls run
         in arrival order. The result's ``durable`` completes when the data is acknowledged.
         ``require_keys`` (a compacted topic): a record without a key is ``INVALID_RECORD``.
+        ``channel_offset`` (data the zone router routed here, read from a proxy's
+        RouterChannel): the WAL holds a link record pointing there instead of the data, the
+        LogCache the data (``S3Storage.append_nowait``'s ``link``).
 
         A writable ``memoryview`` (a slice of a request frame) gets the offsets and leader epoch
         written into it in place; the storage is handed a copy (``bytes``) either way."""
@@ -608,8 +613,17 @@ class Partition:
             view.set_base_offset(offset)
             view.set_partition_leader_epoch(self.epoch)
             offset += view.last_offset_delta + 1
+        link = None
+        if channel_offset is not None:
+            link = LinkRecord(
+                last_offset=offset - 1,
+                timestamp_type=1 if views[-1].attributes & TIMESTAMP_TYPE_MASK else 0,
+                max_timestamp=max(view.max_timestamp for view in views),
+                partition_leader_epoch=self.epoch,
+                channel_offset=channel_offset,
+            )
         first, durable = self.storage.append_nowait(
-            self.data_stream_id, self.epoch, bytes(data), offset - base
+            self.data_stream_id, self.epoch, bytes(data), offset - base, link=link
         )
         self.bytes_in += len(data)
         self._unchecked_bytes += len(data)

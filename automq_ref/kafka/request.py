@@ -25,9 +25,11 @@ from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.server import Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
 
-if TYPE_CHECKING:  # the snapshot-read modules import this one's neighbours, not this one
+if TYPE_CHECKING:  # these modules import this one's neighbours, not this one
     from automq_ref.kafka.snapshot_read import SnapshotReads
     from automq_ref.kafka.snapshot_sessions import SnapshotSessions
+    from automq_ref.kafka.zone_router_in import RouterIn
+    from automq_ref.kafka.zone_router_out import RouterOut
 
 
 class ApiKey(enum.IntEnum):
@@ -62,6 +64,7 @@ class ApiKey(enum.IntEnum):
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
     CONSUMER_GROUP_HEARTBEAT = 68
+    AUTOMQ_ZONE_ROUTER = 515  # AutoMQ's broker-to-broker zone router (on with its channels)
     AUTOMQ_GET_PARTITION_SNAPSHOT = 516
 
 
@@ -104,6 +107,9 @@ class Context:
     # answers as a main, and the snapshot-read partitions it serves as a proxy.
     snapshot_sessions: SnapshotSessions | None = None
     snapshot_reads: SnapshotReads | None = None
+    # The zone router's proxy side (Produce) and main side (AutomqZoneRouter); None: off.
+    router_out: RouterOut | None = None
+    router_in: RouterIn | None = None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

@@ -13,6 +13,10 @@ broker's or a failover's close) holds the request's admission for the open, up t
 once it is open, at its new leader epoch, and the connection's later requests stay behind them;
 one still not open is answered ``NOT_LEADER_OR_FOLLOWER``. A partition this broker is not
 placed on is answered at once.
+
+With the zone router on, the request goes to the router's proxy side
+(:mod:`automq_ref.kafka.zone_router_out`), which decides per partition where it goes and uses
+:func:`admit_partition` and :func:`answer_partition` for what it appends here.
 """
 
 from __future__ import annotations
@@ -21,8 +25,11 @@ import logging
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.zone_router import ChannelOffset
 from automq_ref.io.storage.s3stream import StorageError, StreamFencedError
 from automq_ref.kafka.compaction import is_compacted
+from automq_ref.kafka.log_state import ProduceResult
+from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, CloseConnection, Reply
 from automq_ref.protocol.produce_response import (
@@ -33,8 +40,9 @@ from automq_ref.vocabulary.naming import is_internal_topic
 
 log = logging.getLogger(__name__)
 
-# Per topic, per partition: an error code (refused at admission), or the partition and the
-# ProduceResult of its append.
+# One partition's admission: an error code (refused), or the partition and its append's result.
+Outcome = KafkaErrorCode | tuple[Partition, ProduceResult]
+# Per topic, per partition: its outcome.
 Outcomes = list[tuple[str, list[tuple[int, Any]]]]
 
 
@@ -42,43 +50,82 @@ async def handle_produce(context: Context, request: Request) -> Reply:
     body = request.body
     if request.api_version < 3:
         raise CloseConnection(f"Produce v{request.api_version} is not supported (v3+)")
-    registry = context.topics
     acks = body.acks
     await _hold_for_opening(context, body)
+    if context.router_out is not None:
+        # The zone router decides, per partition, here, through the channel, or refused.
+        return context.router_out.route(context, request, body)
     outcomes: Outcomes = []
     for topic_data in body.topic_data:
         results: list[tuple[int, Any]] = []
         for partition_data in topic_data.partition_data:
-            partition = registry.partitions.get((topic_data.name, partition_data.index))
-            if acks not in (-1, 0, 1):
-                results.append((partition_data.index, KafkaErrorCode.INVALID_REQUIRED_ACKS))
-            elif is_internal_topic(topic_data.name):
-                # Kafka: "Cannot append to internal topic" (only its coordinators write there).
-                results.append((partition_data.index, KafkaErrorCode.INVALID_TOPIC_EXCEPTION))
-            elif partition is None:
-                code = registry.not_here(topic_data.name, partition_data.index)
-                results.append((partition_data.index, code))
-            else:
-                topic = registry.topics[topic_data.name]
-                max_bytes = int(registry.topic_config(topic, "max.message.bytes"))
-                compacted = is_compacted(registry, topic)
-                try:
-                    result = partition.append_nowait(
-                        partition_data.records, max_bytes, require_keys=compacted
-                    )
-                except StreamFencedError:
-                    # Closing (shutdown, deletion) or moved: the client refreshes and retries.
-                    results.append((partition_data.index, KafkaErrorCode.NOT_LEADER_OR_FOLLOWER))
-                    continue
-                except StorageError as error:
-                    log.error("produce to %s: %s", partition.topic, error)
-                    results.append((partition_data.index, KafkaErrorCode.KAFKA_STORAGE_ERROR))
-                    continue
-                results.append((partition_data.index, (partition, result)))
+            outcome = admit_partition(
+                context, topic_data.name, partition_data.index, partition_data.records, acks
+            )
+            results.append((partition_data.index, outcome))
         outcomes.append((topic_data.name, results))
     if acks == 0:
         return None
     return _answer(request, outcomes)
+
+
+def admit_partition(
+    context: Context,
+    topic: str,
+    index: int,
+    records: bytes | memoryview | None,
+    acks: int,
+    *,
+    internal_allowed: bool = False,
+    channel_offset: ChannelOffset | None = None,
+) -> Outcome:
+    """Admit one partition's records: an error code, or the partition and its append's
+    ProduceResult. ``channel_offset``: the records came through the zone router's channel (the
+    WAL gets a link record)."""
+    registry = context.topics
+    partition = registry.partitions.get((topic, index))
+    if acks not in (-1, 0, 1):
+        return KafkaErrorCode.INVALID_REQUIRED_ACKS
+    if is_internal_topic(topic) and not internal_allowed:
+        # Kafka: "Cannot append to internal topic" (only its coordinators write there).
+        return KafkaErrorCode.INVALID_TOPIC_EXCEPTION
+    if partition is None:
+        return registry.not_here(topic, index)
+    described = registry.topics[topic]
+    max_bytes = int(registry.topic_config(described, "max.message.bytes"))
+    compacted = is_compacted(registry, described)
+    try:
+        result = partition.append_nowait(
+            records, max_bytes, require_keys=compacted, channel_offset=channel_offset
+        )
+    except StreamFencedError:
+        # Closing (shutdown, deletion) or moved: the client refreshes and retries.
+        return KafkaErrorCode.NOT_LEADER_OR_FOLLOWER
+    except StorageError as error:
+        log.error("produce to %s: %s", partition.topic, error)
+        return KafkaErrorCode.KAFKA_STORAGE_ERROR
+    return (partition, result)
+
+
+async def answer_partition(name: str, index: int, outcome: Outcome) -> ProducePartitionAnswer:
+    """The answer to one admitted partition, once its append is durable (or failed)."""
+    if isinstance(outcome, KafkaErrorCode):
+        return ProducePartitionAnswer(index, outcome.value)
+    partition, result = outcome
+    code = result.error
+    if code is KafkaErrorCode.NONE and result.durable is not None:
+        try:
+            await result.durable
+        except StorageError as error:
+            log.error("produce to %s: %s", name, error)
+            code = KafkaErrorCode.KAFKA_STORAGE_ERROR
+    if code is not KafkaErrorCode.NONE:
+        return ProducePartitionAnswer(index, code.value, -1, -1, -1, result.message)
+    try:
+        log_start = partition.log_start_offset
+    except StorageError:
+        log_start = -1
+    return ProducePartitionAnswer(index, 0, result.base_offset, -1, log_start)
 
 
 async def _hold_for_opening(context: Context, body: Any) -> None:
@@ -101,29 +148,7 @@ async def _hold_for_opening(context: Context, body: Any) -> None:
 async def _answer(request: Request, outcomes: Outcomes) -> Chunks:
     topics: list[tuple[str, list[ProducePartitionAnswer]]] = []
     for name, results in outcomes:
-        answers = []
-        for index, outcome in results:
-            if isinstance(outcome, KafkaErrorCode):
-                answers.append(ProducePartitionAnswer(index, outcome.value))
-                continue
-            partition, result = outcome
-            code = result.error
-            if code is KafkaErrorCode.NONE and result.durable is not None:
-                try:
-                    await result.durable
-                except StorageError as error:
-                    log.error("produce to %s: %s", name, error)
-                    code = KafkaErrorCode.KAFKA_STORAGE_ERROR
-            if code is not KafkaErrorCode.NONE:
-                answers.append(
-                    ProducePartitionAnswer(index, code.value, -1, -1, -1, result.message)
-                )
-                continue
-            try:
-                log_start = partition.log_start_offset
-            except StorageError:
-                log_start = -1
-            answers.append(ProducePartitionAnswer(index, 0, result.base_offset, -1, log_start))
+        answers = [await answer_partition(name, index, outcome) for index, outcome in results]
         topics.append((name, answers))
     # By hand: the busiest response; kio's dataclasses cost a tenth of the loop at 1,000/s.
     return [encode_produce_response(request.api_version, request.correlation_id, topics)]
