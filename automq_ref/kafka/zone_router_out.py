@@ -298,7 +298,12 @@ class RouterOut:
                     pending.append(_ready(ProducePartitionAnswer(index, code.value)))
                     continue
                 hint = order_hint(name, index, request.peer.connection_id)
-                if decision.route is Route.LOCAL and (self.direct or leader is None):
+                # A client that declares no zone writing to this partition's leader is appended
+                # here at once, whatever the local write mode: the mode is for zoned clients
+                # (a zoneless one is not routed, so the channel would only add its latency).
+                if decision.route is Route.LOCAL and (
+                    self.direct or leader is None or zone is None
+                ):
                     outcome = admit_partition(context, name, index, records, acks)
                     pending.append(asyncio.ensure_future(answer_partition(name, index, outcome)))
                     continue

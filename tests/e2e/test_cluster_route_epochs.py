@@ -44,7 +44,7 @@ def replayed_of(directory: Path) -> rt.Replayed:
 def test_route_epochs_of_broker_processes_are_a_behaviour_of_the_spec(tmp_path: Path) -> None:
     live = tmp_path / "live"
     overrides = (
-        "automq.zonerouter.channels=0@dir://channels",
+        f"automq.zonerouter.channels=0@dir://{tmp_path / 'channels'}",
         "automq.zonerouter.route.epoch.bump.interval.ms=1000",
         "automq.zonerouter.route.epoch.commit.interval.ms=200",
         "automq.zonerouter.route.epoch.commit.linger.ms=200",

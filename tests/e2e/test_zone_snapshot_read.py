@@ -59,11 +59,6 @@ def zoned(
         f"automq.zonerouter.channels=0@dir://{channel}?batchInterval=250",
         f"s3.wal.path=0@dir://{wals}?batchInterval=50",
         f"automq.zonerouter.snapshot.read.trace.dir={traces}",
-        # The producers here declare no zone and write to the leaders: in direct mode the
-        # leaders' WALs hold their records in full, so a record past the 32 KiB delta makes the
-        # proxy read the main's WAL objects (in router_channel mode the WAL holds a small link
-        # record instead, resolved through the channel).
-        "automq.zonerouter.local.write.mode=direct",
     )
     with running_cluster(
         lambda: request.session.testsfailed > failed_before, overrides=overrides

@@ -85,7 +85,7 @@ def listeners(log: list[Any]) -> tuple[Callable[[int], None], Callable[[int], No
 async def routed_run(tmp_path: Path, etcd: EtcdServer) -> tuple[Path, dict[int, list[Any]]]:
     directory = tmp_path / "trace"
     overrides = (
-        "automq.zonerouter.channels=0@dir://channels",
+        f"automq.zonerouter.channels=0@dir://{tmp_path / 'channels'}",
         f"automq.zonerouter.route.epoch.bump.interval.ms={BUMP_MS}",
         "automq.zonerouter.route.epoch.commit.interval.ms=200",
         "automq.zonerouter.route.epoch.commit.linger.ms=300",

@@ -212,3 +212,19 @@ async def test_direct_mode_appends_local_partitions_without_the_channel(tmp_path
         assert node.zone_router.channel.epoch_ends == {}
     finally:
         await node.shutdown()
+
+
+async def test_a_producer_without_a_zone_is_appended_without_the_channel(tmp_path: Path) -> None:
+    """router_channel mode is for zoned clients: a zoneless producer writing to its leader is
+    appended at once (through the channel, every produce of a zoneless client on a cluster
+    with the router on would wait for two object WAL batches)."""
+    node = await node_in_az1(tmp_path, *router_on(tmp_path, "router_channel"))
+    try:
+        placed = leaders(node)
+        mine = {index: b"z" for index, leader in placed.items() if leader == 1}
+        answers = await produce(node, "plain-client", mine)
+        assert {code for code, _ in answers.values()} == {0}
+        assert node.zone_router is not None and node.zone_router.channel is not None
+        assert node.zone_router.channel.epoch_ends == {}
+    finally:
+        await node.shutdown()
