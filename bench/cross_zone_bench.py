@@ -294,6 +294,68 @@ def finished(process: subprocess.Popen[str], what: str) -> dict[str, Any]:
     return answer
 
 
+def connection_bytes(network: ZoneNetwork) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """Every TCP connection between two zones, from the side that opened it (``ss -tin`` in
+    its zone's namespace; a connection from a port the zone listens on is the other side's):
+    (zone, local address, peer address) -> (payload bytes sent, received)."""
+    found: dict[tuple[str, str, str], tuple[int, int]] = {}
+    zone_prefixes = {network.zone_address(zone).rsplit(".", 1)[0] for zone in ZONES}
+    for zone in ZONES:
+        listening = subprocess.run(
+            network.command(zone, ["ss", "-tlnH"]), capture_output=True, text=True, check=False
+        ).stdout
+        ports = {line.split()[3].rsplit(":", 1)[1] for line in listening.splitlines() if line}
+        out = subprocess.run(
+            network.command(zone, ["ss", "-tinH"]), capture_output=True, text=True, check=False
+        ).stdout
+        key: tuple[str, str, str] | None = None
+        for line in out.splitlines():
+            if not line[:1].isspace():
+                parts = line.split()
+                key = None
+                if len(parts) >= 5:
+                    local, peer = parts[3], parts[4]
+                    peer_prefix = peer.rsplit(":", 1)[0].rsplit(".", 1)[0]
+                    local_host, local_port = local.rsplit(":", 1)
+                    if (
+                        peer_prefix in zone_prefixes
+                        and peer_prefix != local_host.rsplit(".", 1)[0]
+                        and local_port not in ports
+                    ):
+                        key = (zone, local, peer)
+                continue
+            if key is not None:
+                sent = re.search(r"bytes_sent:(\d+)", line)
+                received = re.search(r"bytes_received:(\d+)", line)
+                found[key] = (
+                    int(sent.group(1)) if sent else 0,
+                    int(received.group(1)) if received else 0,
+                )
+                key = None
+    return found
+
+
+def crossing_by_kind(
+    before: dict[tuple[str, str, str], tuple[int, int]],
+    after: dict[tuple[str, str, str], tuple[int, int]],
+    kafka_ports: set[int],
+) -> dict[str, dict[str, int]]:
+    """The TCP payload that crossed zones over the window, by what the connection is: to a
+    broker's Kafka listener (clients, and brokers' zone-router requests and snapshot-read
+    polls) or to another port (the active controller's RPC), each as sent by the side that
+    opened it (``request``) and by the side that accepted it (``answer``)."""
+    kinds: dict[str, dict[str, int]] = {}
+    for (_zone, local, peer), (sent, received) in after.items():
+        old_sent, old_received = before.get((_zone, local, peer), (0, 0))
+        peer_port = int(peer.rsplit(":", 1)[1])
+        kind = "kafka_listener" if peer_port in kafka_ports else "other_port_controller_rpc"
+        row = kinds.setdefault(kind, {"connections": 0, "request": 0, "answer": 0})
+        row["connections"] += 1
+        row["request"] += sent - old_sent
+        row["answer"] += received - old_received
+    return kinds
+
+
 def s3_requests(log_path: Path, start: int) -> tuple[dict[str, int], int]:
     """S3 requests by method in moto's log from byte ``start``, and the log's end."""
     data = log_path.read_bytes()
@@ -391,6 +453,7 @@ def measure(
     assert cluster.moto is not None
     _, s3_start = s3_requests(cluster.moto.log_path, 0)
     before = network.counters()
+    connections_before = connection_bytes(network)
     stop_sampling = threading.Event()
 
     def sample() -> None:
@@ -406,6 +469,7 @@ def measure(
     stop_sampling.set()
     sampler.join(5)
     moved: Counters = network.counters().minus(before)
+    by_kind = crossing_by_kind(connections_before, connection_bytes(network), set(settings.ports))
     requests, _ = s3_requests(cluster.moto.log_path, s3_start)
     acknowledged = sum(answer["acknowledged"] for answer in answers.values())
     produced = acknowledged * arguments.record_bytes
@@ -445,6 +509,7 @@ def measure(
             for zone, c in moved.zones.items()
         },
         "regional_per_produced_byte": round(moved.regional / produced, 4),
+        "crossing_tcp_payload_by_connection": by_kind,
         "produce_ms": {
             "p50": percentile(produce_ms, 0.5),
             "p99": percentile(produce_ms, 0.99),
@@ -494,6 +559,11 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
             f"end-to-end in another zone p50 {r['e2e_other_zone_ms']['p50']} ms, "
             f"p99 {r['e2e_other_zone_ms']['p99']} ms ({r['e2e_other_zone_ms']['records']} reads)"
         )
+        for kind, row in r["crossing_tcp_payload_by_connection"].items():
+            print(
+                f"    TCP payload across zones, {kind}: {row['connections']} connections, "
+                f"{row['request']} B from the side that opened them, {row['answer']} B back"
+            )
         print(f"  S3 requests per GB produced: {r['s3_requests_per_gb']} ({r['s3_requests']})")
         print(
             f"  monthly cross-zone cost at {arguments.throughput_mib} MiB/s: "
