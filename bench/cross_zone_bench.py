@@ -28,6 +28,9 @@ Reported, per mode:
   the expected figure is 2/3 + 3 x 2/3 = 2.67, plus headers and the cluster's own background;
 - produce latency p50 / p99 (send to acknowledgement) over every producer, and the end-to-end
   latency (send to a consumer's poll, one machine clock) of records read in another zone;
+- what crossed, by connection: the TCP payload (from ``ss`` in each zone) of the connections
+  between zones still open at the window's end (the brokers' own: snapshot-read polls and
+  zone-router requests on the Kafka listeners, the controller's RPC), per direction;
 - **S3 requests per GB produced**: the S3 server's (moto's) own request log, one line per
   request with its client's address, counted over the same window, by method;
 - the **monthly cross-zone cost** at ``--throughput-mib`` MiB/s of produce (default 30, seed
@@ -340,10 +343,12 @@ def crossing_by_kind(
     after: dict[tuple[str, str, str], tuple[int, int]],
     kafka_ports: set[int],
 ) -> dict[str, dict[str, int]]:
-    """The TCP payload that crossed zones over the window, by what the connection is: to a
-    broker's Kafka listener (clients, and brokers' zone-router requests and snapshot-read
-    polls) or to another port (the active controller's RPC), each as sent by the side that
-    opened it (``request``) and by the side that accepted it (``answer``)."""
+    """The TCP payload (no headers) that crossed zones over the window on the connections
+    still open at its end, by what the connection is: to a broker's Kafka listener (the
+    brokers' zone-router requests and snapshot-read polls; the clients' connections have
+    closed by then, so their bytes are not here) or to another port (the active controller's
+    RPC), each as sent by the side that opened it (``request``) and by the side that accepted
+    it (``answer``)."""
     kinds: dict[str, dict[str, int]] = {}
     for (_zone, local, peer), (sent, received) in after.items():
         old_sent, old_received = before.get((_zone, local, peer), (0, 0))
@@ -561,7 +566,8 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
         )
         for kind, row in r["crossing_tcp_payload_by_connection"].items():
             print(
-                f"    TCP payload across zones, {kind}: {row['connections']} connections, "
+                f"    TCP payload across zones (brokers' open connections), {kind}: "
+                f"{row['connections']} connections, "
                 f"{row['request']} B from the side that opened them, {row['answer']} B back"
             )
         print(f"  S3 requests per GB produced: {r['s3_requests_per_gb']} ({r['s3_requests']})")
