@@ -484,14 +484,18 @@ def measure(
     e2e_ms = sorted(value for a in answers.values() for value in a["e2e_other_zones_ms"])
     factor = moved.cross_zone / produced
     # The payload that had to cross with this placement: records a producer sent to a leader in
-    # another zone, and records a consumer read from one.
-    led_in = {int(p): ZONES[leader - 1] for p, leader in leaders.items()}
+    # another zone, and records a consumer read from one. With the router on every client talks
+    # to its own zone's broker only, so none has to.
+    led_in = {
+        int(p): (ZONES[leader - 1] if mode == "off" else "everywhere")
+        for p, leader in leaders.items()
+    }
     payload_records = sum(
         count
         for zone, answer in answers.items()
         for key in ("acked_by_partition", "consumed_by_partition")
         for p, count in enumerate(answer[key])
-        if led_in[p] != zone
+        if led_in[p] not in (zone, "everywhere")
     )
     payload_factor = payload_records * arguments.record_bytes / produced
     return {
@@ -550,8 +554,12 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
             f"  cross-zone bytes per produced byte: {r['cross_zone_per_produced_byte']} "
             f"({r['cross_zone_bytes']} B over {r['produced_bytes']} B acknowledged, "
             f"{r['window_s']} s); the payload alone, from the placement: "
-            f"{r['payload_cross_zone_per_produced_byte']} (headers, requests, answers and "
-            f"background add {r['framing_overhead']})"
+            f"{r['payload_cross_zone_per_produced_byte']} "
+            + (
+                f"(headers, requests, answers and background add {r['framing_overhead']})"
+                if r["framing_overhead"] is not None
+                else "(every client talks to its own zone's broker; what crosses is the brokers')"
+            )
         )
         for zone, c in r["per_zone"].items():
             print(
