@@ -28,6 +28,8 @@ Reported, per mode:
   the expected figure is 2/3 + 3 x 2/3 = 2.67, plus headers and the cluster's own background;
 - produce latency p50 / p99 (send to acknowledgement) over every producer, and the end-to-end
   latency (send to a consumer's poll, one machine clock) of records read in another zone;
+- the cluster's idle crossing (bytes a second over ``IDLE_S`` with the topic made and no
+  client yet) beside the window's;
 - what crossed, by connection: the TCP payload (from ``ss`` in each zone) of the connections
   between zones still open at the window's end (the brokers' own: snapshot-read polls and
   zone-router requests on the Kafka listeners, the controller's RPC), per direction;
@@ -74,6 +76,8 @@ ZONES = ("az1", "az2", "az3")
 MODES = ("off", "on")
 # What the producers stop before the consumers do: the tail they still read.
 GRACE_S = 5.0
+# Before the clients start: the cluster's idle crossing (the topic exists, nobody produces).
+IDLE_S = 5.0
 # From the workers' start to the producers' first record: clients connect and the consumers
 # take their positions at the end of every partition.
 WARMUP_S = 8.0
@@ -428,6 +432,10 @@ def measure(
         "creating the topic",
     )["leaders"]
     log(f"router {mode}: partition leaders {leaders}")
+    # The cluster's own crossing with no client: what the brokers send one another idle.
+    idle_before = network.counters()
+    time.sleep(IDLE_S)
+    idle = network.counters().minus(idle_before)
     start_at = time.time() + WARMUP_S
     workers = {
         zone: python_in(
@@ -518,6 +526,8 @@ def measure(
             for zone, c in moved.zones.items()
         },
         "regional_per_produced_byte": round(moved.regional / produced, 4),
+        "idle_cross_zone_bytes_per_s": round(idle.cross_zone / idle.at_s),
+        "cross_zone_bytes_per_s": round(moved.cross_zone / moved.at_s),
         "crossing_tcp_payload_by_connection": by_kind,
         "produce_ms": {
             "p50": percentile(produce_ms, 0.5),
@@ -571,6 +581,10 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
             f"  produce p50 {r['produce_ms']['p50']:.1f} ms, p99 {r['produce_ms']['p99']:.1f} ms; "
             f"end-to-end in another zone p50 {r['e2e_other_zone_ms']['p50']} ms, "
             f"p99 {r['e2e_other_zone_ms']['p99']} ms ({r['e2e_other_zone_ms']['records']} reads)"
+        )
+        print(
+            f"    cross-zone bytes a second: {r['cross_zone_bytes_per_s']} over the window, "
+            f"{r['idle_cross_zone_bytes_per_s']} idle ({IDLE_S:.0f} s before the clients)"
         )
         for kind, row in r["crossing_tcp_payload_by_connection"].items():
             print(
