@@ -28,6 +28,11 @@ Reported, per mode:
   the expected figure is 2/3 + 3 x 2/3 = 2.67, plus headers and the cluster's own background;
 - produce latency p50 / p99 (send to acknowledgement) over every producer, and the end-to-end
   latency (send to a consumer's poll, one machine clock) of records read in another zone;
+- the cluster's idle crossing (bytes a second over ``IDLE_S`` with the topic made and no
+  client yet) beside the window's;
+- what crossed, by connection: the TCP payload (from ``ss`` in each zone) of the connections
+  between zones still open at the window's end (the brokers' own: snapshot-read polls and
+  zone-router requests on the Kafka listeners, the controller's RPC), per direction;
 - **S3 requests per GB produced**: the S3 server's (moto's) own request log, one line per
   request with its client's address, counted over the same window, by method;
 - the **monthly cross-zone cost** at ``--throughput-mib`` MiB/s of produce (default 30, seed
@@ -71,6 +76,8 @@ ZONES = ("az1", "az2", "az3")
 MODES = ("off", "on")
 # What the producers stop before the consumers do: the tail they still read.
 GRACE_S = 5.0
+# Before the clients start: the cluster's idle crossing (the topic exists, nobody produces).
+IDLE_S = 5.0
 # From the workers' start to the producers' first record: clients connect and the consumers
 # take their positions at the end of every partition.
 WARMUP_S = 8.0
@@ -294,6 +301,70 @@ def finished(process: subprocess.Popen[str], what: str) -> dict[str, Any]:
     return answer
 
 
+def connection_bytes(network: ZoneNetwork) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """Every TCP connection between two zones, from the side that opened it (``ss -tin`` in
+    its zone's namespace; a connection from a port the zone listens on is the other side's):
+    (zone, local address, peer address) -> (payload bytes sent, received)."""
+    found: dict[tuple[str, str, str], tuple[int, int]] = {}
+    zone_prefixes = {network.zone_address(zone).rsplit(".", 1)[0] for zone in ZONES}
+    for zone in ZONES:
+        listening = subprocess.run(
+            network.command(zone, ["ss", "-tlnH"]), capture_output=True, text=True, check=False
+        ).stdout
+        ports = {line.split()[3].rsplit(":", 1)[1] for line in listening.splitlines() if line}
+        out = subprocess.run(
+            network.command(zone, ["ss", "-tinH"]), capture_output=True, text=True, check=False
+        ).stdout
+        key: tuple[str, str, str] | None = None
+        for line in out.splitlines():
+            if not line[:1].isspace():
+                parts = line.split()
+                key = None
+                if len(parts) >= 5:
+                    local, peer = parts[3], parts[4]
+                    peer_prefix = peer.rsplit(":", 1)[0].rsplit(".", 1)[0]
+                    local_host, local_port = local.rsplit(":", 1)
+                    if (
+                        peer_prefix in zone_prefixes
+                        and peer_prefix != local_host.rsplit(".", 1)[0]
+                        and local_port not in ports
+                    ):
+                        key = (zone, local, peer)
+                continue
+            if key is not None:
+                sent = re.search(r"bytes_sent:(\d+)", line)
+                received = re.search(r"bytes_received:(\d+)", line)
+                found[key] = (
+                    int(sent.group(1)) if sent else 0,
+                    int(received.group(1)) if received else 0,
+                )
+                key = None
+    return found
+
+
+def crossing_by_kind(
+    before: dict[tuple[str, str, str], tuple[int, int]],
+    after: dict[tuple[str, str, str], tuple[int, int]],
+    kafka_ports: set[int],
+) -> dict[str, dict[str, int]]:
+    """The TCP payload (no headers) that crossed zones over the window on the connections
+    still open at its end, by what the connection is: to a broker's Kafka listener (the
+    brokers' zone-router requests and snapshot-read polls; the clients' connections have
+    closed by then, so their bytes are not here) or to another port (the active controller's
+    RPC), each as sent by the side that opened it (``request``) and by the side that accepted
+    it (``answer``)."""
+    kinds: dict[str, dict[str, int]] = {}
+    for (_zone, local, peer), (sent, received) in after.items():
+        old_sent, old_received = before.get((_zone, local, peer), (0, 0))
+        peer_port = int(peer.rsplit(":", 1)[1])
+        kind = "kafka_listener" if peer_port in kafka_ports else "other_port_controller_rpc"
+        row = kinds.setdefault(kind, {"connections": 0, "request": 0, "answer": 0})
+        row["connections"] += 1
+        row["request"] += sent - old_sent
+        row["answer"] += received - old_received
+    return kinds
+
+
 def s3_requests(log_path: Path, start: int) -> tuple[dict[str, int], int]:
     """S3 requests by method in moto's log from byte ``start``, and the log's end."""
     data = log_path.read_bytes()
@@ -361,6 +432,10 @@ def measure(
         "creating the topic",
     )["leaders"]
     log(f"router {mode}: partition leaders {leaders}")
+    # The cluster's own crossing with no client: what the brokers send one another idle.
+    idle_before = network.counters()
+    time.sleep(IDLE_S)
+    idle = network.counters().minus(idle_before)
     start_at = time.time() + WARMUP_S
     workers = {
         zone: python_in(
@@ -391,6 +466,7 @@ def measure(
     assert cluster.moto is not None
     _, s3_start = s3_requests(cluster.moto.log_path, 0)
     before = network.counters()
+    connections_before = connection_bytes(network)
     stop_sampling = threading.Event()
 
     def sample() -> None:
@@ -406,6 +482,7 @@ def measure(
     stop_sampling.set()
     sampler.join(5)
     moved: Counters = network.counters().minus(before)
+    by_kind = crossing_by_kind(connections_before, connection_bytes(network), set(settings.ports))
     requests, _ = s3_requests(cluster.moto.log_path, s3_start)
     acknowledged = sum(answer["acknowledged"] for answer in answers.values())
     produced = acknowledged * arguments.record_bytes
@@ -415,14 +492,18 @@ def measure(
     e2e_ms = sorted(value for a in answers.values() for value in a["e2e_other_zones_ms"])
     factor = moved.cross_zone / produced
     # The payload that had to cross with this placement: records a producer sent to a leader in
-    # another zone, and records a consumer read from one.
-    led_in = {int(p): ZONES[leader - 1] for p, leader in leaders.items()}
+    # another zone, and records a consumer read from one. With the router on every client talks
+    # to its own zone's broker only, so none has to.
+    led_in = {
+        int(p): (ZONES[leader - 1] if mode == "off" else "everywhere")
+        for p, leader in leaders.items()
+    }
     payload_records = sum(
         count
         for zone, answer in answers.items()
         for key in ("acked_by_partition", "consumed_by_partition")
         for p, count in enumerate(answer[key])
-        if led_in[p] != zone
+        if led_in[p] not in (zone, "everywhere")
     )
     payload_factor = payload_records * arguments.record_bytes / produced
     return {
@@ -445,6 +526,9 @@ def measure(
             for zone, c in moved.zones.items()
         },
         "regional_per_produced_byte": round(moved.regional / produced, 4),
+        "idle_cross_zone_bytes_per_s": round(idle.cross_zone / idle.at_s),
+        "cross_zone_bytes_per_s": round(moved.cross_zone / moved.at_s),
+        "crossing_tcp_payload_by_connection": by_kind,
         "produce_ms": {
             "p50": percentile(produce_ms, 0.5),
             "p99": percentile(produce_ms, 0.99),
@@ -480,8 +564,12 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
             f"  cross-zone bytes per produced byte: {r['cross_zone_per_produced_byte']} "
             f"({r['cross_zone_bytes']} B over {r['produced_bytes']} B acknowledged, "
             f"{r['window_s']} s); the payload alone, from the placement: "
-            f"{r['payload_cross_zone_per_produced_byte']} (headers, requests, answers and "
-            f"background add {r['framing_overhead']})"
+            f"{r['payload_cross_zone_per_produced_byte']} "
+            + (
+                f"(headers, requests, answers and background add {r['framing_overhead']})"
+                if r["framing_overhead"] is not None
+                else "(every client talks to its own zone's broker; what crosses is the brokers')"
+            )
         )
         for zone, c in r["per_zone"].items():
             print(
@@ -494,6 +582,16 @@ def print_report(results: list[ModeResult], arguments: argparse.Namespace) -> No
             f"end-to-end in another zone p50 {r['e2e_other_zone_ms']['p50']} ms, "
             f"p99 {r['e2e_other_zone_ms']['p99']} ms ({r['e2e_other_zone_ms']['records']} reads)"
         )
+        print(
+            f"    cross-zone bytes a second: {r['cross_zone_bytes_per_s']} over the window, "
+            f"{r['idle_cross_zone_bytes_per_s']} idle ({IDLE_S:.0f} s before the clients)"
+        )
+        for kind, row in r["crossing_tcp_payload_by_connection"].items():
+            print(
+                f"    TCP payload across zones (brokers' open connections), {kind}: "
+                f"{row['connections']} connections, "
+                f"{row['request']} B from the side that opened them, {row['answer']} B back"
+            )
         print(f"  S3 requests per GB produced: {r['s3_requests_per_gb']} ({r['s3_requests']})")
         print(
             f"  monthly cross-zone cost at {arguments.throughput_mib} MiB/s: "
