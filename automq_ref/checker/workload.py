@@ -161,7 +161,7 @@ def run_workload(
     threads = [
         threading.Thread(
             target=_produce,
-            args=(bootstrap, topic, settings, p, history, stop, tally.acknowledged),
+            args=(_client(env, p), topic, settings, p, history, stop, tally.acknowledged),
             name=f"producer-{p}",
             daemon=True,
         )
@@ -170,7 +170,7 @@ def run_workload(
     threads += [
         threading.Thread(
             target=_consume,
-            args=(bootstrap, topic, settings, 100 + c, history, stop),
+            args=(_client(env, c), topic, settings, 100 + c, history, stop),
             name=f"consumer-{100 + c}",
             daemon=True,
         )
@@ -197,6 +197,15 @@ def run_workload(
     tally.stage = "final read"
     unreadable = _final_read(bootstrap, topic, settings, history)
     return WorkloadResult(history.ops, faults, topic, unreadable)
+
+
+def _client(env: Environment, number: int) -> dict[str, str]:
+    """Where client ``number`` connects and who it says it is: every broker; or, when the
+    clients declare zones (the zone router on), its zone's broker and ``automq_az=<zone>``."""
+    if not env.zoned:
+        return {"bootstrap.servers": env.bootstrap}
+    zone = env.client_zone(number)
+    return {"bootstrap.servers": env.zone_bootstrap(zone), "client.id": f"automq_az={zone}"}
 
 
 def _nemesis(
@@ -230,7 +239,7 @@ def _nemesis(
 
 
 def _produce(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -246,7 +255,7 @@ def _produce(
     generation = 0
     while not stop.is_set():
         _produce_until_fatal(
-            bootstrap,
+            client,
             topic,
             settings,
             process + 10_000 * generation,
@@ -258,7 +267,7 @@ def _produce(
 
 
 def _produce_until_fatal(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -271,7 +280,7 @@ def _produce_until_fatal(
     counts, slot = tally
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client,
             "logger": CLIENT_LOG,
             "enable.idempotence": True,
             "acks": "all",
@@ -342,7 +351,7 @@ def _why_fatal(error: BaseException) -> str:
 
 
 def _consume(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -351,7 +360,7 @@ def _consume(
 ) -> None:
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client,
             "logger": CLIENT_LOG,
             "group.id": f"checker-{uuid.uuid4().hex[:6]}",
             "socket.timeout.ms": 10000,
