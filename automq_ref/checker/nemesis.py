@@ -415,6 +415,8 @@ class Injected:
     heal: Callable[[], None]
     target: str = ""
     length_s: float | None = None
+    # What the fault turned out to do, asked once it healed (added to the window's detail).
+    outcome: Callable[[], str] | None = None
 
 
 class Nemesis(ABC):
@@ -704,15 +706,28 @@ class ZonePartition(Nemesis):
             " (active controller)" if controller == int(zone.removeprefix("az")) else ""
         )
 
+        held: dict[int, set[str]] = {}
+
         def heal() -> None:
-            for proxy in env.tcp_proxies:
+            for index, proxy in enumerate(env.tcp_proxies):
                 proxy.set_cut(None)
+                held[index + 1] = proxy.held_client_ids()
+
+        def outcome() -> str:
+            return "held: " + (
+                "; ".join(
+                    f"into broker {node_id} from {', '.join(sorted(ids))}"
+                    for node_id, ids in sorted(held.items())
+                    if ids
+                )
+                or "nothing"
+            )
 
         detail = (
             f"{zone} cut off for {length_s:.1f} s: Kafka connections between it and the other "
             "zones held (clients, zone router, snapshot reads); controller RPC, etcd and S3 not"
         )
-        return Injected(detail, heal, f"zone {zone}, {inside}", length_s)
+        return Injected(detail, heal, f"zone {zone}, {inside}", length_s, outcome)
 
 
 def _zone_cut(broker_zone: str, cut: str) -> Callable[[str], bool]:

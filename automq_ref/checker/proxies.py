@@ -170,6 +170,7 @@ class TcpProxy:
         self._drop = False
         self._stall = False
         self._cut: Callable[[str], bool] | None = None
+        self._held_ids: set[str] = set()
         self._connections: set[_Connection] = set()
         self._stats_lock = threading.Lock()
         self._stats = {
@@ -220,11 +221,19 @@ class TcpProxy:
         ones and new ones) until called again with None (module docstring)."""
         self._cut = predicate
 
+    def held_client_ids(self) -> set[str]:
+        """The client ids of the connections the cut held bytes of since the last call."""
+        held, self._held_ids = self._held_ids, set()
+        return held
+
     def _held(self, connection: _Connection) -> bool:
         cut = self._cut
         if self._stall:
             return True
-        return cut is not None and connection.client_id is not None and cut(connection.client_id)
+        if cut is None or connection.client_id is None or not cut(connection.client_id):
+            return False
+        self._held_ids.add(connection.client_id)
+        return True
 
     def reset_all(self) -> int:
         """Abort every open connection with an RST on both sides; return how many."""

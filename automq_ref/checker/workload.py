@@ -233,9 +233,8 @@ def _nemesis(
         finally:
             fault.heal()
             tally.fault_now = ""
-        faults.append(
-            FaultWindow(nemesis.name, start, time.monotonic_ns(), fault.detail, fault.target)
-        )
+        detail = fault.detail if fault.outcome is None else f"{fault.detail}; {fault.outcome()}"
+        faults.append(FaultWindow(nemesis.name, start, time.monotonic_ns(), detail, fault.target))
 
 
 def _produce(

@@ -16,6 +16,7 @@ brokers).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from automq_ref.checker.run import run_check
@@ -133,6 +134,12 @@ def test_a_cluster_under_zone_partitions_leaves_no_anomaly(tmp_path: Path) -> No
     targets = [window["target"] for window in report["fault_windows_ns"]]
     assert targets[0].startswith("zone az2, broker 2"), targets
     assert targets[1].startswith("zone az3, broker 3"), targets
+    # The cuts held the inter-broker requests too, not only the clients: the zone router's or
+    # the snapshot reads' connections of the cut zone's broker, into another broker.
+    details = " ".join(window["detail"] for window in report["fault_windows_ns"])
+    assert re.search(r"into broker [13] from [^;]*(snapshot-read|automq-ref-router)-2", details), (
+        details
+    )
     assert outcome.valid, (outcome.anomalies, outcome.linearizable, outcome.unreadable)
     assert outcome.linearizable == "ok"
     assert outcome.operations.get("send:ok", 0) > 100, outcome.operations

@@ -240,6 +240,8 @@ def test_tcp_proxy_cut_holds_only_the_connections_whose_client_id_it_names(
             assert receive_exactly(new, len(kafka_header("automq_az=az2"))) == kafka_header(
                 "automq_az=az2"
             )
+        assert tcp_proxy.held_client_ids() == {"automq_az=az2"}
+        assert tcp_proxy.held_client_ids() == set()  # asked again: nothing new
         tcp_proxy.set_cut(lambda _: True)
         tcp_proxy.heal()  # the heal ends a cut too
         round_trip(cut, b"healed")
