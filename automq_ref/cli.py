@@ -340,12 +340,17 @@ def _check(arguments: argparse.Namespace) -> int:
     partitions = arguments.partitions
     if partitions is None:
         partitions = CLUSTER_PARTITIONS if cluster else WorkloadSettings.partitions
+    # Clients declaring zones (the zone-partition nemesis): a producer and a consumer per zone.
+    zoned = any(NEMESES[name].needs_zone_router for name in nemeses)
+    clients = arguments.brokers if zoned else None
     settings = WorkloadSettings(
         partitions=partitions,
         duration_s=arguments.duration,
         fault_interval_s=arguments.fault_interval,
         nemeses=nemeses,
         seed=seed,
+        producers=clients or WorkloadSettings.producers,
+        consumers=clients or WorkloadSettings.consumers,
     )
     if arguments.runs is not None:
         from automq_ref.checker.soak import run_checks

@@ -4,9 +4,14 @@ A checked run happens in an :class:`Environment`: one broker process, or a clust
 (``brokers`` > 1: an etcd member the run starts, one object store shared by every broker, node
 ids 1..N in racks az1..azN, clients bootstrapped to all); and, when a nemesis needs them, an S3
 endpoint (moto's server) behind a fault proxy holding the brokers' objects, and a TCP proxy per
-broker that the clients go through (each broker advertises its proxy's address, so clients never
-bypass it). The nemesis thread picks a nemesis at random (seeded), calls ``inject``, waits the
-fault's length, and calls the :class:`Injected` fault's ``heal``; the window between is recorded
+broker that the clients go through (each broker advertises its proxy's address, so clients
+never bypass it, and neither do the other brokers' Kafka-protocol requests to it: the zone
+router's and the snapshot reads'). With the ``zone-partition`` nemesis the cluster runs with the
+zone router on (its channels beside the objects) and the clients declare zones
+(:meth:`Environment.client_zone`), each bootstrapped to its zone's broker.
+
+The nemesis thread picks a nemesis at random (seeded), calls ``inject``, waits the fault's
+length, and calls the :class:`Injected` fault's ``heal``; the window between is recorded
 with what the fault hit (``target``: "broker 2 (active controller)", "etcd") and shaded in the
 plot.
 
@@ -51,6 +56,20 @@ Three more, for failover:
                         and recovers with the faults still on for ``RECOVER_UNDER_FAULTS_S``,
                         then the store is healed.
 ======================  ====================================================================
+
+And one for zones:
+
+==================  ========================================================================
+``zone-partition``  (a cluster only) one zone (at random) cut off from the other zones for
+                    2 to 10 s (uniform), through the brokers' TCP proxies, by the client id
+                    of each Kafka connection's first request: connections into the zone's
+                    broker from other zones (clients declaring another zone, the other
+                    brokers' zone-router requests and snapshot polls) and from the zone into
+                    the other zones' brokers are held (bytes delivered in order at the heal,
+                    as TCP would retransmit them); the zone's clients still reach its broker.
+                    Not cut: the controller RPC (heartbeats), etcd and S3 (regional), and
+                    clients that declare no zone. Heal: every connection flows again.
+==================  ========================================================================
 """
 
 from __future__ import annotations
@@ -59,6 +78,7 @@ import json
 import logging
 import math
 import random
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -103,6 +123,12 @@ FENCE_POLL_S = 0.5
 GRACEFUL_EXIT_S = 30.0
 # s3-faults: how long a restarted broker recovers with the store still failing.
 RECOVER_UNDER_FAULTS_S = 2.0
+# zone-partition: how long a zone stays cut off (uniform), and what tells a connection's zone:
+# a client declaring automq_az=<zone>, or a broker's zone router or snapshot reads (their
+# client ids carry the node id; broker N is in zone azN).
+ZONE_CUT_S = (2.0, 10.0)
+_DECLARED_ZONE = re.compile(r"(?:^|&)automq_az=([^&]*)")
+_BROKER_CLIENT = re.compile(r"^(?:automq-ref-router|snapshot-read)-(\d+)$")
 
 
 @dataclass
@@ -118,6 +144,7 @@ class Environment:
     lease_ttl_s: float = 0.0  # a cluster's controller lease, in the whole seconds etcd counts
     _closers: list[Any] = field(default_factory=list)
     metadata_path: Path | None = None  # where close writes a cluster's metadata log as text
+    zone_router: bool = False  # automq.zonerouter.channels set on every broker
 
     @property
     def broker(self) -> BrokerProcess:
@@ -127,6 +154,23 @@ class Environment:
     @property
     def cluster(self) -> bool:
         return self.etcd is not None
+
+    @property
+    def zoned(self) -> bool:
+        """Whether the clients declare zones (the zone router is on): with ``zone-partition``."""
+        return self.zone_router
+
+    def client_zone(self, client: int) -> str:
+        """The zone client number ``client`` declares when :attr:`zoned` (spread over the
+        brokers' zones)."""
+        return f"az{client % len(self.brokers) + 1}"
+
+    def zone_bootstrap(self, zone: str) -> str:
+        """Where a client of ``zone`` bootstraps: its zone's broker (through its proxy)."""
+        index = int(zone.removeprefix("az")) - 1
+        if self.tcp_proxies:
+            return f"127.0.0.1:{self.tcp_proxies[index].port}"
+        return self.brokers[index].bootstrap
 
     @property
     def bootstrap(self) -> str:
@@ -203,6 +247,7 @@ class Environment:
             raise ValueError(f"unknown wal {wal!r} (known: {', '.join(WALS)})")
         if wal != "file" and "wal-loss" in nemeses:
             raise ValueError("the wal-loss nemesis undoes a WAL file's writes: it needs wal=file")
+        zone_router = any(NEMESES[name].needs_zone_router for name in nemeses)
         needs_cluster = sorted(name for name in nemeses if NEMESES[name].needs_cluster)
         if needs_cluster and brokers == 1:
             raise ValueError(f"nemesis {', '.join(needs_cluster)} needs a cluster (brokers > 1)")
@@ -244,13 +289,25 @@ class Environment:
                 ]
                 if s3_proxy is None:  # one object store for all: a directory they share
                     shared.append(f"s3.data.buckets={(data_dir / 'objects').resolve().as_uri()}")
+                if zone_router:  # the router's channels beside the objects
+                    # A short batch interval, as for the object WAL: every routed send waits
+                    # for a channel batch, and each producer for its send's answer.
+                    batch = f"batchInterval={S3_WAL_BATCH_INTERVAL_MS}"
+                    if s3_proxy is None:
+                        channels = f"0@dir://{(data_dir / 'channels').resolve()}?{batch}"
+                    else:
+                        channels = (
+                            f"0@s3://{S3_BUCKET}?region=us-east-1&endpoint={s3_proxy.url}"
+                            f"&pathStyle=true&{batch}"
+                        )
+                    shared.append(f"automq.zonerouter.channels={channels}")
                 overrides = shared + overrides  # the user's and the nemeses' win
             for index in range(brokers):
                 own = list(overrides)
                 if brokers > 1:
                     own = [f"node.id={index + 1}", f"broker.rack=az{index + 1}", *own]
                 port = 0
-                if "net" in nemeses:
+                if any(NEMESES[name].needs_proxies for name in nemeses):
                     from automq_ref.checker.proxies import TcpProxy
 
                     port = free_port()
@@ -287,6 +344,7 @@ class Environment:
             lease_ttl_s,
             closers,
             metadata_path,
+            zone_router,
         )
 
     def close(self) -> None:
@@ -357,6 +415,8 @@ class Injected:
     heal: Callable[[], None]
     target: str = ""
     length_s: float | None = None
+    # What the fault turned out to do, asked once it healed (added to the window's detail).
+    outcome: Callable[[], str] | None = None
 
 
 class Nemesis(ABC):
@@ -368,6 +428,8 @@ class Nemesis(ABC):
     broken: ClassVar[tuple[str, ...]] = ()  # the checker's broker modes it needs
     needs_cluster: ClassVar[bool] = False
     needs_s3: ClassVar[bool] = False  # the brokers' objects in moto behind the S3 fault proxy
+    needs_proxies: ClassVar[bool] = False  # a TCP proxy in front of each broker
+    needs_zone_router: ClassVar[bool] = False  # the router on, clients declaring zones
 
     @abstractmethod
     def inject(self, env: Environment, rng: random.Random) -> Injected: ...
@@ -458,6 +520,7 @@ class S3Faults(Nemesis):
 
 class NetFaults(Nemesis):
     name = "net"
+    needs_proxies = True
     MODES = ("delay", "partition", "drop", "reset")
 
     def inject(self, env: Environment, rng: random.Random) -> Injected:
@@ -613,6 +676,72 @@ class S3DuringFailover(Nemesis):
         return Injected(detail, heal, f"{target}, object store" if target else "", length_s)
 
 
+def connection_zone(client_id: str) -> str | None:
+    """The zone a Kafka connection comes from, by its client id: the one a client declares
+    (``automq_az=``), or the zone of the broker whose zone router or snapshot reads opened it;
+    None for anything else (a client without a zone)."""
+    declared = _DECLARED_ZONE.search(client_id)
+    if declared is not None:
+        return declared.group(1)
+    broker = _BROKER_CLIENT.match(client_id)
+    return None if broker is None else f"az{broker.group(1)}"
+
+
+class ZonePartition(Nemesis):
+    """One zone cut off from the others (module docstring): its broker's proxy holds every
+    connection from another zone, the other brokers' proxies every connection from it."""
+
+    name = "zone-partition"
+    needs_cluster = True
+    needs_proxies = True
+    needs_zone_router = True
+
+    def inject(self, env: Environment, rng: random.Random) -> Injected:
+        zone = f"az{rng.randrange(len(env.brokers)) + 1}"
+        length_s = rng.uniform(*ZONE_CUT_S)
+        for index, proxy in enumerate(env.tcp_proxies):
+            proxy.set_cut(_zone_cut(f"az{index + 1}", zone))
+        controller = env.controller()
+        inside = f"broker {zone.removeprefix('az')}" + (
+            " (active controller)" if controller == int(zone.removeprefix("az")) else ""
+        )
+
+        held: dict[int, set[str]] = {}
+
+        def heal() -> None:
+            for index, proxy in enumerate(env.tcp_proxies):
+                proxy.set_cut(None)
+                held[index + 1] = proxy.held_client_ids()
+
+        def outcome() -> str:
+            return "held: " + (
+                "; ".join(
+                    f"into broker {node_id} from {', '.join(sorted(ids))}"
+                    for node_id, ids in sorted(held.items())
+                    if ids
+                )
+                or "nothing"
+            )
+
+        detail = (
+            f"{zone} cut off for {length_s:.1f} s: Kafka connections between it and the other "
+            "zones held (clients, zone router, snapshot reads); controller RPC, etcd and S3 not"
+        )
+        return Injected(detail, heal, f"zone {zone}, {inside}", length_s, outcome)
+
+
+def _zone_cut(broker_zone: str, cut: str) -> Callable[[str], bool]:
+    """Which connections into the broker of ``broker_zone`` a cut of zone ``cut`` holds."""
+
+    def held(client_id: str) -> bool:
+        zone = connection_zone(client_id)
+        if zone is None:
+            return False
+        return zone != cut if broker_zone == cut else zone == cut
+
+    return held
+
+
 NEMESES: dict[str, Nemesis] = {
     nemesis.name: nemesis
     for nemesis in (
@@ -625,6 +754,7 @@ NEMESES: dict[str, Nemesis] = {
         PausePastSession(),
         GracefulRestart(),
         S3DuringFailover(),
+        ZonePartition(),
     )
 }
 # The WALs a checked run's brokers can run on: each its block WAL file, or the object WAL in S3.

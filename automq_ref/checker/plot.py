@@ -67,6 +67,7 @@ FAULT_WORDS = {
     "s3": "object store errors and latency",
     "net": "network faults on client connections",
     "etcd-pause": "pause etcd (the metadata quorum)",
+    "zone-partition": "zone cut off from the other zones",
 }
 # Anomaly kinds as the verdict says them; another kind is named as it is.
 ANOMALY_WORDS = {"lost-write": "lost", "duplicate": "duplicated"}

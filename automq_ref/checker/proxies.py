@@ -20,6 +20,12 @@ time comes, so a delay shifts the stream in time but never reorders it. The faul
   partition). Peers see silence; a client that times out meanwhile reconnects.
 - ``reset_all()``: every open connection is aborted on both sides with ``SO_LINGER`` 0, so each
   peer gets an RST (``ConnectionResetError``) rather than an orderly EOF.
+- ``set_cut(predicate)``: a partition of some connections only, chosen by the Kafka client id
+  of the first request each connection carries (read from its header: size, API key, version,
+  correlation id, then the client id as an int16-length string in every header version):
+  those the predicate accepts are stalled as by ``set_stall`` (their bytes held and delivered
+  in order once the cut ends), the others flow. A connection whose first request has not
+  arrived yet is not cut. The zone-partition nemesis cuts a zone off with it.
 
 :class:`S3FaultProxy` is an HTTP/1.1 reverse proxy (aiohttp server and client, keep-alive on both
 legs) in front of an S3 endpoint. A request is forwarded with its method, raw path and query,
@@ -49,7 +55,7 @@ import struct
 import threading
 import time
 import uuid
-from collections.abc import Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
 import aiohttp
@@ -68,6 +74,8 @@ _CONTROL_TIMEOUT_S = 10.0
 
 
 _STALL_POLL_S = 0.01
+# How much of a connection's first bytes the proxy keeps looking for its client id in.
+_HEADER_LIMIT = 65536
 
 
 class _LoopThread:
@@ -118,6 +126,24 @@ class _Connection:
         self.upstream = upstream
         self.tasks: list[asyncio.Task[None]] = []
         self.reset = False
+        self.client_id: str | None = None  # its first request's, once read (set_cut)
+        self._header = b""  # the first request's bytes until its client id is complete
+
+    def read_client_id(self, chunk: bytes) -> None:
+        """Take the client id from the first request's header (``chunk`` is the next bytes
+        the client sent); until it is complete, keep what came."""
+        if self.client_id is not None or len(self._header) > _HEADER_LIMIT:
+            return
+        self._header += chunk
+        if len(self._header) < 14:
+            return
+        (length,) = struct.unpack_from(">h", self._header, 12)
+        if length < 0:
+            self.client_id = ""
+        elif len(self._header) >= 14 + length:
+            self.client_id = self._header[14 : 14 + length].decode("utf-8", "replace")
+        if self.client_id is not None:
+            self._header = b""
 
     def abort(self) -> None:
         self.reset = True
@@ -143,6 +169,8 @@ class TcpProxy:
         self._delay_s = 0.0
         self._drop = False
         self._stall = False
+        self._cut: Callable[[str], bool] | None = None
+        self._held_ids: set[str] = set()
         self._connections: set[_Connection] = set()
         self._stats_lock = threading.Lock()
         self._stats = {
@@ -188,6 +216,25 @@ class TcpProxy:
     def set_stall(self, stall: bool) -> None:
         self._stall = bool(stall)
 
+    def set_cut(self, predicate: Callable[[str], bool] | None) -> None:
+        """Stall the connections whose first request's client id ``predicate`` accepts (open
+        ones and new ones) until called again with None (module docstring)."""
+        self._cut = predicate
+
+    def held_client_ids(self) -> set[str]:
+        """The client ids of the connections the cut held bytes of since the last call."""
+        held, self._held_ids = self._held_ids, set()
+        return held
+
+    def _held(self, connection: _Connection) -> bool:
+        cut = self._cut
+        if self._stall:
+            return True
+        if cut is None or connection.client_id is None or not cut(connection.client_id):
+            return False
+        self._held_ids.add(connection.client_id)
+        return True
+
     def reset_all(self) -> int:
         """Abort every open connection with an RST on both sides; return how many."""
         assert self._loop_thread is not None, "start() first"
@@ -197,6 +244,7 @@ class TcpProxy:
         self._delay_s = 0.0
         self._drop = False
         self._stall = False
+        self._cut = None
 
     def stop(self) -> None:
         if self._loop_thread is None:
@@ -258,7 +306,7 @@ class TcpProxy:
     ) -> None:
         """One direction: read, stamp, queue; a writer task sends each chunk at its time."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-        sender = asyncio.create_task(self._send(queue, writer, counter))
+        sender = asyncio.create_task(self._send(connection, queue, writer, counter))
         try:
             while True:
                 try:
@@ -267,6 +315,8 @@ class TcpProxy:
                     break
                 if not chunk:
                     break
+                if counter == "bytes_up":
+                    connection.read_client_id(chunk)
                 if self._drop:
                     self._count("dropped_bytes", len(chunk))
                     continue
@@ -284,10 +334,16 @@ class TcpProxy:
                 connection.abort()
 
     async def _send(
-        self, queue: asyncio.Queue[tuple[float, bytes]], writer: asyncio.StreamWriter, counter: str
+        self,
+        connection: _Connection,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        writer: asyncio.StreamWriter,
+        counter: str,
     ) -> None:
         while True:
             due, chunk = await queue.get()
+            while self._cut is not None and self._held(connection):  # a FIN waits too
+                await asyncio.sleep(_STALL_POLL_S)
             if not chunk:
                 if writer.can_write_eof():
                     with contextlib.suppress(OSError):
@@ -296,7 +352,7 @@ class TcpProxy:
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            while self._stall:
+            while self._held(connection):
                 await asyncio.sleep(_STALL_POLL_S)
             if self._drop:  # went black while the chunk was queued
                 self._count("dropped_bytes", len(chunk))

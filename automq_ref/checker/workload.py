@@ -161,7 +161,7 @@ def run_workload(
     threads = [
         threading.Thread(
             target=_produce,
-            args=(bootstrap, topic, settings, p, history, stop, tally.acknowledged),
+            args=(_client(env, p), topic, settings, p, history, stop, tally.acknowledged),
             name=f"producer-{p}",
             daemon=True,
         )
@@ -170,7 +170,7 @@ def run_workload(
     threads += [
         threading.Thread(
             target=_consume,
-            args=(bootstrap, topic, settings, 100 + c, history, stop),
+            args=(_client(env, c), topic, settings, 100 + c, history, stop),
             name=f"consumer-{100 + c}",
             daemon=True,
         )
@@ -199,6 +199,15 @@ def run_workload(
     return WorkloadResult(history.ops, faults, topic, unreadable)
 
 
+def _client(env: Environment, number: int) -> dict[str, str]:
+    """Where client ``number`` connects and who it says it is: every broker; or, when the
+    clients declare zones (the zone router on), its zone's broker and ``automq_az=<zone>``."""
+    if not env.zoned:
+        return {"bootstrap.servers": env.bootstrap}
+    zone = env.client_zone(number)
+    return {"bootstrap.servers": env.zone_bootstrap(zone), "client.id": f"automq_az={zone}"}
+
+
 def _nemesis(
     env: Environment, settings: WorkloadSettings, faults: list[FaultWindow], tally: CheckTally
 ) -> None:
@@ -224,13 +233,12 @@ def _nemesis(
         finally:
             fault.heal()
             tally.fault_now = ""
-        faults.append(
-            FaultWindow(nemesis.name, start, time.monotonic_ns(), fault.detail, fault.target)
-        )
+        detail = fault.detail if fault.outcome is None else f"{fault.detail}; {fault.outcome()}"
+        faults.append(FaultWindow(nemesis.name, start, time.monotonic_ns(), detail, fault.target))
 
 
 def _produce(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -246,7 +254,7 @@ def _produce(
     generation = 0
     while not stop.is_set():
         _produce_until_fatal(
-            bootstrap,
+            client,
             topic,
             settings,
             process + 10_000 * generation,
@@ -258,7 +266,7 @@ def _produce(
 
 
 def _produce_until_fatal(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -271,7 +279,7 @@ def _produce_until_fatal(
     counts, slot = tally
     producer = Producer(
         {
-            "bootstrap.servers": bootstrap,
+            **client,
             "logger": CLIENT_LOG,
             "enable.idempotence": True,
             "acks": "all",
@@ -342,7 +350,7 @@ def _why_fatal(error: BaseException) -> str:
 
 
 def _consume(
-    bootstrap: str,
+    client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
@@ -351,7 +359,7 @@ def _consume(
 ) -> None:
     consumer = Consumer(
         {
-            "bootstrap.servers": bootstrap,
+            **client,
             "logger": CLIENT_LOG,
             "group.id": f"checker-{uuid.uuid4().hex[:6]}",
             "socket.timeout.ms": 10000,

@@ -268,6 +268,9 @@ class RouterOut:
         self.sender = sender
         self.targets: dict[int, _Target] = {}
         self._background: set[asyncio.Future[Any]] = set()
+        # (topic, partition, target) already logged as routed: one line each, so an operator
+        # (and make cluster's test) can tell from the log which partitions went through here.
+        self._announced: set[tuple[str, int, int]] = set()
 
     def route(self, context: Context, request: Request, body: Any) -> Reply:
         """Admit a client's Produce (the produce handler's admission, with the router on)."""
@@ -320,6 +323,7 @@ class RouterOut:
                     pending.append(self.write_local(index, hint, payload))
                 else:
                     assert decision.target is not None
+                    self._announce(name, index, decision.target, zone)
                     pending.append(self.send_routed(decision.target, index, hint, payload))
             answers.append((name, pending))
         if acks == 0:
@@ -329,6 +333,17 @@ class RouterOut:
                         self._keep(waiting)
             return None
         return _answer(request, answers)
+
+    def _announce(self, topic: str, index: int, target: int, client_zone: str | None) -> None:
+        if (topic, index, target) not in self._announced:
+            self._announced.add((topic, index, target))
+            log.info(
+                "zone router: routing %s-%d to its leader, node %d, for clients of zone %s",
+                topic,
+                index,
+                target,
+                client_zone,
+            )
 
     def _keep(self, future: asyncio.Future[Any]) -> None:
         self._background.add(future)

@@ -5,11 +5,13 @@ gracefully, and exits 0.
 
 The launcher runs on three consecutive free ports (``--base-port``), never 9092-9094, in a
 temporary directory; real clients (confluent-kafka) create a topic, produce and consume through
-the bootstrap list.
+the bootstrap list, and clients declaring zone az2 produce and consume through node 2 alone
+(the zone router: issue 18, item 5).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,9 +21,10 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from automq_ref.launch import BROKERS
@@ -30,6 +33,8 @@ from tests.waiting import wait_until
 START_TIMEOUT_S = 60
 STOP_TIMEOUT_S = 60
 RECORDS = 20
+ZONED_PARTITIONS = 3
+ZONED_RECORDS = 30
 
 
 def consecutive_free_ports(count: int) -> int:
@@ -153,7 +158,7 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
     )
     assert clients_bootstrap, "no broker lists the topic it created"
     # The zone router is on: a client declaring zone az2 is told node 2 leads the topic, one
-    # without a zone the real leader (produce through node 2 waits for the router itself).
+    # without a zone the real leader (zoned_clients_stay_in_az2 produces and consumes so).
     for client_id, leaders in [("automq_az=az2", {2}), ("made-client", {1, 2, 3})]:
         admin = AdminClient({"bootstrap.servers": clients_bootstrap, "client.id": client_id})
         (partition,) = admin.list_topics("made", timeout=30).topics["made"].partitions.values()
@@ -176,6 +181,8 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
     consumer.close()
     assert values == [f"record-{index}".encode() for index in range(RECORDS)]
 
+    zoned_clients_stay_in_az2(bootstrap.split(",")[1], data_dir)
+
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=STOP_TIMEOUT_S)
     assert process.returncode == 0, "".join(output) + rest
@@ -186,6 +193,108 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
         log = (data_dir / f"broker-{node_id}.log").read_text()
         assert "shutting down: uploading the WAL's data" in log, log[-2000:]
         assert log.rstrip().endswith("automq-ref: stopped"), log[-2000:]
+
+
+def _requests_by_node(stats: list[str]) -> dict[int, dict[str, int]]:
+    """Produce and Fetch requests the client sent to each broker (node id), from its last
+    librdkafka statistics report (cumulative counters per broker connection)."""
+    sent: dict[int, dict[str, int]] = {}
+    for broker in json.loads(stats[-1])["brokers"].values():
+        if broker["nodeid"] >= 0:  # not the bootstrap connection
+            counts = sent.setdefault(broker["nodeid"], {"Produce": 0, "Fetch": 0})
+            for api in counts:
+                counts[api] += broker["req"].get(api, 0)
+    return sent
+
+
+def zoned_clients_stay_in_az2(node_2: str, data_dir: Path) -> None:
+    """Issue 18 item 5: a producer and a consumer declaring zone az2 (client.id
+    automq_az=az2), bootstrapped to node 2 only, are told node 2 leads every partition of a
+    topic led by all three brokers; every acknowledged record is read back in order; node 2 is
+    the only broker they send Produce or Fetch to (the clients' own request counters), and
+    node 2's log says it routed the other leaders' partitions and served them from its
+    snapshot reads."""
+    topic = "zoned"
+    admin = AdminClient({"bootstrap.servers": node_2})
+    admin.create_topics([NewTopic(topic, ZONED_PARTITIONS)])[topic].result(40)
+    wait_until(lambda: knows_topic(node_2, topic), timeout_s=30, what="node 2 knows the topic")
+    plain = AdminClient({"bootstrap.servers": node_2, "client.id": "no-zone"})
+    leaders = {
+        index: partition.leader
+        for index, partition in plain.list_topics(topic, timeout=30)
+        .topics[topic]
+        .partitions.items()
+    }
+    zoned: dict[str, Any] = {"bootstrap.servers": node_2, "client.id": "automq_az=az2"}
+    seen = AdminClient(zoned).list_topics(topic, timeout=30).topics[topic].partitions
+    assert {index: p.leader for index, p in seen.items()} == dict.fromkeys(leaders, 2)
+    assert set(leaders.values()) - {2}, f"placement put every partition on node 2: {leaders}"
+
+    stats: list[str] = []
+    producer = Producer(
+        {
+            **zoned,
+            "enable.idempotence": True,
+            "statistics.interval.ms": 100,
+            "stats_cb": stats.append,
+        }
+    )
+    acknowledged: dict[int | None, list[tuple[int | None, bytes | None]]] = {
+        index: [] for index in leaders
+    }
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        assert error is None, error
+        acknowledged[message.partition()].append((message.offset(), message.value()))
+
+    for index in range(ZONED_RECORDS):
+        producer.produce(
+            topic,
+            f"zoned-{index}".encode(),
+            partition=index % ZONED_PARTITIONS,
+            on_delivery=delivered,
+        )
+    assert producer.flush(60) == 0
+    time.sleep(0.3)
+    producer.poll(0)  # the last statistics report
+    produced = _requests_by_node(stats)
+    assert sum(len(records) for records in acknowledged.values()) == ZONED_RECORDS
+
+    consumer_stats: list[str] = []
+    consumer = Consumer(
+        {
+            **zoned,
+            "group.id": "zoned",
+            "enable.auto.commit": False,
+            "statistics.interval.ms": 100,
+            "stats_cb": consumer_stats.append,
+        }
+    )
+    consumer.assign([TopicPartition(topic, index, 0) for index in leaders])
+    read: dict[int | None, list[tuple[int | None, bytes]]] = {index: [] for index in leaders}
+    deadline = time.monotonic() + 60
+    while sum(map(len, read.values())) < ZONED_RECORDS and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            read[message.partition()].append((message.offset(), message.value() or b""))
+    time.sleep(0.3)
+    consumer.poll(0)
+    consumer.close()
+    assert read == acknowledged
+    fetched = _requests_by_node(consumer_stats)
+
+    assert produced[2]["Produce"] > 0 and fetched[2]["Fetch"] > 0, (produced, fetched)
+    for node_id, counts in [*produced.items(), *fetched.items()]:
+        if node_id != 2:
+            assert counts == {"Produce": 0, "Fetch": 0}, (node_id, produced, fetched)
+    log_2 = (data_dir / "broker-2.log").read_text()
+    for index, leader in leaders.items():
+        if leader != 2:
+            assert (
+                f"routing {topic}-{index} to its leader, node {leader}, for clients of zone az2"
+                in log_2
+            )
+            assert f"snapshot read serves {topic}-{index} from offset 0" in log_2
 
 
 def test_a_broker_that_dies_stops_the_cluster(

@@ -7,13 +7,16 @@ through ``check --runs``' runner, under the failover nemeses: a broker paused un
 controller fenced it and then resumed (the zombie), a graceful restart, and S3 faults while a
 broker is down past its session, must find nothing either. A cluster in
 which broker 1 throws its WAL away at start-up, killed, must be caught: the check cannot pass
-because it looked at nothing. The seeds are chosen so that the faults the assertions name come
-first in the schedule (one seed, one schedule of kinds and brokers).
+because it looked at nothing. With the zone router on and clients declaring their zones, zones
+cut off from the others and restored must lose nothing either. The seeds are chosen so that
+the faults the assertions name come first in the schedule (one seed, one schedule of kinds and
+brokers).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from automq_ref.checker.run import run_check
@@ -26,6 +29,8 @@ CLUSTER_SEED = 79
 FAILOVER_SEED = 53
 # the first two kills hit broker 1
 BROKEN_SEED = 8
+# zone-partition: az2 cut off for 3.1 s, then az3 for 3.9 s
+ZONE_SEED = 31
 
 
 def test_a_cluster_under_kill_pause_and_etcd_pause_leaves_no_anomaly(tmp_path: Path) -> None:
@@ -107,3 +112,40 @@ def test_a_cluster_under_the_failover_nemeses_leaves_no_anomaly(tmp_path: Path) 
     assert sum(report["fenced_restarts"].values()) >= 1
     assert "exited (0)" in windows["graceful-restart"]["detail"]
     assert "object store" in windows["s3-faults"]["target"]
+
+
+def test_a_cluster_under_zone_partitions_leaves_no_anomaly(tmp_path: Path) -> None:
+    out = tmp_path / "check"
+    outcome = run_check(
+        out,
+        WorkloadSettings(
+            partitions=6,
+            producers=3,
+            consumers=3,
+            duration_s=15,
+            fault_interval_s=3,
+            min_faults=2,
+            seed=ZONE_SEED,
+            nemeses=("zone-partition",),
+        ),
+        brokers=3,
+    )
+    report = json.loads((out / "report.json").read_text())
+    targets = [window["target"] for window in report["fault_windows_ns"]]
+    assert targets[0].startswith("zone az2, broker 2"), targets
+    assert targets[1].startswith("zone az3, broker 3"), targets
+    # The cuts held the inter-broker requests too, not only the clients: the zone router's or
+    # the snapshot reads' connections of the cut zone's broker, into another broker.
+    details = " ".join(window["detail"] for window in report["fault_windows_ns"])
+    assert re.search(r"into broker [13] from [^;]*(snapshot-read|automq-ref-router)-2", details), (
+        details
+    )
+    assert outcome.valid, (outcome.anomalies, outcome.linearizable, outcome.unreadable)
+    assert outcome.linearizable == "ok"
+    assert outcome.operations.get("send:ok", 0) > 100, outcome.operations
+    # The clients of every zone went through their zone's broker, which routed the partitions
+    # other brokers lead and served them from its snapshot reads.
+    for node_id in (1, 2, 3):
+        log = (out / "data" / f"broker-{node_id}.log").read_text()
+        assert "for clients of zone az" + str(node_id) in log, log[-3000:]
+        assert "snapshot read serves" in log, log[-3000:]

@@ -149,7 +149,7 @@ def test_an_unknown_nemesis_lists_the_known_ones(tmp_path: Path) -> None:
     assert one_line(result) == (
         "automq-ref check: unknown nemesis 'explode'; --nemesis takes a comma-separated list "
         "of kill, pause, wal-loss, s3, net, etcd-pause, pause-past-session, graceful-restart, "
-        "s3-faults"
+        "s3-faults, zone-partition"
     )
     assert not (tmp_path / "out").exists()
 
@@ -184,6 +184,7 @@ def test_check_help_lists_every_nemesis(tmp_path: Path) -> None:
         "pause-past-session",
         "graceful-restart",
         "s3-faults",
+        "zone-partition",
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -192,6 +193,58 @@ def test_tcp_proxy_stall_holds_bytes_and_delivers_them_in_order_after_heal(
         tcp_proxy.heal()
         sock.settimeout(5)
         assert receive_exactly(sock, 9) == b"held back"  # nothing lost, order kept
+        assert tcp_proxy.stats["dropped_bytes"] == 0
+
+
+def kafka_header(client_id: str | None, body: bytes = b"") -> bytes:
+    """A request frame as a Kafka client writes it: size, API key, version, correlation id,
+    the client id (int16 length, -1 for null), then ``body``."""
+    encoded = b"" if client_id is None else client_id.encode()
+    length = -1 if client_id is None else len(encoded)
+    frame = struct.pack(">hhih", 3, 7, 1, length) + encoded + body
+    return struct.pack(">i", len(frame)) + frame
+
+
+def test_tcp_proxy_cut_holds_only_the_connections_whose_client_id_it_names(
+    tcp_proxy: TcpProxy,
+) -> None:
+    cut_one = kafka_header("automq_az=az2", b"first")
+    with (
+        connect(tcp_proxy.port) as cut,
+        connect(tcp_proxy.port) as kept,
+        connect(tcp_proxy.port) as unnamed,
+    ):
+        # The header may come in pieces: the client id is read once it is whole.
+        cut.sendall(cut_one[:9])
+        time.sleep(0.05)
+        cut.sendall(cut_one[9:])
+        assert receive_exactly(cut, len(cut_one)) == cut_one
+        round_trip(kept, kafka_header("automq_az=az1"))
+        round_trip(unnamed, kafka_header(None))
+        tcp_proxy.set_cut(lambda client_id: client_id == "automq_az=az2")
+        cut.settimeout(0.5)
+        cut.sendall(b"held ")
+        cut.sendall(b"back")
+        with pytest.raises(TimeoutError):
+            cut.recv(1)
+        round_trip(kept, b"still flowing")  # other connections are not cut
+        round_trip(unnamed, b"nor this one")
+        with connect(tcp_proxy.port, timeout=0.5) as new:  # a new one is cut too
+            new.sendall(kafka_header("automq_az=az2"))
+            with pytest.raises(TimeoutError):
+                new.recv(1)
+            tcp_proxy.set_cut(None)
+            cut.settimeout(5)
+            assert receive_exactly(cut, 9) == b"held back"  # in order, nothing lost
+            new.settimeout(5)
+            assert receive_exactly(new, len(kafka_header("automq_az=az2"))) == kafka_header(
+                "automq_az=az2"
+            )
+        assert tcp_proxy.held_client_ids() == {"automq_az=az2"}
+        assert tcp_proxy.held_client_ids() == set()  # asked again: nothing new
+        tcp_proxy.set_cut(lambda _: True)
+        tcp_proxy.heal()  # the heal ends a cut too
+        round_trip(cut, b"healed")
         assert tcp_proxy.stats["dropped_bytes"] == 0
 
 
