@@ -33,6 +33,7 @@ from automq_ref.io.metadata.failover_contexts import (
     node_views,
     run_failover_round,
     stored_contexts,
+    traced_session,
 )
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
@@ -400,6 +401,32 @@ async def test_a_broker_that_died_draining_is_failed_over_after_the_grace(
     assert (await metadata.client.submit(sm.CloseStream(1, epochs[1], created.stream_id, 0))).ok
     image = metadata.controller.image
     assert node_views(image, 10 * grace, grace)[0].session is Session.STOPPED
+
+
+async def test_a_trace_records_a_starting_broker_active_and_an_expired_one_fenced(
+    metadata: Metadata,
+) -> None:
+    """Registered and not yet heartbeaten, a broker is fenced in the image but starting for the
+    trace (the CI run whose trace had its opens before the round's Heartbeat); once its session
+    lapsed (node epoch bumped) it is fenced for both."""
+    epochs = {}
+    for node_id in (1, 2):
+        registration = await register_node(metadata.client, node_id, 1_000 * node_id)
+        epochs[node_id] = registration.node_epoch
+
+    def sessions() -> dict[int, tuple[Session, Session]]:
+        image = metadata.controller.image
+        return {v.node_id: (v.session, traced_session(image, v)) for v in node_views(image, 0, 0)}
+
+    assert sessions()[2] == (Session.FENCED, Session.ACTIVE)
+    for node_id in (1, 2):
+        heartbeat = sm.BrokerHeartbeat(node_id, epochs[node_id], 0, ())
+        assert (await metadata.client.submit(heartbeat)).ok
+    assert sessions() == {1: (Session.ACTIVE,) * 2, 2: (Session.ACTIVE,) * 2}
+    late = 10 * SESSION_MS
+    assert (await metadata.client.submit(sm.BrokerHeartbeat(2, epochs[2], late, ()))).ok
+    assert (await metadata.client.submit(sm.ExpireSessions(late))).ok
+    assert sessions()[1] == (Session.FENCED, Session.FENCED)
 
 
 def test_a_target_aborts_only_when_the_failed_node_runs_another_epoch() -> None:

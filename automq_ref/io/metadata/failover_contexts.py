@@ -169,6 +169,21 @@ def node_views(image: sm.StreamMetadataImage, now_ms: int, grace_ms: int) -> lis
     return views
 
 
+def traced_session(image: sm.StreamMetadataImage, view: NodeView) -> Session:
+    """The session a trace records for ``view``. A broker registered and not yet heartbeaten is
+    fenced at its registration's own node epoch (an expired session bumps the node epoch): it is
+    starting, ACTIVE as the machine's nodes start. Recorded FENCED, the ``Heartbeat`` that ends
+    it would come only at the next round, after the opens its first heartbeat already allowed."""
+    broker = image.brokers.get(view.node_id)
+    starting = (
+        broker is not None
+        and broker.fenced
+        and not broker.in_controlled_shutdown
+        and view.node_epoch == broker.node_epoch
+    )
+    return Session.ACTIVE if view.session is Session.FENCED and starting else view.session
+
+
 def awaiting_failover(
     image: sm.StreamMetadataImage, now_ms: int, settings: FailoverSettings
 ) -> frozenset[int]:
@@ -203,7 +218,7 @@ async def run_failover_round(
     # The index of the image the round decides on (read before any await, with the image).
     decided_at = trace.index() if trace is not None else 0
     if trace is not None:
-        trace.observe_sessions((view.node_id, view.session) for view in views)
+        trace.observe_sessions((view.node_id, traced_session(image, view)) for view in views)
         trace.observe_grace((view.node_id, view.in_grace) for view in views)
     decided = failover_round(views, [s.context for s in stored])
     if not decided.assigned and not decided.cleared:
