@@ -70,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
         "--base-port",
         type=int,
         default=9092,
-        help="Kafka ports of brokers 1, 2, 3: this one and the next two (default 9092)",
+        help=(
+            "Kafka ports of brokers 1, 2, 3: this one and the next two (default 9092; 0: a "
+            "free port each, named in the bootstrap.servers line printed once all serve)"
+        ),
     )
     cluster.add_argument(
         "--data-dir",

@@ -2,7 +2,10 @@
 
 It starts, as child processes, one etcd member (the metadata quorum), an S3 server (moto) with
 one bucket (the shared object store) and three ``automq-ref serve`` brokers: node ids 1, 2, 3 in
-racks ``az1``, ``az2``, ``az3``, Kafka on three consecutive ports from ``--base-port`` (9092), each
+racks ``az1``, ``az2``, ``az3``, Kafka on three consecutive ports from ``--base-port`` (9092; 0:
+each broker binds a free port of its own, read back from its log, which is how tests and
+benchmarks start clusters: a port probed free and handed to a broker later could meanwhile be
+taken by any outgoing connection, since both come from the OS's ephemeral range), each
 with its data and log under ``--data-dir`` (``./data/cluster``), and the zone router's channel in
 the bucket (``automq.zonerouter.channels``), so that Metadata answers a client by its zone.
 Once all three accept Kafka connections it prints ``bootstrap.servers=...`` and waits. SIGINT or
@@ -68,6 +71,7 @@ STOP_TIMEOUT_S = 60.0
 POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
 PREFIX = "automq-ref cluster:"
+SERVING = re.compile(r"serving Kafka on \S+:(\d+)")
 
 
 class LaunchError(Exception):
@@ -176,9 +180,14 @@ class ClusterSettings:
     # In a three-zone network (`--zones`): broker N in zone azN's namespace on its address,
     # etcd and S3 in the region's; None runs everything on loopback.
     network: ZoneNetwork | None = None
+    # With base_port 0, the port each broker bound (read from its log once it serves).
+    bound: dict[int, int] = field(default_factory=dict)
 
     @property
     def ports(self) -> list[int]:
+        """Each broker's port, by node id from 1 (with base_port 0: 0 until it serves)."""
+        if self.base_port == 0:
+            return [self.bound.get(node_id, 0) for node_id in range(1, self.brokers + 1)]
         return [self.base_port + index for index in range(self.brokers)]
 
     def host(self, node_id: int) -> str:
@@ -310,8 +319,11 @@ class LocalCluster:
             self.brokers[node_id] = self._spawn(f"broker-{node_id}", command, env)
 
         def serves(node_id: int, child: Child) -> bool:
-            if "serving Kafka on" not in child.log_path.read_text(errors="replace"):
+            serving = SERVING.search(child.log_path.read_text(errors="replace"))
+            if serving is None:
                 return False
+            if self.settings.base_port == 0:
+                self.settings.bound[node_id] = int(serving.group(1))
             with self.settings.reach(f"az{node_id}"):
                 return _accepts(self.settings.ports[node_id - 1], self.settings.host(node_id))
 
@@ -478,7 +490,9 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
             print(f"{PREFIX} {problem}", file=sys.stderr)
         return 2
     # In zones the brokers listen on the zones' own addresses, never on the host's.
-    taken = [port for port in settings.ports if settings.network is None and _port_taken(port)]
+    taken = [
+        port for port in settings.ports if port and settings.network is None and _port_taken(port)
+    ]
     if taken:
         print(
             f"{PREFIX} 127.0.0.1:{taken[0]} is in use (a broker of `make run` or an earlier "

@@ -61,7 +61,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -120,25 +119,6 @@ def log(message: str) -> None:
 # ------------------------------------------------------------------------------- the cluster
 
 
-def consecutive_free_ports(count: int) -> int:
-    """A base port with ``count`` free ports from it (the OS's ephemeral range: never 9092)."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
-        with contextlib.ExitStack() as held:
-            try:
-                for port in range(base + 1, base + count):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (0 once it is gone)."""
     try:
@@ -167,7 +147,7 @@ class Cluster:
         data_dir = self.workdir / f"cluster-{self.brokers}-{time.monotonic_ns()}"
         settings = ClusterSettings(
             data_dir=data_dir,
-            base_port=consecutive_free_ports(self.brokers),
+            base_port=0,  # a free port per broker
             overrides=(*BLOCK_WAL, *self.overrides),
             brokers=self.brokers,
         )

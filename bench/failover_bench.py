@@ -80,7 +80,6 @@ from confluent_kafka.admin import AdminClient
 
 from automq_ref.launch import ClusterSettings, LocalCluster
 from bench.broker_bench import create_topics, fmt, percentile
-from bench.cluster_bench import consecutive_free_ports
 
 PRODUCER = {
     "enable.idempotence": True,
@@ -259,9 +258,7 @@ def running_cluster(
         f"failover.new.epoch.grace.ms={grace_ms}",
     )
     cluster = LocalCluster(
-        ClusterSettings(
-            data_dir=data_dir, base_port=consecutive_free_ports(3), overrides=overrides
-        ),
+        ClusterSettings(data_dir=data_dir, base_port=0, overrides=overrides),
         threading.Event(),
         lambda line: None,
     )

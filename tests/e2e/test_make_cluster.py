@@ -3,10 +3,10 @@ server (moto) and three brokers, prints the bootstrap line once all three serve,
 ``--override`` to every broker, and at SIGTERM stops every process it started, the brokers
 gracefully, and exits 0.
 
-The launcher runs on three consecutive free ports (``--base-port``), never 9092-9094, in a
-temporary directory; real clients (confluent-kafka) create a topic, produce and consume through
-the bootstrap list, and clients declaring zone az2 produce and consume through node 2 alone
-(the zone router: issue 18, item 5).
+The launcher runs with ``--base-port 0`` (each broker binds a free port, never 9092-9094,
+and the bootstrap line names them) in a temporary directory; real clients (confluent-kafka)
+create a topic, produce and consume through the bootstrap list, and clients declaring zone az2
+produce and consume through node 2 alone (the zone router: issue 18, item 5).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -35,28 +34,6 @@ STOP_TIMEOUT_S = 60
 RECORDS = 20
 ZONED_PARTITIONS = 3
 ZONED_RECORDS = 30
-
-
-def consecutive_free_ports(count: int) -> int:
-    """The first of ``count`` consecutive loopback ports that are free now (a base port near
-    one the OS handed out, so it lies in its ephemeral range, away from 9092-9094)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        if base + count > 65535:
-            continue
-        probes = [socket.socket() for _ in range(count)]
-        try:
-            for offset, sock in enumerate(probes):
-                sock.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in probes:
-                sock.close()
-    raise AssertionError(f"no {count} consecutive free ports")
 
 
 def alive(pid: int) -> bool:
@@ -91,8 +68,7 @@ def knows_topic(address: str, topic: str) -> bool:
 
 
 @pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]]:
-    base_port = consecutive_free_ports(BROKERS)
+def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     data_dir = tmp_path / "cluster"
     process = subprocess.Popen(
         [
@@ -101,7 +77,7 @@ def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]
             "automq_ref.cli",
             "cluster",
             "--base-port",
-            str(base_port),
+            "0",  # a free port per broker
             "--data-dir",
             str(data_dir),
             "--override",
@@ -115,7 +91,7 @@ def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        yield process, base_port, data_dir
+        yield process, data_dir
     finally:
         if process.poll() is None:
             process.kill()
@@ -123,11 +99,10 @@ def launcher(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int, Path]
 
 
 def test_make_cluster_serves_three_brokers_and_stops_gracefully(
-    launcher: tuple[subprocess.Popen[str], int, Path],
+    launcher: tuple[subprocess.Popen[str], Path],
 ) -> None:
-    process, base_port, data_dir = launcher
+    process, data_dir = launcher
     assert process.stdout is not None
-    bootstrap = ",".join(f"127.0.0.1:{base_port + index}" for index in range(BROKERS))
     started = time.monotonic()
     output = []
     for line in process.stdout:
@@ -135,7 +110,10 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
         if line.startswith("bootstrap.servers="):
             break
         assert time.monotonic() - started < START_TIMEOUT_S, "".join(output)
-    assert output and output[-1] == f"bootstrap.servers={bootstrap}\n", "".join(output)
+    assert output and output[-1].startswith("bootstrap.servers="), "".join(output)
+    bootstrap = output[-1].strip().removeprefix("bootstrap.servers=")
+    ports = [int(address.removeprefix("127.0.0.1:")) for address in bootstrap.split(",")]
+    assert len(set(ports)) == BROKERS and 0 not in ports, bootstrap
     print(f"bootstrap line after {time.monotonic() - started:.1f} s")
     pids = children_of(process.pid)
     # etcd, moto and three brokers
@@ -145,7 +123,7 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
     for node_id in range(1, BROKERS + 1):
         log = (data_dir / f"broker-{node_id}.log").read_text()
         assert f"node started node_id={node_id} " in log
-        assert f"serving Kafka on 127.0.0.1:{base_port + node_id - 1}" in log
+        assert f"serving Kafka on 127.0.0.1:{ports[node_id - 1]}" in log
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic("made", 1)], request_timeout=30).values():
@@ -298,9 +276,9 @@ def zoned_clients_stay_in_az2(node_2: str, data_dir: Path) -> None:
 
 
 def test_a_broker_that_dies_stops_the_cluster(
-    launcher: tuple[subprocess.Popen[str], int, Path],
+    launcher: tuple[subprocess.Popen[str], Path],
 ) -> None:
-    process, _, _ = launcher
+    process, _ = launcher
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("bootstrap.servers="):

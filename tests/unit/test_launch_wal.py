@@ -13,6 +13,7 @@ from pathlib import Path
 from automq_ref.config import load_config
 from automq_ref.io.metadata.failover_contexts import survivors_can_take_over
 from automq_ref.launch import (
+    SERVING,
     ClusterSettings,
     LocalCluster,
     run,
@@ -76,3 +77,13 @@ def test_the_brokers_run_with_the_zone_router_on_their_bucket() -> None:
         overrides=cluster("object", "automq.zonerouter.channels=").broker_overrides(1)
     )
     assert not off.zone_router_enabled
+
+
+def test_ports_from_a_base_or_as_the_brokers_bound_them(tmp_path: Path) -> None:
+    assert ClusterSettings(data_dir=tmp_path, base_port=9092).ports == [9092, 9093, 9094]
+    free = ClusterSettings(data_dir=tmp_path, base_port=0)
+    assert free.ports == [0, 0, 0]  # each broker binds a free port: listeners=...:0
+    free.bound.update({1: 41000, 3: 35001})
+    assert free.ports == [41000, 0, 35001]
+    match = SERVING.search("automq-ref: serving Kafka on 127.0.0.1:41000 (node 1)")
+    assert match is not None and match.group(1) == "41000"
