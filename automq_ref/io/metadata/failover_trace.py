@@ -184,13 +184,8 @@ class FailoverTrace(trace_cli.TraceFile):
                 self.record(fo.EndGrace(node_id), committed=True)
 
 
-def open_trace(
-    directory: str | Path | None, process: str, index: Callable[[], int]
-) -> FailoverTrace | None:
-    """The process's trace, or None when recording is off (no directory)."""
-    if not directory:
-        return None
-    return FailoverTrace(Path(directory), process, index)
+# The process's trace, or None when recording is off (no directory).
+open_trace = FailoverTrace.in_directory
 
 
 class TracingClient:

@@ -181,13 +181,8 @@ class RouteEpochTrace(trace_cli.TraceFile):
         self._write(OBSERVE, {}, {"nodes": seen}, False, index)
 
 
-def open_trace(
-    directory: str | Path | None, process: str, index: Callable[[], int]
-) -> RouteEpochTrace | None:
-    """The process's trace, or None when recording is off (no directory)."""
-    if not directory:
-        return None
-    return RouteEpochTrace(Path(directory), process, index)
+# The process's trace, or None when recording is off (no directory).
+open_trace = RouteEpochTrace.in_directory
 
 
 def read_steps(directory: Path) -> list[RecordedStep]:

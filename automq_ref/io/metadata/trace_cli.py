@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -36,6 +36,15 @@ class TraceFile:
         self.process = process
         self.index = index
         self._seq = 0
+
+    @classmethod
+    def in_directory(
+        cls, directory: str | Path | None, process: str, index: Callable[[], int]
+    ) -> Self | None:
+        """The process's trace, or None when recording is off (no directory)."""
+        if not directory:
+            return None
+        return cls(Path(directory), process, index)
 
     def _next(self, index: int | None) -> tuple[int, int]:
         """The next step's sequence number and the index it is placed at (by default the index
