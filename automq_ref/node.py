@@ -414,35 +414,16 @@ class Node:
         to other brokers; the WAL's records wait for the next start (:func:`serve` starts the
         node again), whose recovery uploads them and closes the streams, so the partitions'
         new brokers can open them."""
-        if self._server is not None:
-            await self._server.close()
-            self._server = None
-        await self.topics.stop_following()
-        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if self.failover is not None:
-            await self.failover.close()
-        if self.route_epochs is not None:
-            await self.route_epochs.close()
-        if self.context.snapshot_reads is not None:
-            await self.context.snapshot_reads.close()
-        if self.context.snapshot_sessions is not None:
-            await self.context.snapshot_sessions.close()
+        await self._stop_serving()
+        await self._stop_loops()
+        await self._close_background()
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
         try:
             await self.storage.abandon()
         finally:
-            if self.zone_router is not None:
-                await self.zone_router.close()
-            await self.ticks.close()
-            await self.session.stop_heartbeats()
-            await self.metadata.close()
-            await self._store.close()
+            await self._close_last(stop_heartbeats=True)
 
     async def shutdown(self) -> None:
         """Graceful (a controlled shutdown): the partitions are handed over while the listener
@@ -456,29 +437,15 @@ class Node:
         ``controlled.shutdown.timeout.ms``) the listener closes and what remains closes."""
         # The loops stop first: a clean cut short here is discarded by the next open
         # (automq_ref/kafka/compaction.py).
-        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await self._stop_loops()
         # The controller hears of the stop before the partitions close: it moves them now, and
         # this broker still closes their streams at its epoch.
         held = len(self.topics.partitions)
         accepted = await self.session.shutdown()
         if accepted and self.config.etcd_endpoints and self._server is not None:
             await self._hand_over(held)
-        if self._server is not None:
-            await self._server.close()
-            self._server = None
-        await self.topics.stop_following()
-        if self.failover is not None:
-            await self.failover.close()
-        if self.route_epochs is not None:
-            await self.route_epochs.close()
-        if self.context.snapshot_reads is not None:
-            await self.context.snapshot_reads.close()
-        if self.context.snapshot_sessions is not None:
-            await self.context.snapshot_sessions.close()
+        await self._stop_serving()
+        await self._close_background()
         # With those whose give-up the stop cut short: none may stay open.
         partitions = self.topics.unclosed()
         for partition in partitions:
@@ -492,11 +459,47 @@ class Node:
             await self.storage.shutdown()
             _log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
-            if self.zone_router is not None:
-                await self.zone_router.close()
-            await self.ticks.close()
-            await self.metadata.close()
-            await self._store.close()
+            # The controlled shutdown already stopped the heartbeats.
+            await self._close_last(stop_heartbeats=False)
+
+    # The steps abandon and shutdown share, in the order each takes them.
+
+    async def _stop_loops(self) -> None:
+        """Cancel retention, the log uploads and the cleaner, one after the other."""
+        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
+    async def _stop_serving(self) -> None:
+        """Close the listener and stop following the image."""
+        if self._server is not None:
+            await self._server.close()
+            self._server = None
+        await self.topics.stop_following()
+
+    async def _close_background(self) -> None:
+        """Close the failover runner, the route-epoch node and the snapshot reads and sessions."""
+        if self.failover is not None:
+            await self.failover.close()
+        if self.route_epochs is not None:
+            await self.route_epochs.close()
+        if self.context.snapshot_reads is not None:
+            await self.context.snapshot_reads.close()
+        if self.context.snapshot_sessions is not None:
+            await self.context.snapshot_sessions.close()
+
+    async def _close_last(self, *, stop_heartbeats: bool) -> None:
+        """Close the zone router and the ticks, stop the heartbeats (``stop_heartbeats``), close
+        the metadata and the store."""
+        if self.zone_router is not None:
+            await self.zone_router.close()
+        await self.ticks.close()
+        if stop_heartbeats:
+            await self.session.stop_heartbeats()
+        await self.metadata.close()
+        await self._store.close()
 
     async def _hand_over(self, held: int) -> None:
         """Until the controller has moved every partition off this broker and the registry has

@@ -128,14 +128,17 @@ def show(what: str, moved: Counters) -> None:
     print(f"{what}: {json.dumps(moved.as_dict())} over {moved.at_s:.1f} s")
 
 
-def test_bytes_from_az1_to_the_broker_in_az2_cross_zones_only(zones: ZoneCluster) -> None:
+def produce_to_broker_2(zones: ZoneCluster, zone: str, topic: str) -> tuple[float, Counters]:
+    """Make ``topic`` (three partitions) and produce ``RECORDS`` records from a client in
+    ``zone`` to a partition broker 2 leads. Returns the idle cross-zone rate measured just before
+    (bytes a second) and the counters read right before the produce."""
     leaders = zones.client(
         "az2",
         "topic",
         "--bootstrap",
         zones.settings.bootstrap,
         "--topic",
-        "across",
+        topic,
         "--partitions",
         "3",
     )["leaders"]
@@ -144,12 +147,12 @@ def test_bytes_from_az1_to_the_broker_in_az2_cross_zones_only(zones: ZoneCluster
     background = idle_rate(zones.network)
     before = zones.network.counters()
     zones.client(
-        "az1",
+        zone,
         "produce",
         "--bootstrap",
         zones.address(2),
         "--topic",
-        "across",
+        topic,
         "--partition",
         str(partition),
         "--count",
@@ -157,6 +160,11 @@ def test_bytes_from_az1_to_the_broker_in_az2_cross_zones_only(zones: ZoneCluster
         "--size",
         str(RECORD_BYTES),
     )
+    return background, before
+
+
+def test_bytes_from_az1_to_the_broker_in_az2_cross_zones_only(zones: ZoneCluster) -> None:
+    background, before = produce_to_broker_2(zones, "az1", "across")
     moved = zones.network.counters().minus(before)
     show("az1 -> broker 2", moved)
     az1, az2, az3 = (moved.zones[zone] for zone in ("az1", "az2", "az3"))
@@ -176,34 +184,7 @@ def test_bytes_from_az1_to_the_broker_in_az2_cross_zones_only(zones: ZoneCluster
 def test_a_producer_in_az2_to_the_broker_in_az2_moves_regional_bytes_only(
     zones: ZoneCluster,
 ) -> None:
-    leaders = zones.client(
-        "az2",
-        "topic",
-        "--bootstrap",
-        zones.settings.bootstrap,
-        "--topic",
-        "within",
-        "--partitions",
-        "3",
-    )["leaders"]
-    assert isinstance(leaders, dict)
-    partition = next(int(p) for p, leader in leaders.items() if leader == 2)
-    background = idle_rate(zones.network)
-    before = zones.network.counters()
-    zones.client(
-        "az2",
-        "produce",
-        "--bootstrap",
-        zones.address(2),
-        "--topic",
-        "within",
-        "--partition",
-        str(partition),
-        "--count",
-        str(RECORDS),
-        "--size",
-        str(RECORD_BYTES),
-    )
+    background, before = produce_to_broker_2(zones, "az2", "within")
 
     def uploaded() -> bool:
         # The object WAL has written the records to S3 before they were acknowledged.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -50,11 +49,14 @@ from tests.properties.trace_batches import (
     Batch,
     TraceRecorder,
     assert_generated_accepted,
+    assert_mutation_breaks,
     assert_rejected_where_broken,
     assert_scenario_accepted,
+    changed,
     line_of,
     recorded_runs,
     relabelled,
+    trace_lines,
     validate_batch,
 )
 
@@ -109,16 +111,6 @@ def replay_and_restart() -> list[tv.TraceLine]:
 # ============================================================================ broken traces
 
 
-def changed(
-    lines: Sequence[tv.TraceLine], number: int, var: str, value: object
-) -> list[tv.TraceLine]:
-    """The trace with ``var`` set to ``value`` on line ``number`` (1-based)."""
-    broken = list(lines)
-    line = broken[number - 1]
-    broken[number - 1] = tv.TraceLine(line.action, {**line.state, var: value})
-    return broken
-
-
 def resolved_locally() -> list[tv.TraceLine]:
     """The scenario up to its first ResolveLink, whose link of source 2's channel offset 0 is
     read from the reading proxy's own channel (source 1's produce 1 instead of produce 2), as a
@@ -157,22 +149,12 @@ def broken_cases() -> dict[str, tuple[list[tv.TraceLine], int]]:
     }
 
 
-def to_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
-    """The property machine's trace (plain dicts) as trace lines."""
-    lines = []
-    for entry in recorded:
-        action, state = entry["action"], entry["state"]
-        assert isinstance(action, str) and isinstance(state, dict)
-        lines.append(tv.TraceLine(action, state))
-    return lines
-
-
 def generated_runs(examples: int = 8, steps: int = 60) -> list[list[tv.TraceLine]]:
     """The traces of a few hypothesis runs of the property test's machine (up to 60 steps): two
     sources, up to eight produces and six WAL records, crashes of the main, stale and duplicated
     answers."""
     return recorded_runs(
-        ConfirmWalMachine, lambda run: to_lines(run.trace), examples=examples, steps=steps
+        ConfirmWalMachine, lambda run: trace_lines(run.trace), examples=examples, steps=steps
     )
 
 
@@ -199,8 +181,6 @@ def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
 def test_the_local_resolution_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:
     """With ResolveViaSource = FALSE (MCConfirmWalResolveLocal.cfg; the Reader is source 1) the
     forged resolution is a step of the spec, and TLC reports ResolvedDataMatches on it."""
-    lines = resolved_locally()
-    verdict = tv.validate(lines, SPEC, overrides={"ResolveViaSource": "FALSE"})
-    assert not verdict.accepted
-    assert verdict.violated == "ResolvedDataMatches", f"{verdict}\n{verdict.log_tail}"
-    assert verdict.matched == len(lines)
+    assert_mutation_breaks(
+        resolved_locally(), SPEC, {"ResolveViaSource": "FALSE"}, "ResolvedDataMatches"
+    )

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -54,11 +53,13 @@ from tests.properties.trace_batches import (
     Batch,
     TraceRecorder,
     assert_generated_accepted,
+    assert_mutation_breaks,
     assert_rejected_where_broken,
     assert_scenario_accepted,
     line_of,
     recorded_runs,
     relabelled,
+    trace_lines,
     validate_batch,
 )
 
@@ -135,21 +136,11 @@ def broken_cases() -> dict[str, tuple[list[tv.TraceLine], int]]:
     }
 
 
-def to_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
-    """The property machine's trace (plain dicts) as trace lines."""
-    lines = []
-    for entry in recorded:
-        action, state = entry["action"], entry["state"]
-        assert isinstance(action, str) and isinstance(state, dict)
-        lines.append(tv.TraceLine(action, state))
-    return lines
-
-
 def generated_runs(examples: int = 8, steps: int = 30) -> list[list[tv.TraceLine]]:
     """The traces of a few hypothesis runs of the property test's machine, its healing at the
     end included: three nodes, two streams, up to six records and two crashes."""
     return recorded_runs(
-        FailoverMachine, lambda run: to_lines(run.trace), examples=examples, steps=steps
+        FailoverMachine, lambda run: trace_lines(run.trace), examples=examples, steps=steps
     )
 
 
@@ -174,8 +165,4 @@ def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
 def test_the_zombie_ack_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:
     """With VerifyReservation = FALSE (MCFailoverNoVerify.cfg) every step of the mutated
     machine's run is a step of the spec, and TLC reports ZombieNeverAcked on its last state."""
-    lines = zombie_acked()
-    verdict = tv.validate(lines, SPEC, overrides={"VerifyReservation": "FALSE"})
-    assert not verdict.accepted
-    assert verdict.violated == "ZombieNeverAcked", f"{verdict}\n{verdict.log_tail}"
-    assert verdict.matched == len(lines)
+    assert_mutation_breaks(zombie_acked(), SPEC, {"VerifyReservation": "FALSE"}, "ZombieNeverAcked")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -46,11 +45,14 @@ from tests.properties.trace_batches import (
     Batch,
     TraceRecorder,
     assert_generated_accepted,
+    assert_mutation_breaks,
     assert_rejected_where_broken,
     assert_scenario_accepted,
+    changed,
     line_of,
     recorded_runs,
     relabelled,
+    trace_lines,
     validate_batch,
 )
 
@@ -130,16 +132,6 @@ def no_wait_earlier() -> list[tv.TraceLine]:
 # ============================================================================ broken traces
 
 
-def changed(
-    lines: Sequence[tv.TraceLine], number: int, var: str, value: object
-) -> list[tv.TraceLine]:
-    """The trace with ``var`` set to ``value`` on line ``number`` (1-based)."""
-    broken = list(lines)
-    line = broken[number - 1]
-    broken[number - 1] = tv.TraceLine(line.action, {**line.state, var: value})
-    return broken
-
-
 def with_request_state(line: tv.TraceLine, request_id: int, state: str) -> tv.TraceLine:
     """The line with request ``request_id`` (1-based) of ``reqs`` in ``state``."""
     reqs = line.state["reqs"]
@@ -173,21 +165,11 @@ def broken_cases() -> dict[str, tuple[list[tv.TraceLine], int]]:
     }
 
 
-def to_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
-    """``re_.TraceRecorder`` lines (plain dicts) as trace lines."""
-    lines = []
-    for entry in recorded:
-        action, state = entry["action"], entry["state"]
-        assert isinstance(action, str) and isinstance(state, dict)
-        lines.append(tv.TraceLine(action, state))
-    return lines
-
-
 def generated_runs(examples: int = 8, steps: int = 40) -> list[list[tv.TraceLine]]:
     """The traces of a few hypothesis runs of the property test's machine, its end-of-run
     drain included: three nodes, at most two crashes, any event (refused ones are stutters)."""
     return recorded_runs(
-        RouteEpochMachine, lambda run: to_lines(run.trace.lines), examples=examples, steps=steps
+        RouteEpochMachine, lambda run: trace_lines(run.trace.lines), examples=examples, steps=steps
     )
 
 
@@ -212,8 +194,4 @@ def test_broken_traces_are_rejected_where_they_break(batch: Batch) -> None:
 def test_the_mutation_trace_is_a_behaviour_of_the_mutated_spec_that_breaks_trim_safe() -> None:
     """With WaitEarlierEpochs = FALSE (MCRouteEpochNoWaitEarlier.cfg) every step of the mutated
     machine's run is a step of the spec, and TLC reports TrimSafe on its last state."""
-    lines = no_wait_earlier()
-    verdict = tv.validate(lines, SPEC, overrides={"WaitEarlierEpochs": "FALSE"})
-    assert not verdict.accepted
-    assert verdict.violated == "TrimSafe", f"{verdict}\n{verdict.log_tail}"
-    assert verdict.matched == len(lines)
+    assert_mutation_breaks(no_wait_earlier(), SPEC, {"WaitEarlierEpochs": "FALSE"}, "TrimSafe")

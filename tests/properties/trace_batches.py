@@ -1,6 +1,6 @@
 """What the trace-validation tests of RouteEpoch, ConfirmWal and Failover share: a recorder that
 drives a machine and keeps its trace, recording hypothesis runs as traces, validating named
-traces in one TLC run, and the acceptance checks."""
+traces in one TLC run, the edits that break a trace, and the acceptance and rejection checks."""
 
 from __future__ import annotations
 
@@ -71,6 +71,16 @@ class TraceRecorder(Generic[S, Ev]):
         assert self.state == before
 
 
+def trace_lines(recorded: Sequence[Mapping[str, object]]) -> list[tv.TraceLine]:
+    """A property machine's trace (plain dicts) as trace lines."""
+    lines = []
+    for entry in recorded:
+        action, state = entry["action"], entry["state"]
+        assert isinstance(action, str) and isinstance(state, dict)
+        lines.append(tv.TraceLine(action, state))
+    return lines
+
+
 def recorded_runs(
     machine: type[RuleBasedStateMachine],
     to_lines: Callable[[Any], list[tv.TraceLine]],
@@ -114,6 +124,16 @@ def relabelled(lines: Sequence[tv.TraceLine], number: int, action: str) -> list[
     """The trace with line ``number`` (1-based) claiming ``action`` instead."""
     broken = list(lines)
     broken[number - 1] = tv.TraceLine(action, lines[number - 1].state)
+    return broken
+
+
+def changed(
+    lines: Sequence[tv.TraceLine], number: int, var: str, value: object
+) -> list[tv.TraceLine]:
+    """The trace with ``var`` set to ``value`` on line ``number`` (1-based)."""
+    broken = list(lines)
+    line = broken[number - 1]
+    broken[number - 1] = tv.TraceLine(line.action, {**line.state, var: value})
     return broken
 
 
@@ -163,3 +183,14 @@ def assert_rejected_where_broken(
         assert verdict.violated is None, (name, str(verdict))
         assert verdict.matched == broken_at - 1, (name, str(verdict))
         assert f"line {broken_at} ({lines[broken_at - 1].action})" in verdict.message
+
+
+def assert_mutation_breaks(
+    lines: Sequence[tv.TraceLine], spec: str, overrides: Mapping[str, str], invariant: str
+) -> None:
+    """Under the spec's mutation (``overrides`` of its constants) every line of ``lines`` is a
+    step of the spec, and TLC reports ``invariant`` violated on the last state."""
+    verdict = tv.validate(lines, spec, overrides=overrides)
+    assert not verdict.accepted
+    assert verdict.violated == invariant, f"{verdict}\n{verdict.log_tail}"
+    assert verdict.matched == len(lines)

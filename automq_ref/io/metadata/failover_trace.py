@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from automq_ref.io.metadata import trace_cli
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import stream_metadata as sm
@@ -128,16 +129,12 @@ class RecordedStep:
         )
 
 
-class FailoverTrace:
+class FailoverTrace(trace_cli.TraceFile):
     """One process's trace file, ``<directory>/<process>.ndjson``; ``index`` reads the metadata
     log index the process has applied."""
 
     def __init__(self, directory: Path, process: str, index: Callable[[], int]) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{process}.ndjson"
-        self.process = process
-        self.index = index
-        self._seq = 0
+        super().__init__(directory, process, index)
         self._sessions: dict[int, fo.Session] = {}
         self._grace: dict[int, bool] = {}
 
@@ -152,11 +149,8 @@ class FailoverTrace:
     ) -> None:
         """``event`` was taken: committed at ``index`` (by default the index applied now), or
         local, right after it; ``closed``: the streams it closed; ``key``: its record."""
-        self._seq += 1
-        at = self.index() if index is None else index
-        step = RecordedStep(self.process, self._seq, at, committed, event, closed, key)
-        with self.path.open("a") as out:
-            out.write(step.to_json() + "\n")
+        seq, at = self._next(index)
+        self._append(RecordedStep(self.process, seq, at, committed, event, closed, key).to_json())
 
     def record_acknowledged(self, node_id: int, stream_id: int, offset: int) -> None:
         """A producer's record acknowledged by ``node_id`` at ``offset`` of ``stream_id``: it
@@ -190,13 +184,8 @@ class FailoverTrace:
                 self.record(fo.EndGrace(node_id), committed=True)
 
 
-def open_trace(
-    directory: str | Path | None, process: str, index: Callable[[], int]
-) -> FailoverTrace | None:
-    """The process's trace, or None when recording is off (no directory)."""
-    if not directory:
-        return None
-    return FailoverTrace(Path(directory), process, index)
+# The process's trace, or None when recording is off (no directory).
+open_trace = FailoverTrace.in_directory
 
 
 class TracingClient:
@@ -215,10 +204,7 @@ class TracingClient:
 
 def read_steps(directory: Path) -> list[RecordedStep]:
     """Every process's steps under ``directory``, unordered."""
-    steps = []
-    for path in sorted(directory.glob("*.ndjson")):
-        steps += [RecordedStep.from_json(line) for line in path.read_text().splitlines() if line]
-    return steps
+    return trace_cli.read_lines(directory, RecordedStep.from_json)
 
 
 def merge(steps: Iterable[RecordedStep]) -> list[RecordedStep]:
@@ -310,11 +296,7 @@ def effect_mismatches(steps: Sequence[RecordedStep], replayed: Replayed) -> list
 
 def tla_lines(replayed: Replayed) -> list[tuple[str, dict[str, object]]]:
     """(action, spec variables) per line: ``Init`` then one per event."""
-    actions = ["Init", *(type(event).__name__ for event in replayed.events)]
-    return [
-        (action, fo.tla_state(state))
-        for action, state in zip(actions, replayed.states, strict=True)
-    ]
+    return trace_cli.tla_lines(replayed.events, replayed.states, fo.tla_state)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -322,24 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run under DIR, replay them through the machine, write the spec's trace to OUT (the NDJSON
     ``specs/trace_validate.py OUT --spec Failover`` reads) and say what the machine refused and
     where the shell's closes differ from its effects. Exit 0, or 1 on a mismatch."""
-    import argparse
+    return trace_cli.main("python -m automq_ref.io.metadata.failover_trace", argv, _check)
 
-    parser = argparse.ArgumentParser(prog="python -m automq_ref.io.metadata.failover_trace")
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    steps = merge(read_steps(args.directory))
+
+def _check(directory: Path) -> trace_cli.Checked:
+    steps = merge(read_steps(directory))
     replayed = replay(events_of(steps))
-    with args.out.open("w") as out:
-        for action, state in tla_lines(replayed):
-            out.write(json.dumps({"action": action, "state": state}, sort_keys=True) + "\n")
-    print(f"{len(steps)} steps from {args.directory} -> {args.out}")
-    for number, event, error in replayed.refused:
-        print(f"refused (a stutter): step {number} {event}: {error.value}")
     mismatches = effect_mismatches(steps, replayed)
-    for mismatch in mismatches:
-        print(f"mismatch: {mismatch}")
-    return 1 if mismatches else 0
+    return trace_cli.Checked("step", len(steps), tla_lines(replayed), replayed.refused, mismatches)
 
 
 if __name__ == "__main__":

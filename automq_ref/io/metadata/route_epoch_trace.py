@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from automq_ref.io.metadata import trace_cli
 from automq_ref.state_machines import route_epoch as re_
 from automq_ref.state_machines.route_epoch_projections import NodeView
 
@@ -120,16 +121,12 @@ def _record_json(record: re_.EpochRecord) -> dict[str, object]:
     return {"route": record.route, "fenced": record.fenced, "committed": record.committed}
 
 
-class RouteEpochTrace:
+class RouteEpochTrace(trace_cli.TraceFile):
     """One process's trace file, ``<directory>/<process>.ndjson``; ``index`` reads the metadata
     log index the process has applied."""
 
     def __init__(self, directory: Path, process: str, index: Callable[[], int]) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path = directory / f"{process}.ndjson"
-        self.process = process
-        self.index = index
-        self._seq = 0
+        super().__init__(directory, process, index)
         self._observed: list[NodeView] | None = None
 
     def _write(
@@ -140,11 +137,8 @@ class RouteEpochTrace:
         committed: bool,
         index: int | None,
     ) -> None:
-        self._seq += 1
-        at = self.index() if index is None else index
-        step = RecordedStep(self.process, self._seq, at, committed, action, args, detail)
-        with self.path.open("a") as out:
-            out.write(step.to_json() + "\n")
+        seq, at = self._next(index)
+        self._append(RecordedStep(self.process, seq, at, committed, action, args, detail).to_json())
 
     def record(
         self,
@@ -187,21 +181,13 @@ class RouteEpochTrace:
         self._write(OBSERVE, {}, {"nodes": seen}, False, index)
 
 
-def open_trace(
-    directory: str | Path | None, process: str, index: Callable[[], int]
-) -> RouteEpochTrace | None:
-    """The process's trace, or None when recording is off (no directory)."""
-    if not directory:
-        return None
-    return RouteEpochTrace(Path(directory), process, index)
+# The process's trace, or None when recording is off (no directory).
+open_trace = RouteEpochTrace.in_directory
 
 
 def read_steps(directory: Path) -> list[RecordedStep]:
     """Every process's steps under ``directory``, unordered."""
-    steps = []
-    for path in sorted(directory.glob("*.ndjson")):
-        steps += [RecordedStep.from_json(line) for line in path.read_text().splitlines() if line]
-    return steps
+    return trace_cli.read_lines(directory, RecordedStep.from_json)
 
 
 def merge(steps: Iterable[RecordedStep]) -> list[RecordedStep]:
@@ -382,11 +368,7 @@ def mismatches(replayed: Replayed) -> list[str]:
 
 def tla_lines(replayed: Replayed) -> list[tuple[str, dict[str, object]]]:
     """(action, spec variables) per line: ``Init`` then one per event."""
-    actions = ["Init", *(type(event).__name__ for event in replayed.events)]
-    return [
-        (action, re_.tla_state(state))
-        for action, state in zip(actions, replayed.states, strict=True)
-    ]
+    return trace_cli.tla_lines(replayed.events, replayed.states, re_.tla_state)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -394,23 +376,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     a run under DIR, replay them through the machine, write the spec's trace to OUT (the NDJSON
     ``specs/trace_validate.py OUT --spec RouteEpoch`` reads) and say what the machine refused
     and where the shell differs from it. Exit 0, or 1 on a mismatch."""
-    import argparse
+    return trace_cli.main("python -m automq_ref.io.metadata.route_epoch_trace", argv, _check)
 
-    parser = argparse.ArgumentParser(prog="python -m automq_ref.io.metadata.route_epoch_trace")
-    parser.add_argument("directory", type=Path)
-    parser.add_argument("out", type=Path)
-    args = parser.parse_args(argv)
-    replayed = replay(merge(read_steps(args.directory)))
-    with args.out.open("w") as out:
-        for action, state in tla_lines(replayed):
-            out.write(json.dumps({"action": action, "state": state}, sort_keys=True) + "\n")
-    print(f"{len(replayed.events)} events from {args.directory} -> {args.out}")
-    for number, event, error in replayed.refused:
-        print(f"refused (a stutter): event {number} {event}: {error.value}")
+
+def _check(directory: Path) -> trace_cli.Checked:
+    replayed = replay(merge(read_steps(directory)))
     found = mismatches(replayed)
-    for mismatch in found:
-        print(f"mismatch: {mismatch}")
-    return 1 if found else 0
+    return trace_cli.Checked(
+        "event", len(replayed.events), tla_lines(replayed), replayed.refused, found
+    )
 
 
 if __name__ == "__main__":
