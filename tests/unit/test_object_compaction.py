@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,8 +22,12 @@ from automq_ref.formats.object_file import (
     tail_read_size,
 )
 from automq_ref.io.metadata.client import ControllerClient
-from automq_ref.io.storage.compaction import CompactionSettings, ObjectCompactor
-from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, ObjectStore
+from automq_ref.io.storage.compaction import (
+    CompactionSettings,
+    ObjectCompactor,
+    retry_compacted_away,
+)
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, NotFound, ObjectStore
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import object_compaction as oc
@@ -440,3 +444,51 @@ async def test_run_forever_can_be_cancelled(harness: Harness) -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class StaleView:
+    """A view whose first images are stale (a broker's image behind the controller's)."""
+
+    def __init__(self, *images: sm.StreamMetadataImage) -> None:
+        self._images = list(images)
+        self.reads = 0
+
+    @property
+    def image(self) -> sm.StreamMetadataImage:
+        self.reads += 1
+        return self._images.pop(0) if len(self._images) > 1 else self._images[0]
+
+    @property
+    def version(self) -> int:
+        return self.reads
+
+    async def wait_for_change(self, after_version: int) -> int:
+        raise NotImplementedError
+
+
+async def test_a_read_of_objects_compacted_away_reads_the_image_again(harness: Harness) -> None:
+    h, rng = harness, random.Random(9)
+    for _ in range(2):
+        await h.add_stream()
+    for _ in range(3):
+        await produce_round(h, rng)
+    stale = h.image
+    totals, _ = await h.compactor.compact_stream_set_objects()
+    assert totals.replaced > 1
+    await h.reclaim()  # the sources are deleted from the store
+    now = h.image.nodes[NODE_ID].stream_set_objects
+    sources = [o for i, o in stale.nodes[NODE_ID].stream_set_objects.items() if i not in now]
+    stream_id = min(r.stream_id for source in sources for r in source.ranges)
+    end = h.image.streams[stream_id].end_offset
+
+    def read(image: sm.StreamMetadataImage) -> Awaitable[list[tuple[int, int, bytes]]]:
+        return read_objects(h.store, image, stream_id, 0, end)
+
+    with pytest.raises(NotFound):
+        await read(stale)
+    view = StaleView(stale, stale, h.image)
+    assert await retry_compacted_away(view, read) == h.expected(stream_id, 0, end)
+    assert view.reads == 3
+    # Two retries at most: a third stale image fails the read.
+    with pytest.raises(NotFound):
+        await retry_compacted_away(StaleView(stale, stale, stale, h.image), read)

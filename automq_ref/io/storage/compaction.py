@@ -34,8 +34,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -52,7 +53,8 @@ from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.object_store import ObjectStore
+from automq_ref.io.storage.object_store import NotFound, ObjectStore
+from automq_ref.io.storage.stream_objects import StreamReadError
 from automq_ref.state_machines import object_compaction as oc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import object_key
@@ -68,6 +70,27 @@ MINOR_INTERVAL_MS = 5 * MINUTE_MS
 STREAM_OBJECT_CHECK_MS = MINUTE_MS
 STREAM_OBJECT_JITTER_MS = 20_000
 MIN_STREAM_SET_DELAY_MS = 10_000
+# Reads that found an object compacted away are tried again this many times (AutoMQ: 2).
+READ_RETRIES = 2
+
+T = TypeVar("T")
+
+
+async def retry_compacted_away(
+    view: MetadataView,
+    read: Callable[[sm.StreamMetadataImage], Awaitable[T]],
+    retries: int = READ_RETRIES,
+) -> T:
+    """``read(image)`` with the view's image, read afresh and tried again (up to ``retries``
+    more times) while it fails as a read of objects a compaction replaced does: the object is
+    gone (``NotFound``) or the objects the image named no longer chain up
+    (``StreamReadError``); a retry follows the new objects, as AutoMQ's StreamReader does."""
+    for _ in range(retries):
+        try:
+            return await read(view.image)
+        except (NotFound, StreamReadError) as error:
+            log.debug("read of compacted-away objects, reading again: %s", error)
+    return await read(view.image)
 
 
 class CompactionError(Exception):
