@@ -34,9 +34,9 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -102,7 +102,6 @@ class CompactionSettings:
     """AutoMQ's compaction settings (``s3.stream.set.object.compaction.*``,
     ``s3.stream.object.compaction.*``) and this node's object block size."""
 
-    enabled: bool = True
     stream_set_interval_ms: int = 5 * MINUTE_MS
     stream_set_cache_bytes: int = oc.STREAM_SET_CACHE_BYTES
     stream_set_split_bytes: int = oc.STREAM_SET_SPLIT_BYTES
@@ -112,6 +111,39 @@ class CompactionSettings:
     stream_object_max_bytes: int = 10 * 1024 * oc.MIB
     open_grace_ms: int = MINUTE_MS
     block_size_threshold_bytes: int = DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, Any]) -> CompactionSettings:
+        """The settings under AutoMQ's property names (a broker config dumped by alias)."""
+        defaults = cls()
+
+        def get(name: str, default: int, scale: int = 1) -> int:
+            value = properties.get(name)
+            return default if value is None else int(value) * scale
+
+        prefix = "s3.stream.set.object.compaction."
+        return cls(
+            stream_set_interval_ms=get(
+                prefix + "interval.minutes", defaults.stream_set_interval_ms, MINUTE_MS
+            ),
+            stream_set_cache_bytes=get(prefix + "cache.size", defaults.stream_set_cache_bytes),
+            stream_set_split_bytes=get(
+                prefix + "stream.split.size", defaults.stream_set_split_bytes
+            ),
+            force_split_ms=get(prefix + "force.split.minutes", defaults.force_split_ms, MINUTE_MS),
+            stream_set_max_objects=get(prefix + "max.num", defaults.stream_set_max_objects),
+            stream_object_major_interval_ms=get(
+                "s3.stream.object.compaction.interval.minutes",
+                defaults.stream_object_major_interval_ms,
+                MINUTE_MS,
+            ),
+            stream_object_max_bytes=get(
+                "s3.stream.object.compaction.max.size.bytes", defaults.stream_object_max_bytes
+            ),
+            block_size_threshold_bytes=get(
+                "s3.object.block.size", defaults.block_size_threshold_bytes
+            ),
+        )
 
 
 @dataclass(slots=True)
@@ -518,3 +550,27 @@ class ObjectCompactor:
                 if remaining
                 else max(MIN_STREAM_SET_DELAY_MS, interval - elapsed)
             )
+
+
+async def compact_forever(
+    store: ObjectStore,
+    namespace: str,
+    client: ControllerClient,
+    view: MetadataView,
+    node: tuple[int, int],
+    clock: Clock,
+    properties: Mapping[str, Any],
+) -> None:
+    """A node's compaction (``node``: its id and epoch), with the settings named in
+    ``properties`` (AutoMQ's names), until cancelled."""
+    compactor = ObjectCompactor(
+        store=store,
+        namespace=namespace,
+        client=client,
+        view=view,
+        node_id=node[0],
+        node_epoch=node[1],
+        clock=clock,
+        settings=CompactionSettings.from_properties(properties),
+    )
+    await compactor.run_forever()
