@@ -183,6 +183,7 @@ class CrashingClient:
         self._client = client
         self.armed = False
         self.crashed = 0
+        self.lost: list[sm.StreamMetadataEvent] = []
 
     async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
         compaction = isinstance(event, sm.CommitStreamObject) or (
@@ -191,6 +192,7 @@ class CrashingClient:
         if self.armed and compaction:
             self.armed = False
             self.crashed += 1
+            self.lost.append(event)
             raise ConnectionError("crashed between upload and commit")
         return await self._client.submit(event)
 
@@ -306,8 +308,8 @@ SETTINGS = CompactionSettings(
 )
 
 
-@pytest.fixture
-async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+async def open_harness(tmp_path: Path, settings: CompactionSettings = SETTINGS) -> Harness:
+    """A node's storage (block WAL in memory, objects in ``tmp_path``) and its compactor."""
     clock = ManualClock(1_000_000)
     wal = await BlockWal.open(
         MemoryBlockDevice(4 << 20), node_id=NODE_ID, node_epoch=1, max_write_bytes=64 * 1024
@@ -340,10 +342,16 @@ async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
         node_id=NODE_ID,
         node_epoch=running.storage.node_epoch,
         clock=clock,
-        settings=SETTINGS,
+        settings=settings,
     )
-    yield Harness(running, store, clock, crashing[0], compactor)
-    await running.stop(close_store=True)
+    return Harness(running, store, clock, crashing[0], compactor)
+
+
+@pytest.fixture
+async def harness(tmp_path: Path) -> AsyncIterator[Harness]:
+    opened = await open_harness(tmp_path)
+    yield opened
+    await opened.running.stop(close_store=True)
 
 
 async def produce_round(h: Harness, rng: random.Random, appends: int = 6) -> None:
