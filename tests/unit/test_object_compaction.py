@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from automq_ref.checker.faults import MemoryBlockDevice
+from automq_ref.config import BrokerConfig
 from automq_ref.formats.object_file import (
     find,
     parse_data_block,
@@ -500,3 +501,50 @@ async def test_a_read_of_objects_compacted_away_reads_the_image_again(harness: H
     # Two retries at most: a third stale image fails the read.
     with pytest.raises(NotFound):
         await retry_compacted_away(StaleView(stale, stale, stale, h.image), read)
+
+
+async def test_streams_are_compacted_only_a_minute_after_they_were_seen_opened_here(
+    harness: Harness,
+) -> None:
+    h = harness
+    h.compactor.settings = CompactionSettings(open_grace_ms=60_000)
+    first = await h.add_stream()
+    assert h.compactor.opened_streams() == []
+    h.clock.now += 30_000
+    second = await h.add_stream()
+    assert h.compactor.opened_streams() == []
+    h.clock.now += 30_000
+    assert h.compactor.opened_streams() == [first]
+    h.clock.now += 30_000
+    assert sorted(h.compactor.opened_streams()) == sorted([first, second])
+    # Closed (or moved away): no longer a candidate; opened again, the minute starts again.
+    await h.running.storage.close_stream(first, h.epoch)
+    assert h.compactor.opened_streams() == [second]
+    await h.running.storage.open_stream(first, h.epoch + 1)
+    assert h.compactor.opened_streams() == [second]
+
+
+def test_the_settings_are_read_from_the_broker_config_by_automq_names() -> None:
+    config = BrokerConfig.model_validate(
+        {
+            "s3.stream.set.object.compaction.interval.minutes": 7,
+            "s3.stream.set.object.compaction.cache.size": 64 * oc.MIB,
+            "s3.stream.set.object.compaction.stream.split.size": 4 * oc.MIB,
+            "s3.stream.set.object.compaction.force.split.minutes": 60,
+            "s3.stream.set.object.compaction.max.num": 100,
+            "s3.stream.object.compaction.interval.minutes": 15,
+            "s3.stream.object.compaction.max.size.bytes": 512 * oc.MIB,
+        }
+    )
+    settings = CompactionSettings.from_properties(config.model_dump(by_alias=True))
+    assert settings == CompactionSettings(
+        stream_set_interval_ms=7 * 60_000,
+        stream_set_cache_bytes=64 * oc.MIB,
+        stream_set_split_bytes=4 * oc.MIB,
+        force_split_ms=60 * 60_000,
+        stream_set_max_objects=100,
+        stream_object_major_interval_ms=15 * 60_000,
+        stream_object_max_bytes=512 * oc.MIB,
+    )
+    defaults = BrokerConfig.model_validate({}).model_dump(by_alias=True)
+    assert CompactionSettings.from_properties(defaults) == CompactionSettings()
