@@ -61,6 +61,7 @@ class BenchClock:
 
 async def run(directory: Path, *, uploads: int, streams: int, every: int, compact: bool) -> Any:
     clock = BenchClock()
+    directory.mkdir(parents=True, exist_ok=True)
     wal = await BlockWal.open_file(
         directory / "wal", node_id=NODE_ID, node_epoch=1, capacity_bytes=512 * 1024 * 1024
     )
