@@ -298,6 +298,31 @@ class BrokerConfig(BaseModel):
     s3_wal_upload_interval_ms: int = Field(60_000, alias="s3.wal.upload.interval.ms")
     s3_stream_object_split_size: int = Field(8 * MIB, alias="s3.stream.object.split.size")
     s3_block_cache_size: int = Field(128 * MIB, alias="s3.block.cache.size", ge=0)
+    # Object compaction (AutoMQ's names and defaults): this node's stream set objects every
+    # interval (force split once older than force.split.minutes, the rest merged, at most
+    # max.num objects and cache.size bytes a pass, runs above stream.split.size split out), and
+    # its open streams' stream objects (a merge up to max.size.bytes every interval.minutes).
+    s3_stream_set_object_compaction_interval_minutes: int = Field(
+        5, alias="s3.stream.set.object.compaction.interval.minutes", ge=1
+    )
+    s3_stream_set_object_compaction_cache_size: int = Field(
+        200 * MIB, alias="s3.stream.set.object.compaction.cache.size", ge=MIB
+    )
+    s3_stream_set_object_compaction_stream_split_size: int = Field(
+        8 * MIB, alias="s3.stream.set.object.compaction.stream.split.size", ge=0
+    )
+    s3_stream_set_object_compaction_force_split_minutes: int = Field(
+        120, alias="s3.stream.set.object.compaction.force.split.minutes", ge=1
+    )
+    s3_stream_set_object_compaction_max_num: int = Field(
+        500, alias="s3.stream.set.object.compaction.max.num", ge=2
+    )
+    s3_stream_object_compaction_interval_minutes: int = Field(
+        30, alias="s3.stream.object.compaction.interval.minutes", ge=1
+    )
+    s3_stream_object_compaction_max_size_bytes: int = Field(
+        10 * 1024 * MIB, alias="s3.stream.object.compaction.max.size.bytes", ge=MIB
+    )
     num_partitions: int = Field(1, alias="num.partitions", ge=1)
     # The replication factor of auto-created topics and of CreateTopics with -1: shared storage
     # keeps one copy, so 1 is the only value (accepted so that Kafka's config files load).

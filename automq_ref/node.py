@@ -74,6 +74,7 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
@@ -390,6 +391,9 @@ class Node:
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
         self._upload_log_task = asyncio.create_task(_log_uploads_forever(storage, clock))
+        node, props = (storage.node_id, storage.node_epoch), config.model_dump(by_alias=True)
+        compaction = compact_forever(store, NAMESPACE, self.client, self.view, node, clock, props)
+        self._compaction_task = asyncio.create_task(compaction)  # io/storage/compaction.py
         self._cleaner_task: asyncio.Task[None] | None = None
         if config.log_cleaner_enable:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
@@ -465,8 +469,10 @@ class Node:
     # The steps abandon and shutdown share, in the order each takes them.
 
     async def _stop_loops(self) -> None:
-        """Cancel retention, the log uploads and the cleaner, one after the other."""
-        for task in (self._retention_task, self._upload_log_task, self._cleaner_task):
+        """Cancel retention, the log uploads, the cleaner and object compaction, one after the
+        other."""
+        loops = (self._retention_task, self._upload_log_task, self._cleaner_task)
+        for task in (*loops, self._compaction_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):

@@ -61,6 +61,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from automq_ref.io.storage.stream_objects import (
@@ -652,17 +654,20 @@ class S3Storage:
                 object_end = end_offset
                 if first_cached is not None and first_cached > cursor:
                     object_end = min(end_offset, first_cached)
-                try:
-                    batches = await read_from_objects(
-                        self._store,
-                        self._namespace,
-                        self._view.image,
-                        self._indexes,
-                        self._blocks,
-                        stream_id,
-                        cursor,
-                        object_end,
-                        budget,
+                try:  # the image is read again if an object was compacted away meanwhile
+                    batches = await retry_compacted_away(
+                        self._view,
+                        functools.partial(
+                            read_from_objects,
+                            self._store,
+                            self._namespace,
+                            indexes=self._indexes,
+                            blocks=self._blocks,
+                            stream_id=stream_id,
+                            start_offset=cursor,
+                            end_offset=object_end,
+                            max_bytes=budget,
+                        ),
                     )
                 except (ObjectStoreError, StreamReadError) as error:
                     raise StorageError(

@@ -610,14 +610,15 @@ def _on_commit_stream_set_object(
     )
     if ignored is not None:
         return ignored
-    if event.object_id == NO_OBJECT and not event.stream_objects:
+    # A compaction may produce nothing: its sources held only dropped data.
+    if event.object_id == NO_OBJECT and not event.stream_objects and not event.compacted_object_ids:
         return reject(StreamErrorCode.INVALID_REQUEST, "commit of nothing")
     if event.object_id != NO_OBJECT and (redundant := _redundant_stream_set_object(image, event)):
         return redundant
     stream_objects, refused = _split_redundant_stream_objects(image, event.stream_objects)
     if refused is not None:
         return refused
-    if event.object_id == NO_OBJECT and not stream_objects:
+    if event.object_id == NO_OBJECT and event.stream_objects and not stream_objects:
         return accept([], error=StreamErrorCode.REDUNDANT_OPERATION)
     records: list[MetadataRecord] = []
     if event.object_id != NO_OBJECT:
