@@ -159,11 +159,20 @@ def per_second(
     return rows
 
 
+# Frames at the root of every stack of a thread (the interpreter's start, the event loop's
+# run, a thread's bootstrap): in every sample of their thread, they say nothing.
+ROOT_FRAME = re.compile(
+    r"^(_run_module_as_main|_run_code|<module>|main|run|Runner\.run|Thread\._bootstrap\w*|"
+    r"Thread\.run|_worker) \("
+)
+
+
 def top_frames(
     collapsed: Iterable[str], count: int = 12
 ) -> tuple[int, list[tuple[str, int]], list[tuple[str, int]]]:
     """From py-spy's raw (collapsed) stacks ``frame;frame;... samples``: the total samples, and
-    the frames with most samples where they are the innermost (self) and anywhere (inclusive)."""
+    the frames with most samples where they are the innermost (self) and anywhere (inclusive;
+    the root frames of a thread are left out)."""
     total = 0
     own: collections.Counter[str] = collections.Counter()
     inclusive: collections.Counter[str] = collections.Counter()
@@ -176,7 +185,8 @@ def top_frames(
         frames = stack.split(";")
         own[frames[-1]] += samples
         for frame in set(frames):
-            inclusive[frame] += samples
+            if not ROOT_FRAME.match(frame):
+                inclusive[frame] += samples
     return total, own.most_common(count), inclusive.most_common(count)
 
 
@@ -311,10 +321,13 @@ class PySpy:
         command = [binary, "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--gil"]
         command += ["--format", "raw", "--output", str(path)]
         self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        self.began = time.perf_counter()
+        self.seconds = 0.0
 
     def stop(self) -> list[str]:
+        self.seconds = time.perf_counter() - self.began
         self.process.send_signal(signal.SIGINT)
         try:
             self.process.wait(60)
@@ -414,6 +427,7 @@ def run_target(name: str, settings: Settings) -> Outcome:
         read = json.loads(out.strip().splitlines()[-1])
         if spy is not None:
             outcome.profile = spy.stop()
+            figures["profile_s"] = spy.seconds
         time.sleep(READ_LOG_WAIT_S)  # the broker's last "read objects" line; still producing
         producer.stop()
         outcome.samples = producer.samples
@@ -488,11 +502,30 @@ def results_table(results: Mapping[str, Outcome]) -> str:
     return "\n".join(lines)
 
 
-def profile_section(name: str, collapsed: Sequence[str]) -> list[str]:
+def loop_share(collapsed: Iterable[str]) -> float | None:
+    """The share of samples taken on the event loop's thread (the interpreter's main thread)
+    rather than on another thread (the store's and the WAL's I/O threads)."""
+    main = total = 0
+    for line in collapsed:
+        stack, _, number = line.rstrip().rpartition(" ")
+        if stack and number.isdigit():
+            total += int(number)
+            main += int(number) * stack.startswith("_run_module_as_main ")
+    return main / total if total else None
+
+
+def profile_section(name: str, collapsed: Sequence[str], seconds: float) -> list[str]:
     total, own, inclusive = top_frames(collapsed)
     if not total:
         return []
-    lines = [f"py-spy on {TITLES[name]} during the catch-up: {total} samples (100/s).", ""]
+    share = loop_share(collapsed) or 0.0
+    lines = [
+        f"py-spy on {TITLES[name]} while the catch-up ran ({seconds:.1f} s, 100 samples/s, only "
+        f"while a thread holds the GIL): {total} samples, so the GIL was held "
+        f"{total / max(seconds * 100, 1) * 100:.0f}% of the time, {100 * share:.0f}% of it by "
+        "the event loop's thread.",
+        "",
+    ]
     lines += ["| self % | frame |", "|---:|---|"]
     lines += [f"| {100 * samples / total:.1f} | `{frame}` |" for frame, samples in own]
     lines += ["", "| inclusive % | frame |", "|---:|---|"]
@@ -594,10 +627,15 @@ def main(argv: list[str] | None = None) -> None:
     load_before = os.getloadavg()
     began = time.perf_counter()
     results: dict[str, Outcome] = {}
+    failed: dict[str, str] = {}
     try:
         for name in targets:
             log(f"{name}: starting")
-            results[name] = run_target(name, settings)
+            try:
+                results[name] = run_target(name, settings)
+            except Exception as error:  # the other targets still run; the report says so
+                log(f"{name}: failed: {error!r}")
+                failed[name] = repr(error)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     load_after = os.getloadavg()
@@ -611,8 +649,9 @@ def main(argv: list[str] | None = None) -> None:
         "",
         results_table(results),
     ]
+    report += [f"\n{TITLES[name]} failed: {error}" for name, error in failed.items()]
     for name, outcome in results.items():
-        section = profile_section(name, outcome.profile)
+        section = profile_section(name, outcome.profile, outcome.figures.get("profile_s", 0.0))
         if section:
             report += ["", *section]
     text = "\n".join(report)
@@ -623,6 +662,8 @@ def main(argv: list[str] | None = None) -> None:
     if arguments.plot is not None:
         plot(results, arguments.plot)
     print(json.dumps(summary(results)), flush=True)
+    if failed:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
