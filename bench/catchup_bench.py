@@ -657,8 +657,18 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(report)
     print(text, flush=True)
     if arguments.out is not None:
-        figures = {name: outcome.figures for name, outcome in results.items()}
-        arguments.out.write_text(json.dumps({"report": text, "figures": figures}, indent=1) + "\n")
+        saved = {
+            "report": text,
+            "figures": {name: outcome.figures for name, outcome in results.items()},
+            # time.time() of the producer's start, the catch-up's start and end; and per second
+            # since the producer's start, produce p50 and p99 in seconds (what the plot shows).
+            "windows": {name: outcome.window for name, outcome in results.items()},
+            "per_second": {
+                name: per_second(outcome.samples, outcome.window[0])
+                for name, outcome in results.items()
+            },
+        }
+        arguments.out.write_text(json.dumps(saved, indent=1) + "\n")
     if arguments.plot is not None:
         plot(results, arguments.plot)
     print(json.dumps(summary(results)), flush=True)

@@ -139,6 +139,10 @@ def test_quick_run(tmp_path: Path) -> None:
         "cache_bytes_per_reading_stream",
     }
     assert all(isinstance(last[key], float) for key in last if key != "target")
+    assert list(saved["windows"]) == ["ours-local"]
+    started, catchup_started, catchup_ended = saved["windows"]["ours-local"]
+    assert started < catchup_started <= catchup_ended
+    assert saved["per_second"]["ours-local"], "produce latency per second, for the plot"
     table = rows(saved["report"])
     assert table["metric"] == ["ours (local objects)"]
     for metric in (
