@@ -7,14 +7,16 @@ on the same broker, and what it costs the object store and the block cache.
                                   [--pyspy PATH] [--quick] [--dir DIR] [--out FILE] [--plot FILE]
 
 Each target is a fresh broker (the targets of ``bench.broker_bench``: ours on local objects or on
-S3 over a counting moto server, the peer broker in memory or on S3 when its script is there).
-Against each, in order:
+S3 over a counting moto server, the peer broker in memory or on S3 when its script is there; by
+default ours on both and, with the script, the peer in memory and on S3, in memory only with
+``--quick``). Against each, in order:
 
 1. fill: a backlog topic of ``--partitions`` partitions gets ``--backlog-mb`` MB of 1 KiB records
    (acks=all, runs of 64 records per partition so that batches are full);
 2. settle: ours is restarted gracefully, so the whole backlog is in objects and the new process
    has nothing of it in its LogCache (``s3.block.cache.size`` is ``--cache-mb``, a fraction of the
-   backlog, so the catch-up cannot be served from the cache); the peer is read as it is;
+   backlog, so the catch-up cannot be served from the cache), and the bench waits until it has
+   opened every backlog partition; the peer is read as it is;
 3. before: a producer on another topic (1 partition, acks=all, linger.ms 1, 100-byte records,
    confluent-kafka) sends ``--rate`` records/s, paced, for ``--before-seconds``; it goes on
    sending through the rest of the run;
@@ -30,18 +32,20 @@ time by its send time: *before* is every record sent in phase 3 (the first secon
 The store and the cache, for ours: the broker logs a ``read objects`` line every few seconds in
 which it read objects (GETs, the bytes they returned, the block cache's largest size, sampled
 each second; ``automq_ref/node.py``, counted by ``CountingReads`` in
-``automq_ref/io/storage/object_store.py``), whatever the store; the bench sums them over the run
-(only the catch-up reads objects). *Store bytes per delivered byte* is those GET bytes over the
-record bytes the consumer received; *cache bytes per reading stream* is the cache's peak over
-the partitions read. On S3, the counting moto server's GET count is reported beside the broker's
-as a cross-check (and for the peer on S3, the only figure there is).
+``automq_ref/io/storage/object_store.py``), whatever the store; the bench sums the lines logged
+from the catch-up's start on (the reopened partitions' own reads come before it: phase 3 lasts
+at least one log interval and a margin, ``READ_LOG_WAIT_S``). *Store bytes per delivered byte*
+is those GET bytes over the record bytes the consumer received; *cache bytes per reading
+stream* is the cache's peak over the partitions read. On S3, the counting moto server's GET
+count is reported beside the broker's as a cross-check (and for the peer on S3, the only figure
+there is).
 
 ``--pyspy PATH`` samples our broker with py-spy (``PATH`` is the py-spy binary) while the
 catch-up runs and reports the frames that took most samples (self and inclusive). ``--out``
 writes the report and the figures (JSON), ``--plot`` a PNG of produce latency over time. The
 last line printed is a JSON object with the first of our targets' ``produce_p99_ratio_during_
 catchup``, ``store_bytes_per_delivered_byte`` and ``cache_bytes_per_reading_stream``.
-``--quick`` is a smaller run that finishes within a few minutes.
+``--quick`` is a smaller run (256 MB backlog, 16 MiB cache, 8 s before) of two to three minutes.
 """
 
 from __future__ import annotations
