@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         type=str.lower,
         choices=LOG_LEVELS,
         help="what the broker logs to stderr: info (default) has a line per topic created or "
-        "deleted, group rebalance, burst of client connections, upload summary and recovery; "
+        "deleted, group rebalance, burst of client connections, upload and object-read summary "
+        "and recovery; "
         "warning only what needs attention; debug every connection and request refused",
     )
     cluster = commands.add_parser(

@@ -42,7 +42,10 @@ What the node logs at INFO, as ``key=value`` fields: what start-up recovery repl
 object store, summed over :data:`UPLOAD_LOG_INTERVAL_S` (``uploaded``; nothing when nothing was)
 and at shutdown. A summary rather than a line per upload: under load a block is uploaded every
 upload threshold of data (every second or two at 100 MB/s), idle every upload interval (a minute
-by default), so a line per minute says as much without drowning the rest.
+by default), so a line per minute says as much without drowning the rest. Reads from objects
+(consumers catching up) are summed every :data:`READ_LOG_INTERVAL_S` in which there were any
+(``read objects``: GETs, the bytes they fetched, the block cache's peak size), so that what a
+catch-up costs the store and the cache can be read off the log.
 """
 
 from __future__ import annotations
@@ -102,8 +105,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often what was uploaded is summed up in the log (see the module docstring).
+# How often what was uploaded, and what was read from objects, are summed up in the log (see
+# the module docstring).
 UPLOAD_LOG_INTERVAL_S = 60.0
+READ_LOG_INTERVAL_S = 5.0
 # serve's pauses between starts while no controller answers: doubling from the first, bounded.
 START_RETRY_BASE_S = 0.5
 START_RETRY_MAX_S = 10.0
@@ -827,10 +832,32 @@ async def _start_on_wal(
 
 
 async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
+    """The ``uploaded`` line every :data:`UPLOAD_LOG_INTERVAL_S`, and the ``read objects`` line
+    every :data:`READ_LOG_INTERVAL_S` in which objects were read: GETs, their bytes and the
+    block cache's largest size, sampled once a second (or each shorter interval)."""
+    uploads_s = reads_s = clock.monotonic_s()
+    cache_peak = 0
     while True:
-        started_s = clock.monotonic_s()
-        await asyncio.sleep(UPLOAD_LOG_INTERVAL_S)
-        _log_uploads(storage.take_upload_totals(), seconds=round(clock.monotonic_s() - started_s))
+        await asyncio.sleep(min(1.0, UPLOAD_LOG_INTERVAL_S, READ_LOG_INTERVAL_S))
+        now_s = clock.monotonic_s()
+        cache_peak = max(cache_peak, storage.block_cache_bytes)
+        if now_s - reads_s >= READ_LOG_INTERVAL_S:
+            reads = storage.reads
+            if reads.gets:
+                log.info(
+                    "read objects %s",
+                    fields(
+                        seconds=round(now_s - reads_s),
+                        gets=reads.gets,
+                        bytes=reads.get_bytes,
+                        cache_peak_bytes=cache_peak,
+                    ),
+                )
+            reads.gets = reads.get_bytes = cache_peak = 0
+            reads_s = now_s
+        if now_s - uploads_s >= UPLOAD_LOG_INTERVAL_S:
+            _log_uploads(storage.take_upload_totals(), seconds=round(now_s - uploads_s))
+            uploads_s = now_s
 
 
 def _log_uploads(totals: UploadTotals, **when: object) -> None:

@@ -62,7 +62,7 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,9 +267,11 @@ class OursTarget(Target):
         profile_dir: Path | None,
         *,
         fast_ranges: bool = True,
+        extra_overrides: Sequence[str] = (),
     ) -> None:
         self.name = name
         self.fast_ranges = fast_ranges
+        self.extra_overrides = tuple(extra_overrides)
         self.data_dir = workdir / name / "data"
         self.wal_bytes = wal_bytes
         self.profile_dir = profile_dir
@@ -285,6 +287,7 @@ class OursTarget(Target):
             f"listeners=PLAINTEXT://127.0.0.1:{self.port}",  # 0 first; kept across restarts
             f"log.dirs={self.data_dir}",
             f"s3.wal.capacity={self.wal_bytes}",
+            *self.extra_overrides,
         ]
         if self.moto is not None:
             overrides.append(

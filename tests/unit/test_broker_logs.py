@@ -2,11 +2,13 @@
 split back; a reason told once per client and then kept to DEBUG; a TLS client on the plaintext
 listener named as such once per host (a real ClientHello from Python's ssl module), an HTTP client
 likewise; new connections logged in bursts, not one line each; and, from a node in process, one
-line per topic created or deleted, per group generation, and an upload summary."""
+line per topic created or deleted, per group generation, an upload summary, and a summary of
+the reads from objects."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
@@ -15,13 +17,17 @@ import socket
 import ssl
 import struct
 from pathlib import Path
+from typing import cast
 
 import pytest
 from kio.schema.join_group.v3.request import JoinGroupRequestProtocol
 
 from automq_ref import node as node_module
 from automq_ref.config import load_config
+from automq_ref.io.clock import SystemClock
 from automq_ref.io.logfmt import fields
+from automq_ref.io.storage.object_store import CountingReads, LocalDirectoryObjectStore
+from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.kafka import server as kafka_server
 from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.server import KafkaServer, Peer, Reply
@@ -243,3 +249,45 @@ async def test_node_logs_topics_groups_and_uploads(
     upload = parse_fields(uploads[0])
     assert int(upload["blocks"]) >= 1 and int(upload["objects"]) >= 1
     assert int(upload["bytes"]) > 0 and int(upload["streams"]) >= 1
+
+
+class _ReadingStorage:
+    """What the node's log task asks of the storage: reads from objects and the cache's size."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.reads = CountingReads(LocalDirectoryObjectStore(tmp_path))
+        self.block_cache_bytes = 0
+
+    def take_upload_totals(self) -> UploadTotals:
+        return UploadTotals()
+
+
+async def test_reads_from_objects_are_summed_with_the_cache_peak(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "READ_LOG_INTERVAL_S", 0.2)
+    caplog.set_level(logging.INFO)
+    storage = _ReadingStorage(tmp_path)
+    await storage.reads.put("object", b"x" * 100)
+    task = asyncio.create_task(
+        node_module._log_uploads_forever(cast(S3Storage, storage), SystemClock())
+    )
+    try:
+        storage.block_cache_bytes = 4096
+        await storage.reads.get_range("object", 0, 10)
+        await storage.reads.get_range("object", 10, 40)
+        for _ in range(200):  # the line (the hang guard is generous: the machine is shared)
+            if lines(caplog, "read objects"):
+                break
+            await asyncio.sleep(0.05)
+        storage.block_cache_bytes = 1024  # after the line: not in it
+        await asyncio.sleep(0.5)  # quiet intervals: no more lines
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    read = lines(caplog, "read objects")
+    assert len(read) == 1, read
+    found = parse_fields(read[0])
+    assert (found["gets"], found["bytes"], found["cache_peak_bytes"]) == ("2", "40", "4096")
+    assert (storage.reads.gets, storage.reads.get_bytes) == (0, 0)  # taken

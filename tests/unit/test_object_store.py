@@ -33,6 +33,7 @@ from botocore.exceptions import (
 from automq_ref.io.storage.object_store import (
     ETAG_XATTR_NAME,
     STAGING_DIR_NAME,
+    CountingReads,
     DeleteManyError,
     InvalidKey,
     LocalDirectoryObjectStore,
@@ -1038,3 +1039,20 @@ async def test_open_object_store_round_trip_against_moto(moto_s3: MotoS3) -> Non
         await store.create_bucket_if_missing()
         await store.put("k", b"via uri")
         assert await store.get("k") == b"via uri"
+
+
+async def test_counting_reads_counts_gets_and_their_bytes(tmp_path: Path) -> None:
+    counted = CountingReads(LocalDirectoryObjectStore(tmp_path / "objects"))
+    async with counted:
+        await counted.put("a/b", b"0123456789")
+        assert (counted.gets, counted.get_bytes) == (0, 0)  # writes are not counted
+        assert await counted.get_range("a/b", 2, 5) == b"234"
+        assert await counted.get("a/b") == b"0123456789"
+        assert (await counted.head("a/b")).size_bytes == 10
+        assert [info.key for info in await counted.list("a/")] == ["a/b"]
+        assert (counted.gets, counted.get_bytes) == (2, 13)
+        with pytest.raises(NotFound):
+            await counted.get("a/missing")
+        assert (counted.gets, counted.get_bytes) == (2, 13)  # a failed GET returned nothing
+        await counted.delete("a/b")
+        assert await counted.list() == []

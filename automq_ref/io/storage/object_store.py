@@ -5,6 +5,10 @@ This module is the one door the shell uses: it re-exports the contract
 both backends (``local_object_store.py``, ``s3_object_store.py``), and builds a store from a URI.
 Each of those modules' docstrings states its half of the contract.
 
+:class:`CountingReads` wraps a store and counts the GETs made through it and the bytes they
+returned, whichever the backend: the storage reads objects through one, so that the bytes a
+catch-up fetches from the store can be set beside the bytes it delivers (the node logs them).
+
 :func:`open_object_store` builds a store from a URI: ``file:///path`` or
 ``s3://bucket?region=...&endpoint=...&pathStyle=true``, optionally with AutoMQ's ``<id>@`` bucket
 prefix, which is ignored.
@@ -12,7 +16,9 @@ prefix, which is ignored.
 
 from __future__ import annotations
 
+import builtins
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -38,6 +44,7 @@ from automq_ref.io.storage.s3_object_store import S3ObjectStore, backoff_delay_m
 __all__ = [
     "ETAG_XATTR_NAME",
     "STAGING_DIR_NAME",
+    "CountingReads",
     "DeleteManyError",
     "InvalidKey",
     "LocalDirectoryObjectStore",
@@ -94,3 +101,46 @@ def open_object_store(uri: str, **options: Any) -> ObjectStore:
         arguments.update(options)
         return S3ObjectStore(parts.netloc, **arguments)
     raise ValueError(f"unsupported object store URI {uri!r}: expected file:// or s3://")
+
+
+class CountingReads(ObjectStore):
+    """``store`` as it is, counting ``get`` and ``get_range`` calls (``gets``) and the bytes
+    they returned (``get_bytes``); the caller takes and resets the counts."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self.gets = 0
+        self.get_bytes = 0
+
+    async def put(self, key: str, data: Payload) -> ObjectInfo:
+        return await self.store.put(key, data)
+
+    async def put_if_absent(self, key: str, data: Payload) -> ObjectInfo:
+        return await self.store.put_if_absent(key, data)
+
+    async def get(self, key: str) -> bytes:
+        data = await self.store.get(key)
+        self.gets += 1
+        self.get_bytes += len(data)
+        return data
+
+    async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
+        data = await self.store.get_range(key, start, end_exclusive)
+        self.gets += 1
+        self.get_bytes += len(data)
+        return data
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.store.head(key)
+
+    async def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        return await self.store.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.store.delete(key)
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        await self.store.delete_many(keys)
+
+    async def close(self) -> None:
+        await self.store.close()

@@ -82,7 +82,12 @@ from automq_ref.io.metadata.client import (
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
-from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
+from automq_ref.io.storage.object_store import (
+    CountingReads,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectStoreUnavailable,
+)
 from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
@@ -270,8 +275,10 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        self._indexes = ObjectIndexCache(store, namespace)
-        self._blocks = DataBlockCache(store, namespace, block_cache_bytes)
+        # Reads from objects are counted (GETs, bytes): the node logs them beside the cache's size.
+        self.reads = CountingReads(store)
+        self._indexes = ObjectIndexCache(self.reads, namespace)
+        self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -420,6 +427,10 @@ class S3Storage:
         """The totals since they were last taken; counting starts again from zero."""
         totals, self._upload_totals = self._upload_totals, UploadTotals()
         return totals
+
+    @property
+    def block_cache_bytes(self) -> int:
+        return self._blocks.size_bytes
 
     @property
     def node_id(self) -> int:
