@@ -79,13 +79,13 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError, ObjectStoreUnavailable
 from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
     StreamReadError,
-    read_from_objects,
     upload_layout,
 )
 from automq_ref.io.storage.wal import AppendResult, WalOverCapacityError, WriteAheadLog
@@ -270,6 +270,7 @@ class S3Storage:
         self._streams: dict[int, _OpenStream] = {}
         self._indexes = ObjectIndexCache(store, namespace)
         self._blocks = DataBlockCache(store, namespace, block_cache_bytes)
+        self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -653,17 +654,7 @@ class S3Storage:
                 if first_cached is not None and first_cached > cursor:
                     object_end = min(end_offset, first_cached)
                 try:
-                    batches = await read_from_objects(
-                        self._store,
-                        self._namespace,
-                        self._view.image,
-                        self._indexes,
-                        self._blocks,
-                        stream_id,
-                        cursor,
-                        object_end,
-                        budget,
-                    )
+                    batches = await self._readers.read(stream_id, cursor, object_end, budget)
                 except (ObjectStoreError, StreamReadError) as error:
                     raise StorageError(
                         f"stream {stream_id}: reading objects from {cursor} failed: {error}"
@@ -674,6 +665,10 @@ class S3Storage:
             budget -= sum(len(batch.payload) for batch in batches)
             cursor = batches[-1].last_offset
         return found
+
+    def block_cache_stats(self) -> BlockCacheStats:
+        """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
+        return self._readers.stats()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -761,6 +756,7 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
+        await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
         await self._wal.close()
@@ -771,6 +767,7 @@ class S3Storage:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
 

@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -65,6 +67,18 @@ READAHEAD_BYTES = 32 * 1024 * 1024
 READAHEAD_GET_BYTES = 8 * 1024 * 1024
 # Streams whose readahead window is remembered (least recently read forgotten first).
 MAX_READAHEAD_STREAMS = 4096
+# A block nobody accessed for this long is evicted (checked at most once per this period).
+BLOCK_TTL_S = 60.0
+
+
+BlockKey = tuple[int, int]  # (object id, block start position)
+
+
+class BlockWatcher(Protocol):
+    """A reader that plans to read cached blocks (:meth:`DataBlockCache.watch`); told when one
+    of them is evicted (for room, or by age) before it read it."""
+
+    def block_evicted(self, key: BlockKey) -> None: ...
 
 
 class StreamReadError(Exception):
@@ -128,6 +142,9 @@ class ObjectIndexCache:
         self._max_objects = max_objects
         self._indexes: OrderedDict[int, tuple[DataBlockIndex, ...]] = OrderedDict()
         self._fetching: dict[int, asyncio.Task[None]] = {}
+        # GETs of tails and indexes, and their bytes.
+        self.gets = 0
+        self.fetched_bytes = 0
 
     async def get(self, object_id: int, object_size: int) -> tuple[DataBlockIndex, ...]:
         cached = self._indexes.get(object_id)
@@ -137,6 +154,8 @@ class ObjectIndexCache:
         key = object_key(self._namespace, object_id)
         tail_bytes = tail_read_size(object_size)
         tail = await self._store.get_range(key, object_size - tail_bytes, object_size)
+        self.gets += 1
+        self.fetched_bytes += len(tail)
         location = parse_footer(tail, object_size)
         index_bytes = slice_index_from_tail(tail, object_size, location)
         if index_bytes is None:
@@ -145,6 +164,8 @@ class ObjectIndexCache:
                     key, location.start_position, location.start_position + location.length_bytes
                 )
             )
+            self.gets += 1
+            self.fetched_bytes += len(index_bytes)
         indexes = parse_index(index_bytes, index_start_position=location.start_position)
         self._indexes[object_id] = indexes
         if len(self._indexes) > self._max_objects:
@@ -201,14 +222,40 @@ class DataBlockCache:
     the capacity, shared evenly among the streams that have some, so that readahead does not
     evict what is about to be read and one stream cannot starve the others. A failed readahead
     is forgotten (logged): a later read of its blocks GETs them again.
+
+    Watches ("read counts"): a stream reader (:mod:`automq_ref.io.storage.block_cache`) counts
+    on each block it plans to read (:meth:`watch`) and lets go once it has read it
+    (:meth:`unwatch`); a block every interested reader has read is freed at once, so the cache
+    holds mostly what is still to be read. The other blocks age out: one not accessed for
+    ``ttl_s`` is evicted (looked for at most once per ``ttl_s``), and the least recently used
+    go when room is needed. A watched block evicted before its readers read it is reported to
+    them (:class:`BlockWatcher`), which is how a reader learns its readahead ran too far.
     """
 
-    def __init__(self, store: ObjectStore, namespace: str, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        namespace: str,
+        capacity_bytes: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ttl_s: float = BLOCK_TTL_S,
+    ) -> None:
         self._store = store
         self._namespace = namespace
         self._capacity_bytes = capacity_bytes
-        # (object id, position) -> (the block, the id of the GET buffer it is a slice of).
-        self._blocks: OrderedDict[tuple[int, int], tuple[Block, int]] = OrderedDict()
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._last_expiry_s = clock()
+        # (object id, position) -> (the block, the id of the GET buffer it is a slice of, when
+        # it was last accessed), least recently accessed first.
+        self._blocks: OrderedDict[BlockKey, tuple[Block, int, float]] = OrderedDict()
+        # Block -> the readers that plan to read it (each counts once).
+        self._watchers: dict[BlockKey, set[BlockWatcher]] = {}
+        # Bytes of the GETs in flight (room they will take), and what was fetched so far.
+        self._loading_bytes = 0
+        self.gets = 0
+        self.fetched_bytes = 0
         # Buffer id -> [its length, how many kept blocks it holds]; size_bytes sums the lengths.
         self._buffers: dict[int, list[int]] = {}
         self._last_buffer_id = 0
@@ -230,6 +277,59 @@ class DataBlockCache:
         return self._size_bytes
 
     @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
+
+    @property
+    def room_bytes(self) -> int:
+        """Capacity neither held by kept blocks nor about to be by the GETs in flight."""
+        return self._capacity_bytes - self._size_bytes - self._loading_bytes
+
+    def is_cached(self, object_id: int, block: DataBlockIndex) -> bool:
+        """Whether a read of ``block`` finds it kept or on its way (no GET of its own)."""
+        key = (object_id, block.start_position)
+        return key in self._blocks or key in self._in_flight
+
+    def watch(self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher) -> None:
+        """``watcher`` plans to read ``block`` (cached or not yet)."""
+        self._watchers.setdefault((object_id, block.start_position), set()).add(watcher)
+
+    def unwatch(
+        self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher, *, read: bool
+    ) -> None:
+        """``watcher`` no longer plans to read ``block``; if it ``read`` it and was the last
+        reader interested, the block is freed at once."""
+        key = (object_id, block.start_position)
+        watchers = self._watchers.get(key)
+        if watchers is None:
+            return
+        watchers.discard(watcher)
+        if watchers:
+            return
+        del self._watchers[key]
+        if read and key in self._blocks:
+            self._drop(key, evicted=False)
+
+    def load(self, object_id: int, blocks: Sequence[DataBlockIndex]) -> list[asyncio.Future[Block]]:
+        """Start fetching the ``blocks`` of one object (in position order) that are neither kept
+        nor on their way, in GETs of at most ``READAHEAD_GET_BYTES`` (a reader's readahead);
+        the futures of all of them, the ones already on their way included."""
+        self._expire()
+        futures: list[asyncio.Future[Block]] = []
+        missing: list[DataBlockIndex] = []
+        for block in blocks:
+            key = (object_id, block.start_position)
+            pending = self._in_flight.get(key)
+            if pending is not None:
+                futures.append(pending)
+            elif key not in self._blocks:
+                missing.append(block)
+        for run in _adjacent_runs(missing, READAHEAD_GET_BYTES):
+            self.readahead_gets += 1
+            futures.extend(self._start_get(object_id, run, None))
+        return futures
+
+    @property
     def readahead_bytes(self) -> int:
         """Bytes readahead has in flight or waiting unread in the cache."""
         return self._ahead_bytes
@@ -248,6 +348,7 @@ class DataBlockCache:
         fetched with one ranged GET per run of adjacent blocks, the runs concurrently. The
         readahead ``ahead`` asks for starts once these GETs are on their way, not before (and
         the blocks right after a GET this read waits for anyway come in that GET)."""
+        self._expire()
         found: dict[int, Block] = {}
         waits: list[tuple[DataBlockIndex, asyncio.Future[Block], bool]] = []
         missing: list[DataBlockIndex] = []
@@ -255,6 +356,7 @@ class DataBlockCache:
             key = (object_id, block.start_position)
             cached = self._blocks.get(key)
             if cached is not None:
+                self._blocks[key] = (cached[0], cached[1], self._clock())
                 self._blocks.move_to_end(key)
                 self.hits += 1
                 self._mark_read(key)
@@ -387,6 +489,7 @@ class DataBlockCache:
             self._in_flight[(object_id, block.start_position)] = future
             futures.append(future)
         size = run[-1].end_position - run[0].start_position
+        self._loading_bytes += size
         if ahead is not None:
             self._add_ahead(ahead, size)
         task = asyncio.create_task(self._get_run(object_id, run, futures, ahead, size))
@@ -403,11 +506,13 @@ class DataBlockCache:
         size: int,
     ) -> None:
         first = run[0].start_position
+        self.gets += 1
         try:
             data = await self._store.get_range(
                 object_key(self._namespace, object_id), first, run[-1].end_position
             )
         except BaseException as error:
+            self._loading_bytes -= size
             if ahead is not None:
                 self._add_ahead(ahead, -size)
                 if isinstance(error, Exception):
@@ -425,6 +530,8 @@ class DataBlockCache:
             if not isinstance(error, Exception):
                 raise
             return
+        self._loading_bytes -= size
+        self.fetched_bytes += len(data)
         view = memoryview(data)
         # The blocks of a GET up to an eighth of the capacity share its buffer (no copy), which
         # the cache charges whole for as long as any of them is kept; a longer GET's blocks are
@@ -476,16 +583,36 @@ class DataBlockCache:
             held = self._buffers[buffer] = [buffer_bytes, 0]
             self._size_bytes += buffer_bytes
         held[1] += 1
-        self._blocks[key] = (data, buffer)
+        self._blocks[key] = (data, buffer, self._clock())
         while self._size_bytes > self._capacity_bytes:
-            evicted_key, (_, evicted_buffer) = self._blocks.popitem(last=False)
-            self._mark_read(evicted_key)
-            evicted_held = self._buffers[evicted_buffer]
-            evicted_held[1] -= 1
-            if evicted_held[1] == 0:
-                del self._buffers[evicted_buffer]
-                self._size_bytes -= evicted_held[0]
+            self._drop(next(iter(self._blocks)), evicted=True)
         return key in self._blocks
+
+    def _drop(self, key: BlockKey, *, evicted: bool) -> None:
+        """Forget a kept block; ``evicted`` (for room or by age, not read by all its readers)
+        tells the readers that still planned to read it."""
+        _, buffer, _ = self._blocks.pop(key)
+        self._mark_read(key)
+        held = self._buffers[buffer]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._buffers[buffer]
+            self._size_bytes -= held[0]
+        if evicted:
+            for watcher in list(self._watchers.get(key, ())):
+                watcher.block_evicted(key)
+
+    def _expire(self) -> None:
+        """Evict the blocks not accessed for the TTL, looking at most once per TTL."""
+        now = self._clock()
+        if now - self._last_expiry_s < self._ttl_s:
+            return
+        self._last_expiry_s = now
+        while self._blocks:
+            key, (_, _, accessed_s) = next(iter(self._blocks.items()))
+            if now - accessed_s < self._ttl_s:
+                break
+            self._drop(key, evicted=True)
 
 
 async def read_blocks(
