@@ -54,7 +54,9 @@ class CountingStore(LocalDirectoryObjectStore):
         return await super().get_range(key, start, end_exclusive)
 
 
-def _apply(image: sm.StreamMetadataImage, event: sm.StreamMetadataEvent) -> sm.StreamMetadataTransition:
+def _apply(
+    image: sm.StreamMetadataImage, event: sm.StreamMetadataEvent
+) -> sm.StreamMetadataTransition:
     transition = sm.step(image, event)
     response = sm.response_of(transition)
     assert response.ok, response
