@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -34,7 +34,7 @@ from tests.block_cache_fixtures import (
 CONSUMERS = 4
 
 payload = st.integers(1, 900).map(lambda size: bytes([size % 251]) * size)
-segment = st.lists(payload, min_size=1, max_size=12)
+segment = st.lists(payload, min_size=1, max_size=30)
 streams = st.lists(st.lists(segment, min_size=1, max_size=4), min_size=1, max_size=3)
 
 
@@ -61,12 +61,18 @@ class BlockCacheMachine(RuleBasedStateMachine):
 
     @initialize(
         segments=streams,
-        block_size=st.integers(100, 3000),
-        capacity=st.integers(0, 40_000),
+        block_size=st.integers(100, 2_000),
+        capacity=st.one_of(st.sampled_from([0, 3_000, 20_000, 1_000_000]), st.integers(0, 100_000)),
         margin=st.sampled_from([None, 0, 5_000]),
+        unit=st.sampled_from([500, 2_000, 8_000]),
     )
     def start(
-        self, segments: list[list[list[bytes]]], block_size: int, capacity: int, margin: int | None
+        self,
+        segments: list[list[list[bytes]]],
+        block_size: int,
+        capacity: int,
+        margin: int | None,
+        unit: int,
     ) -> None:
         self.written = self.run(write_streams(self.store, segments, block_size_bytes=block_size))
         written = self.written
@@ -78,6 +84,8 @@ class BlockCacheMachine(RuleBasedStateMachine):
             blocks,
             clock=self.clock,
             readahead_margin_bytes=margin,
+            readahead_unit_bytes=unit,
+            max_readahead_bytes=8 * unit,
         )
         self.consumers = [(number % len(segments), 0) for number in range(CONSUMERS)]
 
@@ -115,7 +123,7 @@ class BlockCacheMachine(RuleBasedStateMachine):
 
     @rule(
         consumer=st.integers(0, CONSUMERS - 1),
-        budget=st.integers(1, 20_000),
+        budget=st.integers(1, 4_000),
         end_cut=st.integers(0, 3),
     )
     def read(self, consumer: int, budget: int, end_cut: int) -> None:
@@ -123,7 +131,7 @@ class BlockCacheMachine(RuleBasedStateMachine):
 
     @rule(
         chosen=st.sets(st.integers(0, CONSUMERS - 1), min_size=2),
-        budget=st.integers(1, 20_000),
+        budget=st.integers(1, 4_000),
     )
     def read_together(self, chosen: set[int], budget: int) -> None:
         async def together() -> None:
@@ -154,6 +162,9 @@ class BlockCacheMachine(RuleBasedStateMachine):
     def the_cache_stays_within_its_capacity(self) -> None:
         if self.readers is not None:
             assert 0 <= self.readers.blocks.size_bytes <= self.capacity
+            stats = self.readers.stats()
+            event(f"readahead: {stats.readahead_gets > 0}")
+            event(f"unread blocks evicted: {stats.evicted_unread > 0}")
 
     def teardown(self) -> None:
         try:
@@ -167,6 +178,6 @@ class BlockCacheMachine(RuleBasedStateMachine):
 
 
 BlockCacheMachine.TestCase.settings = settings(
-    BlockCacheMachine.TestCase.settings, max_examples=40, stateful_step_count=30, deadline=None
+    BlockCacheMachine.TestCase.settings, max_examples=100, stateful_step_count=40, deadline=None
 )
 TestBlockCacheMachine = BlockCacheMachine.TestCase

@@ -74,7 +74,8 @@ MAX_WINDOW_BLOCKS: Final = 65_536
 class BlockCacheStats:
     """What the read path from objects holds and has fetched: bytes kept in the block cache,
     stream readers open, and since start the GETs and bytes fetched from the object store (data
-    blocks and indexes), of which readahead GETs."""
+    blocks and indexes), of which readahead GETs; block hits and misses of reads; blocks evicted
+    before every reader that planned to read them did."""
 
     resident_bytes: int
     readers: int
@@ -83,6 +84,7 @@ class BlockCacheStats:
     readahead_gets: int
     hits: int
     misses: int
+    evicted_unread: int
 
 
 class StreamReader:
@@ -100,7 +102,7 @@ class StreamReader:
         self._loaded_end = next_offset
         self._load_lock = asyncio.Lock()
         self._end = next_offset  # the end of the latest read: readahead stays below it
-        self.readahead_bytes = READAHEAD_UNIT_BYTES
+        self.readahead_bytes = readers.readahead_unit_bytes
         self._next_readahead_offset = next_offset
         self._readahead_mark = -1
         self._misses = 0
@@ -232,7 +234,8 @@ class StreamReader:
             return
         if self.next_offset <= self._readahead_mark:
             return
-        size = min(self.readahead_bytes + self._misses * READAHEAD_UNIT_BYTES, MAX_READAHEAD_BYTES)
+        unit = self._readers.readahead_unit_bytes
+        size = min(self.readahead_bytes + self._misses * unit, self._readers.max_readahead_bytes)
         if self._cache.room_bytes < size + self._readers.readahead_margin_bytes:
             return
         start = max(self.next_offset, self._next_readahead_offset)
@@ -279,7 +282,7 @@ class StreamReader:
         """One of this reader's unread blocks was evicted: readahead ran too far for the cache,
         so it starts again from one unit, after a pause."""
         del key
-        self.readahead_bytes = READAHEAD_UNIT_BYTES
+        self.readahead_bytes = self._readers.readahead_unit_bytes
         self._misses = 0
         self._cooldown_until_s = self._readers.clock() + READAHEAD_COOLDOWN_S
 
@@ -318,8 +321,14 @@ class StreamReaders:
         *,
         clock: Callable[[], float] = time.monotonic,
         readahead_margin_bytes: int | None = None,
+        readahead_unit_bytes: int = READAHEAD_UNIT_BYTES,
+        max_readahead_bytes: int = MAX_READAHEAD_BYTES,
     ) -> None:
+        """``readahead_margin_bytes`` defaults to ``READAHEAD_MARGIN_BYTES``, at most a quarter
+        of the cache; tests shrink the readahead sizes to the scale of their streams."""
         self.image = image
+        self.readahead_unit_bytes = readahead_unit_bytes
+        self.max_readahead_bytes = max_readahead_bytes
         self.indexes = indexes
         self.blocks = blocks
         self.clock = clock
@@ -329,13 +338,13 @@ class StreamReaders:
             else readahead_margin_bytes
         )
         self._readers: dict[tuple[int, int], StreamReader] = {}
-        self._reading = 0
+        self._reading: set[StreamReader] = set()
         self._last_sweep_s = clock()
         self._closing: set[StreamReader] = set()
 
     def __len__(self) -> int:
         """Readers open: waiting for their next read, or reading."""
-        return len(self._readers) + self._reading
+        return len(self._readers) + len(self._reading)
 
     def reader(self, stream_id: int, offset: int) -> StreamReader | None:
         """The reader waiting at ``offset`` of ``stream_id``, if any."""
@@ -351,14 +360,14 @@ class StreamReaders:
         reader = self._readers.pop((stream_id, start_offset), None)
         if reader is None:
             reader = StreamReader(self, stream_id, start_offset)
-        self._reading += 1
+        self._reading.add(reader)
         try:
             found = await reader.read(start_offset, end_offset, max_bytes)
         except BaseException:
             self._close(reader)
             raise
         finally:
-            self._reading -= 1
+            self._reading.discard(reader)
         key = (stream_id, reader.next_offset)
         if key in self._readers or reader.closed:
             self._close(reader)  # another reader is already there: one is enough
@@ -375,6 +384,7 @@ class StreamReaders:
             readahead_gets=self.blocks.readahead_gets,
             hits=self.blocks.hits,
             misses=self.blocks.misses,
+            evicted_unread=self.blocks.evicted_unread,
         )
 
     def _sweep(self) -> None:
@@ -396,7 +406,7 @@ class StreamReaders:
 
     async def close(self) -> None:
         """Close every reader and wait for their readahead to stop."""
-        readers = [*self._readers.values(), *self._closing]
+        readers = [*self._readers.values(), *self._reading, *self._closing]
         self._readers.clear()
         for reader in readers:
             reader.close()

@@ -256,6 +256,7 @@ class DataBlockCache:
         self._loading_bytes = 0
         self.gets = 0
         self.fetched_bytes = 0
+        self.evicted_unread = 0  # watched blocks evicted before all their readers read them
         # Buffer id -> [its length, how many kept blocks it holds]; size_bytes sums the lengths.
         self._buffers: dict[int, list[int]] = {}
         self._last_buffer_id = 0
@@ -598,8 +599,10 @@ class DataBlockCache:
         if held[1] == 0:
             del self._buffers[buffer]
             self._size_bytes -= held[0]
-        if evicted:
-            for watcher in list(self._watchers.get(key, ())):
+        watchers = self._watchers.get(key)
+        if evicted and watchers:
+            self.evicted_unread += 1
+            for watcher in list(watchers):
                 watcher.block_evicted(key)
 
     def _expire(self) -> None:
