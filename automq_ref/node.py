@@ -54,7 +54,7 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
@@ -818,10 +818,17 @@ async def _start_on_wal(
 
 
 async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
+    gets = 0
     while True:
         started_s = clock.monotonic_s()
         await asyncio.sleep(UPLOAD_LOG_INTERVAL_S)
         _log_uploads(storage.take_upload_totals(), seconds=round(clock.monotonic_s() - started_s))
+        # The read path from objects, when it was used since the last line: what it holds and
+        # what it fetched in all.
+        stats = storage.block_cache_stats()
+        if stats.gets != gets:
+            gets = stats.gets
+            log.info("block cache %s", fields(**asdict(stats)))
 
 
 def _log_uploads(totals: UploadTotals, **when: object) -> None:

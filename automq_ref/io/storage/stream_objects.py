@@ -9,8 +9,11 @@ Read: the metadata image says which objects hold ``[start, end)`` of a stream
 (``get_objects``); for each, one tail GET usually covers footer and index (a second GET when the
 index starts earlier), the index names the blocks to read, and whole blocks are fetched with
 ranged GETs and checked against their index entries. Indexes are kept in a small cache keyed by
-object id, and data blocks in a byte-bounded least-recently-used cache keyed by (object id, block
-position), so a consumer that reads a block in several small fetches GETs it once.
+object id, and data blocks in a byte-bounded cache keyed by (object id, block position), so a
+consumer that reads a block in several small fetches GETs it once. The broker reads through the
+stream readers of :mod:`automq_ref.io.storage.block_cache`, which count on the blocks they plan to
+read (:meth:`DataBlockCache.watch`): a block all of them have read is freed at once, the others
+age out after ``BLOCK_TTL_S`` or, least recently used first, when room is needed.
 
 The reading side is read-only (it needs a metadata image and an object store, nothing of the
 node that wrote them), so it is also how the ``automq-objects`` Spark source reads a broker's
@@ -18,14 +21,14 @@ objects (:mod:`automq_ref.spark.image`): :class:`ObjectIndexCache` for the index
 made of, :func:`read_from_objects` for the MetaStreams it reads whole, and :func:`read_blocks`
 (the block cache's fetching, nothing kept) for the planned ranges its executors read.
 
-Readahead: a read from objects is usually a consumer catching up, which will ask for the next
-bytes as soon as it has these. So while a read waits for its own blocks, the blocks that follow
-(up to ``READAHEAD_BYTES``, across object boundaries once the next object's index is known) are
-requested in the background in GETs of at most ``READAHEAD_GET_BYTES``, several in flight at
-once, and wait in the block cache; GET latency then overlaps with the consumer's own work
-instead of adding to it. Readahead is bounded by half the block cache, shared among the streams
-being read (see :meth:`DataBlockCache.read_ahead`). AutoMQ's BlockCache does the same with its
-read windows and watch-based eviction.
+Readahead of :func:`read_from_objects` (the one-shot reader; the broker's stream readers have
+their own, adaptive one): a read from objects is usually a consumer catching up, which will ask
+for the next bytes as soon as it has these. So while a read waits for its own blocks, the blocks
+that follow (up to ``READAHEAD_BYTES``, across object boundaries once the next object's index is
+known) are requested in the background in GETs of at most ``READAHEAD_GET_BYTES``, several in
+flight at once, and wait in the block cache; GET latency then overlaps with the consumer's own
+work instead of adding to it. Readahead is bounded by half the block cache, shared among the
+streams being read (see :meth:`DataBlockCache.read_ahead`).
 """
 
 from __future__ import annotations
