@@ -144,6 +144,8 @@ async def test_concurrent_gets_of_a_block_share_one_load(tmp_path: Path) -> None
         data_key = object_key(NAMESPACE, next(iter(written.image.objects)))
         data_gets = [g for g in store.gets if g[0] == data_key and g[1] == 0]
         assert len(data_gets) == 1
+        # And the object's index was fetched once for both (one tail GET covers it).
+        assert len([g for g in store.gets if g[0] == data_key and g[1] > 0]) == 1
         await readers.close()
         await readers.blocks.close()
 

@@ -39,7 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -137,7 +137,8 @@ class ObjectIndexCache:
 
     The broker's storage keeps one for all its reads; a reader planning from an image (the Spark
     source) keeps one per planning pass, large enough for every object it visits, since a stream
-    set object is shared by many partitions."""
+    set object is shared by many partitions. Concurrent gets of one index share its GETs (many
+    readers of the streams of one stream set object start together in a catch-up)."""
 
     def __init__(self, store: ObjectStore, namespace: str, max_objects: int = 1024) -> None:
         self._store = store
@@ -145,6 +146,7 @@ class ObjectIndexCache:
         self._max_objects = max_objects
         self._indexes: OrderedDict[int, tuple[DataBlockIndex, ...]] = OrderedDict()
         self._fetching: dict[int, asyncio.Task[None]] = {}
+        self._loading: dict[int, asyncio.Task[tuple[DataBlockIndex, ...]]] = {}
         # GETs of tails and indexes, and their bytes.
         self.gets = 0
         self.fetched_bytes = 0
@@ -154,6 +156,21 @@ class ObjectIndexCache:
         if cached is not None:
             self._indexes.move_to_end(object_id)
             return cached
+        loading = self._loading.get(object_id)
+        if loading is None:
+            loading = asyncio.create_task(self._load(object_id, object_size))
+            self._loading[object_id] = loading
+
+            def done(task: asyncio.Task[tuple[DataBlockIndex, ...]]) -> None:
+                self._loading.pop(object_id, None)
+                if not task.cancelled():
+                    task.exception()  # retrieved: its getters may all have been cancelled
+
+            loading.add_done_callback(done)
+        # Shielded: one getter cancelled does not cancel the GET the others wait for.
+        return await asyncio.shield(loading)
+
+    async def _load(self, object_id: int, object_size: int) -> tuple[DataBlockIndex, ...]:
         key = object_key(self._namespace, object_id)
         tail_bytes = tail_read_size(object_size)
         tail = await self._store.get_range(key, object_size - tail_bytes, object_size)
@@ -196,7 +213,7 @@ class ObjectIndexCache:
 
     async def close(self) -> None:
         """Cancel the index fetches still in flight."""
-        tasks = list(self._fetching.values())
+        tasks: list[asyncio.Task[Any]] = [*self._fetching.values(), *self._loading.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
