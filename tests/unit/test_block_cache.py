@@ -190,7 +190,7 @@ async def test_an_evicted_unread_block_resets_readahead_and_pauses_it(tmp_path: 
             block_size_bytes=64 * KIB,
         )
         clock = FakeClock()
-        readers = readers_over(store, written, 4 * MIB, clock, ttl_s=10_000)
+        readers = readers_over(store, written, 64 * MIB, clock, ttl_s=45)
         end = written.batches[0][-1].last_offset
         batches = await readers.read(0, 0, end, 1)
         offset = batches[-1].last_offset
@@ -199,24 +199,66 @@ async def test_an_evicted_unread_block_resets_readahead_and_pauses_it(tmp_path: 
         task = reader.readahead_task
         assert task is not None and reader.readahead_bytes > READAHEAD_UNIT_BYTES
         await task
-        # Another consumer needs the room: the readahead blocks nobody read yet go first.
-        await readers.read(1, 0, written.batches[1][-1].last_offset, 4 * MIB)
+        # The blocks it read ahead are not read in time: they age out, and the next access to
+        # the cache (another consumer's read) evicts them.
+        clock.now += 46
+        await readers.read(1, 0, 10, 1)
+        assert readers.blocks.evicted_unread > 0
         assert reader.readahead_bytes == READAHEAD_UNIT_BYTES
         misses = readers.blocks.misses
-        # For a while, the reader reads without readahead.
-        for step in (1, 30):
+        # For a minute, the reader reads without readahead.
+        for step in (1, 33):
             clock.now += step
             batches = await readers.read(0, offset, end, 1)
             offset = batches[-1].last_offset
             assert readers.reader(0, offset) is reader and reader.readahead_task is task
         # Then readahead starts again, from the smallest size grown by the misses since.
-        clock.now += 30
+        clock.now += 27
         await readers.read(0, offset, end, 1)
         assert reader.readahead_task is not task
-        assert reader.readahead_bytes == READAHEAD_UNIT_BYTES * (1 + readers.blocks.misses - misses)
         assert readers.blocks.misses > misses
+        assert reader.readahead_bytes == READAHEAD_UNIT_BYTES * (1 + readers.blocks.misses - misses)
         await readers.close()
         await readers.blocks.close()
+
+
+class Watcher:
+    def __init__(self) -> None:
+        self.evicted: list[tuple[int, int]] = []
+
+    def block_evicted(self, key: tuple[int, int]) -> None:
+        self.evicted.append(key)
+
+
+async def test_watched_blocks_go_last_and_their_watchers_hear_of_it(tmp_path: Path) -> None:
+    async with CountingStore(tmp_path) as store:
+        await store.put(object_key(NAMESPACE, 7), [bytes(range(256)) * 8])
+        a, b, c, d = (
+            DataBlockIndex(1, n, 1, 1, start_position=400 * n, block_size_bytes=400)
+            for n in range(4)
+        )
+        cache = DataBlockCache(store, NAMESPACE, capacity_bytes=800)
+        first, second = Watcher(), Watcher()
+        cache.watch(7, a, first)
+        cache.watch(7, b, second)
+        await cache.get(7, a)
+        await cache.get(7, c)  # nobody watches it
+        # Room is needed: the unwatched block goes, though it was used last.
+        await cache.get(7, b)
+        assert not cache.is_cached(7, c) and cache.is_cached(7, a) and cache.is_cached(7, b)
+        assert first.evicted == second.evicted == [] and cache.evicted_unread == 0
+        # Only watched blocks left: the least recently used goes, and its watcher hears of it.
+        cache.watch(7, d, second)
+        await cache.get(7, d)
+        assert not cache.is_cached(7, a) and first.evicted == [(7, 0)]
+        assert cache.evicted_unread == 1
+        # A block read by its only watcher is freed at once.
+        cache.unwatch(7, b, second, read=True)
+        assert not cache.is_cached(7, b) and cache.size_bytes == 400
+        # A watcher that lets go without reading leaves the block to age out.
+        cache.unwatch(7, d, second, read=False)
+        assert cache.is_cached(7, d) and second.evicted == []
+        await cache.close()
 
 
 async def test_idle_readers_close_and_a_failed_read_drops_its_reader(tmp_path: Path) -> None:

@@ -119,38 +119,50 @@ class StreamReader:
             )
         self.last_access_s = self._readers.clock()
         self._end = max(self._end, end)
-        if start >= end:
-            return []
-        chosen, complete = self._gather(end, max_bytes)
-        while not complete and await self._load_more(end):
-            chosen, complete = self._gather(end, max_bytes)
-        misses = sum(not self._cache.is_cached(object_id, block) for object_id, block in chosen)
-        groups = [
-            (object_id, [block for _, block in group])
-            for object_id, group in itertools.groupby(chosen, key=lambda item: item[0])
-        ]
-        contents = await asyncio.gather(
-            *(self._cache.get_many(object_id, blocks) for object_id, blocks in groups)
-        )
-        found = self._slice(groups, contents, end, max_bytes)
-        if found:
-            self.next_offset = found[-1].last_offset
-        self._release_read()
-        self._misses += misses
+        found: list[StreamRecordBatch] = []
+        budget = max_bytes
+        # Rounds: each fetches the blocks the rest of the budget probably needs (estimated from
+        # the index), and the next continues if the estimate fell short.
+        while self.next_offset < end and (not found or budget > 0):
+            chosen, complete = self._gather(end, budget)
+            while not complete and await self._load_more(end):
+                chosen, complete = self._gather(end, budget)
+            if not chosen:
+                break
+            self._misses += sum(
+                not self._cache.is_cached(object_id, block) for object_id, block in chosen
+            )
+            groups = [
+                (object_id, [block for _, block in group])
+                for object_id, group in itertools.groupby(chosen, key=lambda item: item[0])
+            ]
+            contents = await asyncio.gather(
+                *(
+                    self._cache.get_many(object_id, blocks, passing=self)
+                    for object_id, blocks in groups
+                )
+            )
+            budget, stopped = self._slice(groups, contents, end, budget, found)
+            self._release_read()
+            if stopped or self.next_offset < chosen[-1][1].end_offset:
+                break
         self._maybe_read_ahead()
         return found
 
-    def _gather(self, end: int, max_bytes: int) -> tuple[list[tuple[int, DataBlockIndex]], bool]:
-        """The window's blocks a read of [next offset, ``end``) with ``max_bytes`` needs (as
-        :func:`~automq_ref.formats.object_file.find` charges them: the first block is free), and
-        whether they are all the read needs (else the window must load more)."""
+    def _gather(self, end: int, budget: int) -> tuple[list[tuple[int, DataBlockIndex]], bool]:
+        """The window's blocks a read of [next offset, ``end``) with ``budget`` bytes probably
+        needs, from the index's payload sizes (the first block's share past the next offset by
+        its offsets), and whether that is all the read needs (else the window must load more).
+        Too few are followed by another round; too many cost a block read ahead."""
         chosen: list[tuple[int, DataBlockIndex]] = []
-        budget = max(max_bytes, 0)
         for object_id, block in self._window:
-            if chosen and (budget == 0 or block.start_offset >= end):
+            if chosen and (budget <= 0 or block.start_offset >= end):
                 return chosen, True
-            if chosen:
-                budget -= min(budget, block.estimated_payload_size_bytes)
+            payload = block.estimated_payload_size_bytes
+            if not chosen:
+                span = max(block.end_offset - block.start_offset, 1)
+                payload = payload * (block.end_offset - self.next_offset) // span
+            budget -= payload
             chosen.append((object_id, block))
             if block.end_offset >= end:
                 return chosen, True
@@ -161,26 +173,28 @@ class StreamReader:
         groups: Sequence[tuple[int, Sequence[DataBlockIndex]]],
         contents: Sequence[Sequence[Block]],
         end: int,
-        max_bytes: int,
-    ) -> list[StreamRecordBatch]:
-        found: list[StreamRecordBatch] = []
-        cursor = self.next_offset
-        budget = max_bytes
+        budget: int,
+        found: list[StreamRecordBatch],
+    ) -> tuple[int, bool]:
+        """Append to ``found`` the batches of the blocks read from the next offset on, while
+        the read wants more (the first batch always counts); advance the next offset. The
+        budget left, and whether the read is complete."""
         for (object_id, blocks), datas in zip(groups, contents, strict=True):
             for block, data in zip(blocks, datas, strict=True):
                 for batch in parse_data_block(data, block):
-                    if batch.last_offset <= cursor:
+                    if batch.last_offset <= self.next_offset:
                         continue
-                    if batch.base_offset > cursor:
+                    if batch.base_offset > self.next_offset:
                         raise StreamReadError(
-                            f"stream {self.stream_id}: gap in object {object_id} at {cursor}"
+                            f"stream {self.stream_id}: gap in object {object_id} at "
+                            f"{self.next_offset}"
                         )
-                    if cursor >= end or (found and budget <= 0):
-                        return found
+                    if self.next_offset >= end or (found and budget <= 0):
+                        return budget, True
                     found.append(batch)
                     budget -= len(batch.payload)
-                    cursor = batch.last_offset
-        return found
+                    self.next_offset = batch.last_offset
+        return budget, self.next_offset >= end or (bool(found) and budget <= 0)
 
     def _release_read(self) -> None:
         """Let go of the blocks read past: the cache frees those nobody else plans to read."""

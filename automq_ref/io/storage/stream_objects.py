@@ -270,8 +270,13 @@ class DataBlockCache:
         # (object id, position) -> (the block, the id of the GET buffer it is a slice of, when
         # it was last accessed), least recently accessed first.
         self._blocks: OrderedDict[BlockKey, tuple[Block, int, float]] = OrderedDict()
-        # Block -> the readers that plan to read it (each counts once).
+        # Block -> the readers that plan to read it (each counts once); the kept blocks nobody
+        # watches, least recently accessed first (evicted before any watched block).
         self._watchers: dict[BlockKey, set[BlockWatcher]] = {}
+        self._idle: OrderedDict[BlockKey, None] = OrderedDict()
+        # Blocks being fetched for a reader that reads them through at once (not kept, unless
+        # another reader watches them by the time they arrive).
+        self._passing: dict[BlockKey, BlockWatcher] = {}
         # Bytes of the GETs in flight (room they will take), and what was fetched so far.
         self._loading_bytes = 0
         self.gets = 0
@@ -313,7 +318,9 @@ class DataBlockCache:
 
     def watch(self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher) -> None:
         """``watcher`` plans to read ``block`` (cached or not yet)."""
-        self._watchers.setdefault((object_id, block.start_position), set()).add(watcher)
+        key = (object_id, block.start_position)
+        self._watchers.setdefault(key, set()).add(watcher)
+        self._idle.pop(key, None)
 
     def unwatch(
         self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher, *, read: bool
@@ -328,8 +335,11 @@ class DataBlockCache:
         if watchers:
             return
         del self._watchers[key]
-        if read and key in self._blocks:
-            self._drop(key, evicted=False)
+        if key in self._blocks:
+            if read:
+                self._drop(key, evicted=False)
+            else:
+                self._idle[key] = None
 
     def load(self, object_id: int, blocks: Sequence[DataBlockIndex]) -> list[asyncio.Future[Block]]:
         """Start fetching the ``blocks`` of one object (in position order) that are neither kept
@@ -364,11 +374,19 @@ class DataBlockCache:
         object_id: int,
         blocks: Sequence[DataBlockIndex],
         ahead: ReadAhead | None = None,
+        *,
+        passing: BlockWatcher | None = None,
     ) -> list[Block]:
         """The bytes of each block; the ones neither cached nor already being fetched are
         fetched with one ranged GET per run of adjacent blocks, the runs concurrently. The
         readahead ``ahead`` asks for starts once these GETs are on their way, not before (and
-        the blocks right after a GET this read waits for anyway come in that GET)."""
+        the blocks right after a GET this read waits for anyway come in that GET).
+
+        ``passing``: a reader that reads every block but the last through, at once. Those this
+        call fetches are not kept unless another reader watches them when they arrive: they
+        would be freed right after the read, and meanwhile take the room of blocks still to be
+        read (a catch-up of many streams at once otherwise evicts the blocks its readers are in
+        the middle of)."""
         self._expire()
         found: dict[int, Block] = {}
         waits: list[tuple[DataBlockIndex, asyncio.Future[Block], bool]] = []
@@ -379,6 +397,8 @@ class DataBlockCache:
             if cached is not None:
                 self._blocks[key] = (cached[0], cached[1], self._clock())
                 self._blocks.move_to_end(key)
+                if key in self._idle:
+                    self._idle.move_to_end(key)
                 self.hits += 1
                 self._mark_read(key)
                 found[block.start_position] = cached[0]
@@ -389,6 +409,8 @@ class DataBlockCache:
                 waits.append((block, pending, True))
                 continue
             missing.append(block)
+            if passing is not None and block is not blocks[-1]:
+                self._passing[key] = passing
         runs = _adjacent_runs(missing, None)
         if runs and ahead is not None:
             # The reader waits for a GET anyway: the blocks right after it come in the same one,
@@ -534,6 +556,8 @@ class DataBlockCache:
             )
         except BaseException as error:
             self._loading_bytes -= size
+            for block in run:
+                self._passing.pop((object_id, block.start_position), None)
             if ahead is not None:
                 self._add_ahead(ahead, -size)
                 if isinstance(error, Exception):
@@ -554,16 +578,26 @@ class DataBlockCache:
         self._loading_bytes -= size
         self.fetched_bytes += len(data)
         view = memoryview(data)
+        # Blocks read through at once by the reader that asked (get_many's passing) and watched
+        # by no other reader are not kept.
+        through: list[bool] = []
+        for block in run:
+            key = (object_id, block.start_position)
+            passer = self._passing.pop(key, None)
+            through.append(passer is not None and self._watchers.get(key, set()) <= {passer})
         # The blocks of a GET up to an eighth of the capacity share its buffer (no copy), which
         # the cache charges whole for as long as any of them is kept; a longer GET's blocks are
-        # copied, so that one kept block does not pin a large buffer.
-        shared = len(data) <= self._capacity_bytes // 8
+        # copied, so that one kept block does not pin a large buffer, and so are those of a GET
+        # whose other blocks are not kept.
+        shared = len(data) <= self._capacity_bytes // 8 and not any(through)
         buffer = self._new_buffer_id()
-        for block, future in zip(run, futures, strict=True):
+        for block, future, passed in zip(run, futures, through, strict=True):
             key = (object_id, block.start_position)
             offset = block.start_position - first
             piece: Block = view[offset : offset + block.block_size_bytes]
-            if shared:
+            if passed:
+                kept = False
+            elif shared:
                 kept = self._remember(key, piece, buffer, len(data))
             else:
                 piece = bytes(piece)
@@ -605,14 +639,19 @@ class DataBlockCache:
             self._size_bytes += buffer_bytes
         held[1] += 1
         self._blocks[key] = (data, buffer, self._clock())
+        if key not in self._watchers:
+            self._idle[key] = None
         while self._size_bytes > self._capacity_bytes:
-            self._drop(next(iter(self._blocks)), evicted=True)
+            # Least recently used first, the blocks no reader still plans to read before the
+            # others.
+            self._drop(next(iter(self._idle or self._blocks)), evicted=True)
         return key in self._blocks
 
     def _drop(self, key: BlockKey, *, evicted: bool) -> None:
         """Forget a kept block; ``evicted`` (for room or by age, not read by all its readers)
         tells the readers that still planned to read it."""
         _, buffer, _ = self._blocks.pop(key)
+        self._idle.pop(key, None)
         self._mark_read(key)
         held = self._buffers[buffer]
         held[1] -= 1
