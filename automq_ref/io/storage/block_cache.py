@@ -14,7 +14,11 @@ of ``INDEX_OBJECTS_PER_LOAD`` image slices at a time (each object's index throug
 watched in the :class:`~automq_ref.io.storage.stream_objects.DataBlockCache`: once the reader has
 read past a block it lets go of it, and a block that every reader interested in it has read is
 freed at once. A read must start at the reader's next offset and never runs concurrently with
-another read of the same reader (the readers' map hands a reader to one read at a time).
+another read of the same reader (the readers' map hands a reader to one read at a time). A read
+picks the blocks its budget probably needs from the index's payload sizes and fetches them; if
+they fall short it fetches more. The blocks it reads through are not kept by the cache unless
+another reader counts on them (``passing`` of
+:meth:`~automq_ref.io.storage.stream_objects.DataBlockCache.get_many`).
 
 Readahead is adaptive: it starts at ``READAHEAD_UNIT_BYTES`` and grows by one unit per cache miss
 of the reader's own reads since the last readahead, up to ``MAX_READAHEAD_BYTES``. A readahead is
