@@ -6,7 +6,8 @@ StreamRecordBatch goes to the WAL, and once the WAL has made it durable the reco
 LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
 the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
 contiguous run when it holds the start, else read objects (found through the metadata view's
-image) up to where the cache takes over.
+image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
+cache takes over.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
