@@ -18,7 +18,7 @@ from automq_ref.io.storage.block_cache import (
     StreamReader,
     StreamReaders,
 )
-from automq_ref.io.storage.object_store import NotFound
+from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, NotFound
 from automq_ref.io.storage.stream_objects import DataBlockCache, ObjectIndexCache
 from automq_ref.vocabulary.naming import object_key
 from tests.block_cache_fixtures import (
@@ -286,3 +286,36 @@ async def test_idle_readers_close_and_a_failed_read_drops_its_reader(tmp_path: P
         await fresh.close()
         await readers.blocks.close()
         await fresh.blocks.close()
+
+
+async def test_storage_reads_objects_through_one_reader_per_consumer(tmp_path: Path) -> None:
+    """S3Storage's reads from objects go through the stream readers: a consumer reading a
+    stream from the start is served by one reader, and the stats say what was fetched."""
+    from tests.unit.test_s3stream import WalMedium, payload, start
+
+    async def local() -> LocalDirectoryObjectStore:
+        return LocalDirectoryObjectStore(tmp_path / "objects", fsync=False)
+
+    medium = WalMedium("block", tmp_path)
+    storage, metadata_log = await start(medium, tmp_path, 1, local)
+    stream_id = await storage.create_stream()
+    await storage.open_stream(stream_id, 0)
+    written = [payload(stream_id, index) for index in range(200)]
+    for data in written:
+        await storage.append(stream_id, 0, data, 1)
+    await storage.close_stream(stream_id, 0)
+    await storage.shutdown()
+    await metadata_log.close()
+    storage, metadata_log = await start(medium, tmp_path, 2, local)
+    await storage.open_stream(stream_id, 1)
+    got: list[bytes] = []
+    while len(got) < len(written):
+        found = await storage.read(stream_id, len(got), len(written), 700)
+        got.extend(bytes(batch.payload) for batch in found)
+        assert storage.block_cache_stats().readers == 1
+    assert got == written
+    stats = storage.block_cache_stats()
+    assert stats.gets > 0 and stats.fetched_bytes >= sum(len(data) for data in written)
+    await storage.shutdown()
+    await metadata_log.close()
+    await medium.close()
