@@ -171,6 +171,9 @@ class BlockCacheMachine(RuleBasedStateMachine):
             if self.readers is not None:
                 self.run(self.readers.close())
                 self.run(self.readers.blocks.close())
+                # Nothing in flight, nothing reserved for a readahead any more.
+                blocks = self.readers.blocks
+                assert blocks.room_bytes == blocks.capacity_bytes - blocks.size_bytes
             self.run(self.store.close())
         finally:
             self.loop.close()

@@ -112,6 +112,7 @@ class StreamReader:
         self._misses = 0
         self._cooldown_until_s = float("-inf")
         self._readahead: asyncio.Task[None] | None = None
+        self._reserved = 0  # room counted out for the readahead until its GETs start
         self.closed = False
 
     # ------------------------------------------------------------------------------ reads
@@ -262,7 +263,15 @@ class StreamReader:
         self.readahead_bytes = size
         self._misses = 0
         self._readahead_mark = start
+        self._reserved = size
+        self._cache.reserve(size)
         self._readahead = asyncio.create_task(self._read_ahead(start, size))
+        # Also when cancelled before it ran.
+        self._readahead.add_done_callback(lambda _: self._release_reservation())
+
+    def _release_reservation(self) -> None:
+        self._cache.reserve(-self._reserved)
+        self._reserved = 0
 
     async def _read_ahead(self, start: int, size: int) -> None:
         try:
@@ -273,6 +282,8 @@ class StreamReader:
                 return
             self._next_readahead_offset = blocks[-1][1].end_offset
             futures: list[asyncio.Future[Block]] = []
+            # The GETs' bytes count out of the cache's room from here on.
+            self._release_reservation()
             for object_id, group in itertools.groupby(blocks, key=lambda item: item[0]):
                 futures.extend(self._cache.load(object_id, [block for _, block in group]))
             outcomes = await asyncio.gather(

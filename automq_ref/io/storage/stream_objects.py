@@ -279,6 +279,7 @@ class DataBlockCache:
         self._passing: dict[BlockKey, BlockWatcher] = {}
         # Bytes of the GETs in flight (room they will take), and what was fetched so far.
         self._loading_bytes = 0
+        self._reserved_bytes = 0
         self.gets = 0
         self.fetched_bytes = 0
         self.evicted_unread = 0  # watched blocks evicted before all their readers read them
@@ -308,8 +309,14 @@ class DataBlockCache:
 
     @property
     def room_bytes(self) -> int:
-        """Capacity neither held by kept blocks nor about to be by the GETs in flight."""
-        return self._capacity_bytes - self._size_bytes - self._loading_bytes
+        """Capacity neither held by kept blocks nor about to be by the GETs in flight or the
+        readaheads about to start them (:meth:`reserve`)."""
+        return self._capacity_bytes - self._size_bytes - self._loading_bytes - self._reserved_bytes
+
+    def reserve(self, size_bytes: int) -> None:
+        """Count ``size_bytes`` out of the room until released (a negative size): a readahead
+        decided on the room it saw, and others deciding before its GETs start must see less."""
+        self._reserved_bytes += size_bytes
 
     def is_cached(self, object_id: int, block: DataBlockIndex) -> bool:
         """Whether a read of ``block`` finds it kept or on its way (no GET of its own)."""
