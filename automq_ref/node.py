@@ -474,8 +474,7 @@ class Node:
     # The steps abandon and shutdown share, in the order each takes them.
 
     async def _stop_loops(self) -> None:
-        """Cancel retention, the log uploads, the cleaner and object compaction, one after the
-        other."""
+        """Cancel retention, log uploads, the cleaner and object compaction, one by one."""
         loops = (self._retention_task, self._upload_log_task, self._cleaner_task)
         for task in (*loops, self._compaction_task):
             if task is not None:
@@ -832,15 +831,14 @@ async def _start_on_wal(
 
 
 async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
-    """The ``uploaded`` line every :data:`UPLOAD_LOG_INTERVAL_S`, and the ``read objects`` line
-    every :data:`READ_LOG_INTERVAL_S` in which objects were read: GETs, their bytes and the
-    block cache's largest size, sampled once a second (or each shorter interval)."""
+    """The ``uploaded`` line every :data:`UPLOAD_LOG_INTERVAL_S`; the ``read objects`` line every
+    :data:`READ_LOG_INTERVAL_S` with reads: GETs, bytes, the block cache's peak (sampled 1/s)."""
     uploads_s = reads_s = clock.monotonic_s()
     cache_peak = 0
     while True:
         await asyncio.sleep(min(1.0, UPLOAD_LOG_INTERVAL_S, READ_LOG_INTERVAL_S))
         now_s = clock.monotonic_s()
-        cache_peak = max(cache_peak, storage.block_cache_bytes)
+        cache_peak = max(cache_peak, storage.block_cache_stats().resident_bytes)
         if now_s - reads_s >= READ_LOG_INTERVAL_S:
             reads = storage.reads
             if reads.gets:

@@ -26,6 +26,7 @@ from automq_ref import node as node_module
 from automq_ref.config import load_config
 from automq_ref.io.clock import SystemClock
 from automq_ref.io.logfmt import fields
+from automq_ref.io.storage.block_cache import BlockCacheStats
 from automq_ref.io.storage.object_store import CountingReads, LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.kafka import server as kafka_server
@@ -260,6 +261,9 @@ class _ReadingStorage:
 
     def take_upload_totals(self) -> UploadTotals:
         return UploadTotals()
+
+    def block_cache_stats(self) -> BlockCacheStats:
+        return BlockCacheStats(self.block_cache_bytes, 0, 0, 0, 0, 0, 0, 0)
 
 
 async def test_reads_from_objects_are_summed_with_the_cache_peak(

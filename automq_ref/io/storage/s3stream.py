@@ -6,7 +6,8 @@ StreamRecordBatch goes to the WAL, and once the WAL has made it durable the reco
 LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
 the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
 contiguous run when it holds the start, else read objects (found through the metadata view's
-image) up to where the cache takes over.
+image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
+cache takes over.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -61,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
@@ -80,6 +80,7 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import (
@@ -92,7 +93,6 @@ from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
     ObjectIndexCache,
     StreamReadError,
-    read_from_objects,
     upload_layout,
 )
 from automq_ref.io.storage.wal import AppendResult, WalOverCapacityError, WriteAheadLog
@@ -279,6 +279,7 @@ class S3Storage:
         self.reads = CountingReads(store)
         self._indexes = ObjectIndexCache(self.reads, namespace)
         self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
+        self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -427,10 +428,6 @@ class S3Storage:
         """The totals since they were last taken; counting starts again from zero."""
         totals, self._upload_totals = self._upload_totals, UploadTotals()
         return totals
-
-    @property
-    def block_cache_bytes(self) -> int:
-        return self._blocks.size_bytes
 
     @property
     def node_id(self) -> int:
@@ -665,21 +662,14 @@ class S3Storage:
                 object_end = end_offset
                 if first_cached is not None and first_cached > cursor:
                     object_end = min(end_offset, first_cached)
-                try:  # the image is read again if an object was compacted away meanwhile
-                    batches = await retry_compacted_away(
-                        self._view,
-                        functools.partial(
-                            read_from_objects,
-                            self._store,
-                            self._namespace,
-                            indexes=self._indexes,
-                            blocks=self._blocks,
-                            stream_id=stream_id,
-                            start_offset=cursor,
-                            end_offset=object_end,
-                            max_bytes=budget,
-                        ),
-                    )
+
+                async def read(
+                    _: object, at: int = cursor, to: int = object_end, most: int = budget
+                ) -> list[StreamRecordBatch]:
+                    return await self._readers.read(stream_id, at, to, most)
+
+                try:  # read again from a fresh image if an object was compacted away meanwhile
+                    batches = await retry_compacted_away(self._view, read)
                 except (ObjectStoreError, StreamReadError) as error:
                     raise StorageError(
                         f"stream {stream_id}: reading objects from {cursor} failed: {error}"
@@ -690,6 +680,10 @@ class S3Storage:
             budget -= sum(len(batch.payload) for batch in batches)
             cursor = batches[-1].last_offset
         return found
+
+    def block_cache_stats(self) -> BlockCacheStats:
+        """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
+        return self._readers.stats()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -777,6 +771,7 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
+        await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
         await self._wal.close()
@@ -787,6 +782,7 @@ class S3Storage:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
+        await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
 

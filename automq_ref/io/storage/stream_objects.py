@@ -9,8 +9,11 @@ Read: the metadata image says which objects hold ``[start, end)`` of a stream
 (``get_objects``); for each, one tail GET usually covers footer and index (a second GET when the
 index starts earlier), the index names the blocks to read, and whole blocks are fetched with
 ranged GETs and checked against their index entries. Indexes are kept in a small cache keyed by
-object id, and data blocks in a byte-bounded least-recently-used cache keyed by (object id, block
-position), so a consumer that reads a block in several small fetches GETs it once.
+object id, and data blocks in a byte-bounded cache keyed by (object id, block position), so a
+consumer that reads a block in several small fetches GETs it once. The broker reads through the
+stream readers of :mod:`automq_ref.io.storage.block_cache`, which count on the blocks they plan to
+read (:meth:`DataBlockCache.watch`): a block all of them have read is freed at once, the others
+age out after ``BLOCK_TTL_S`` or, least recently used first, when room is needed.
 
 The reading side is read-only (it needs a metadata image and an object store, nothing of the
 node that wrote them), so it is also how the ``automq-objects`` Spark source reads a broker's
@@ -18,23 +21,25 @@ objects (:mod:`automq_ref.spark.image`): :class:`ObjectIndexCache` for the index
 made of, :func:`read_from_objects` for the MetaStreams it reads whole, and :func:`read_blocks`
 (the block cache's fetching, nothing kept) for the planned ranges its executors read.
 
-Readahead: a read from objects is usually a consumer catching up, which will ask for the next
-bytes as soon as it has these. So while a read waits for its own blocks, the blocks that follow
-(up to ``READAHEAD_BYTES``, across object boundaries once the next object's index is known) are
-requested in the background in GETs of at most ``READAHEAD_GET_BYTES``, several in flight at
-once, and wait in the block cache; GET latency then overlaps with the consumer's own work
-instead of adding to it. Readahead is bounded by half the block cache, shared among the streams
-being read (see :meth:`DataBlockCache.read_ahead`). AutoMQ's BlockCache does the same with its
-read windows and watch-based eviction.
+Readahead of :func:`read_from_objects` (the one-shot reader; the broker's stream readers have
+their own, adaptive one): a read from objects is usually a consumer catching up, which will ask
+for the next bytes as soon as it has these. So while a read waits for its own blocks, the blocks
+that follow (up to ``READAHEAD_BYTES``, across object boundaries once the next object's index is
+known) are requested in the background in GETs of at most ``READAHEAD_GET_BYTES``, several in
+flight at once, and wait in the block cache; GET latency then overlaps with the consumer's own
+work instead of adding to it. Readahead is bounded by half the block cache, shared among the
+streams being read (see :meth:`DataBlockCache.read_ahead`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from automq_ref.formats.object_file import (
     DEFAULT_BLOCK_SIZE_THRESHOLD_BYTES,
@@ -65,6 +70,18 @@ READAHEAD_BYTES = 32 * 1024 * 1024
 READAHEAD_GET_BYTES = 8 * 1024 * 1024
 # Streams whose readahead window is remembered (least recently read forgotten first).
 MAX_READAHEAD_STREAMS = 4096
+# A block nobody accessed for this long is evicted (checked at most once per this period).
+BLOCK_TTL_S = 60.0
+
+
+BlockKey = tuple[int, int]  # (object id, block start position)
+
+
+class BlockWatcher(Protocol):
+    """A reader that plans to read cached blocks (:meth:`DataBlockCache.watch`); told when one
+    of them is evicted (for room, or by age) before it read it."""
+
+    def block_evicted(self, key: BlockKey) -> None: ...
 
 
 class StreamReadError(Exception):
@@ -120,7 +137,8 @@ class ObjectIndexCache:
 
     The broker's storage keeps one for all its reads; a reader planning from an image (the Spark
     source) keeps one per planning pass, large enough for every object it visits, since a stream
-    set object is shared by many partitions."""
+    set object is shared by many partitions. Concurrent gets of one index share its GETs (many
+    readers of the streams of one stream set object start together in a catch-up)."""
 
     def __init__(self, store: ObjectStore, namespace: str, max_objects: int = 1024) -> None:
         self._store = store
@@ -128,15 +146,36 @@ class ObjectIndexCache:
         self._max_objects = max_objects
         self._indexes: OrderedDict[int, tuple[DataBlockIndex, ...]] = OrderedDict()
         self._fetching: dict[int, asyncio.Task[None]] = {}
+        self._loading: dict[int, asyncio.Task[tuple[DataBlockIndex, ...]]] = {}
+        # GETs of tails and indexes, and their bytes.
+        self.gets = 0
+        self.fetched_bytes = 0
 
     async def get(self, object_id: int, object_size: int) -> tuple[DataBlockIndex, ...]:
         cached = self._indexes.get(object_id)
         if cached is not None:
             self._indexes.move_to_end(object_id)
             return cached
+        loading = self._loading.get(object_id)
+        if loading is None:
+            loading = asyncio.create_task(self._load(object_id, object_size))
+            self._loading[object_id] = loading
+
+            def done(task: asyncio.Task[tuple[DataBlockIndex, ...]]) -> None:
+                self._loading.pop(object_id, None)
+                if not task.cancelled():
+                    task.exception()  # retrieved: its getters may all have been cancelled
+
+            loading.add_done_callback(done)
+        # Shielded: one getter cancelled does not cancel the GET the others wait for.
+        return await asyncio.shield(loading)
+
+    async def _load(self, object_id: int, object_size: int) -> tuple[DataBlockIndex, ...]:
         key = object_key(self._namespace, object_id)
         tail_bytes = tail_read_size(object_size)
         tail = await self._store.get_range(key, object_size - tail_bytes, object_size)
+        self.gets += 1
+        self.fetched_bytes += len(tail)
         location = parse_footer(tail, object_size)
         index_bytes = slice_index_from_tail(tail, object_size, location)
         if index_bytes is None:
@@ -145,6 +184,8 @@ class ObjectIndexCache:
                     key, location.start_position, location.start_position + location.length_bytes
                 )
             )
+            self.gets += 1
+            self.fetched_bytes += len(index_bytes)
         indexes = parse_index(index_bytes, index_start_position=location.start_position)
         self._indexes[object_id] = indexes
         if len(self._indexes) > self._max_objects:
@@ -172,7 +213,7 @@ class ObjectIndexCache:
 
     async def close(self) -> None:
         """Cancel the index fetches still in flight."""
-        tasks = list(self._fetching.values())
+        tasks: list[asyncio.Task[Any]] = [*self._fetching.values(), *self._loading.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -201,14 +242,47 @@ class DataBlockCache:
     the capacity, shared evenly among the streams that have some, so that readahead does not
     evict what is about to be read and one stream cannot starve the others. A failed readahead
     is forgotten (logged): a later read of its blocks GETs them again.
+
+    Watches ("read counts"): a stream reader (:mod:`automq_ref.io.storage.block_cache`) counts
+    on each block it plans to read (:meth:`watch`) and lets go once it has read it
+    (:meth:`unwatch`); a block every interested reader has read is freed at once, so the cache
+    holds mostly what is still to be read. The other blocks age out: one not accessed for
+    ``ttl_s`` is evicted (looked for at most once per ``ttl_s``), and the least recently used
+    go when room is needed. A watched block evicted before its readers read it is reported to
+    them (:class:`BlockWatcher`), which is how a reader learns its readahead ran too far.
     """
 
-    def __init__(self, store: ObjectStore, namespace: str, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        namespace: str,
+        capacity_bytes: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        ttl_s: float = BLOCK_TTL_S,
+    ) -> None:
         self._store = store
         self._namespace = namespace
         self._capacity_bytes = capacity_bytes
-        # (object id, position) -> (the block, the id of the GET buffer it is a slice of).
-        self._blocks: OrderedDict[tuple[int, int], tuple[Block, int]] = OrderedDict()
+        self._clock = clock
+        self._ttl_s = ttl_s
+        self._last_expiry_s = clock()
+        # (object id, position) -> (the block, the id of the GET buffer it is a slice of, when
+        # it was last accessed), least recently accessed first.
+        self._blocks: OrderedDict[BlockKey, tuple[Block, int, float]] = OrderedDict()
+        # Block -> the readers that plan to read it (each counts once); the kept blocks nobody
+        # watches, least recently accessed first (evicted before any watched block).
+        self._watchers: dict[BlockKey, set[BlockWatcher]] = {}
+        self._idle: OrderedDict[BlockKey, None] = OrderedDict()
+        # Blocks being fetched for a reader that reads them through at once (not kept, unless
+        # another reader watches them by the time they arrive).
+        self._passing: dict[BlockKey, BlockWatcher] = {}
+        # Bytes of the GETs in flight (room they will take), and what was fetched so far.
+        self._loading_bytes = 0
+        self._reserved_bytes = 0
+        self.gets = 0
+        self.fetched_bytes = 0
+        self.evicted_unread = 0  # watched blocks evicted before all their readers read them
         # Buffer id -> [its length, how many kept blocks it holds]; size_bytes sums the lengths.
         self._buffers: dict[int, list[int]] = {}
         self._last_buffer_id = 0
@@ -230,6 +304,70 @@ class DataBlockCache:
         return self._size_bytes
 
     @property
+    def capacity_bytes(self) -> int:
+        return self._capacity_bytes
+
+    @property
+    def room_bytes(self) -> int:
+        """Capacity neither held by kept blocks nor about to be by the GETs in flight or the
+        readaheads about to start them (:meth:`reserve`)."""
+        return self._capacity_bytes - self._size_bytes - self._loading_bytes - self._reserved_bytes
+
+    def reserve(self, size_bytes: int) -> None:
+        """Count ``size_bytes`` out of the room until released (a negative size): a readahead
+        decided on the room it saw, and others deciding before its GETs start must see less."""
+        self._reserved_bytes += size_bytes
+
+    def is_cached(self, object_id: int, block: DataBlockIndex) -> bool:
+        """Whether a read of ``block`` finds it kept or on its way (no GET of its own)."""
+        key = (object_id, block.start_position)
+        return key in self._blocks or key in self._in_flight
+
+    def watch(self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher) -> None:
+        """``watcher`` plans to read ``block`` (cached or not yet)."""
+        key = (object_id, block.start_position)
+        self._watchers.setdefault(key, set()).add(watcher)
+        self._idle.pop(key, None)
+
+    def unwatch(
+        self, object_id: int, block: DataBlockIndex, watcher: BlockWatcher, *, read: bool
+    ) -> None:
+        """``watcher`` no longer plans to read ``block``; if it ``read`` it and was the last
+        reader interested, the block is freed at once."""
+        key = (object_id, block.start_position)
+        watchers = self._watchers.get(key)
+        if watchers is None:
+            return
+        watchers.discard(watcher)
+        if watchers:
+            return
+        del self._watchers[key]
+        if key in self._blocks:
+            if read:
+                self._drop(key, evicted=False)
+            else:
+                self._idle[key] = None
+
+    def load(self, object_id: int, blocks: Sequence[DataBlockIndex]) -> list[asyncio.Future[Block]]:
+        """Start fetching the ``blocks`` of one object (in position order) that are neither kept
+        nor on their way, in GETs of at most ``READAHEAD_GET_BYTES`` (a reader's readahead);
+        the futures of all of them, the ones already on their way included."""
+        self._expire()
+        futures: list[asyncio.Future[Block]] = []
+        missing: list[DataBlockIndex] = []
+        for block in blocks:
+            key = (object_id, block.start_position)
+            pending = self._in_flight.get(key)
+            if pending is not None:
+                futures.append(pending)
+            elif key not in self._blocks:
+                missing.append(block)
+        for run in _adjacent_runs(missing, READAHEAD_GET_BYTES):
+            self.readahead_gets += 1
+            futures.extend(self._start_get(object_id, run, None))
+        return futures
+
+    @property
     def readahead_bytes(self) -> int:
         """Bytes readahead has in flight or waiting unread in the cache."""
         return self._ahead_bytes
@@ -243,11 +381,20 @@ class DataBlockCache:
         object_id: int,
         blocks: Sequence[DataBlockIndex],
         ahead: ReadAhead | None = None,
+        *,
+        passing: BlockWatcher | None = None,
     ) -> list[Block]:
         """The bytes of each block; the ones neither cached nor already being fetched are
         fetched with one ranged GET per run of adjacent blocks, the runs concurrently. The
         readahead ``ahead`` asks for starts once these GETs are on their way, not before (and
-        the blocks right after a GET this read waits for anyway come in that GET)."""
+        the blocks right after a GET this read waits for anyway come in that GET).
+
+        ``passing``: a reader that reads every block but the last through, at once. Those this
+        call fetches are not kept unless another reader watches them when they arrive: they
+        would be freed right after the read, and meanwhile take the room of blocks still to be
+        read (a catch-up of many streams at once otherwise evicts the blocks its readers are in
+        the middle of)."""
+        self._expire()
         found: dict[int, Block] = {}
         waits: list[tuple[DataBlockIndex, asyncio.Future[Block], bool]] = []
         missing: list[DataBlockIndex] = []
@@ -255,7 +402,10 @@ class DataBlockCache:
             key = (object_id, block.start_position)
             cached = self._blocks.get(key)
             if cached is not None:
+                self._blocks[key] = (cached[0], cached[1], self._clock())
                 self._blocks.move_to_end(key)
+                if key in self._idle:
+                    self._idle.move_to_end(key)
                 self.hits += 1
                 self._mark_read(key)
                 found[block.start_position] = cached[0]
@@ -266,6 +416,8 @@ class DataBlockCache:
                 waits.append((block, pending, True))
                 continue
             missing.append(block)
+            if passing is not None and block is not blocks[-1]:
+                self._passing[key] = passing
         runs = _adjacent_runs(missing, None)
         if runs and ahead is not None:
             # The reader waits for a GET anyway: the blocks right after it come in the same one,
@@ -387,6 +539,7 @@ class DataBlockCache:
             self._in_flight[(object_id, block.start_position)] = future
             futures.append(future)
         size = run[-1].end_position - run[0].start_position
+        self._loading_bytes += size
         if ahead is not None:
             self._add_ahead(ahead, size)
         task = asyncio.create_task(self._get_run(object_id, run, futures, ahead, size))
@@ -403,11 +556,15 @@ class DataBlockCache:
         size: int,
     ) -> None:
         first = run[0].start_position
+        self.gets += 1
         try:
             data = await self._store.get_range(
                 object_key(self._namespace, object_id), first, run[-1].end_position
             )
         except BaseException as error:
+            self._loading_bytes -= size
+            for block in run:
+                self._passing.pop((object_id, block.start_position), None)
             if ahead is not None:
                 self._add_ahead(ahead, -size)
                 if isinstance(error, Exception):
@@ -425,17 +582,29 @@ class DataBlockCache:
             if not isinstance(error, Exception):
                 raise
             return
+        self._loading_bytes -= size
+        self.fetched_bytes += len(data)
         view = memoryview(data)
+        # Blocks read through at once by the reader that asked (get_many's passing) and watched
+        # by no other reader are not kept.
+        through: list[bool] = []
+        for block in run:
+            key = (object_id, block.start_position)
+            passer = self._passing.pop(key, None)
+            through.append(passer is not None and self._watchers.get(key, set()) <= {passer})
         # The blocks of a GET up to an eighth of the capacity share its buffer (no copy), which
         # the cache charges whole for as long as any of them is kept; a longer GET's blocks are
-        # copied, so that one kept block does not pin a large buffer.
-        shared = len(data) <= self._capacity_bytes // 8
+        # copied, so that one kept block does not pin a large buffer, and so are those of a GET
+        # whose other blocks are not kept.
+        shared = len(data) <= self._capacity_bytes // 8 and not any(through)
         buffer = self._new_buffer_id()
-        for block, future in zip(run, futures, strict=True):
+        for block, future, passed in zip(run, futures, through, strict=True):
             key = (object_id, block.start_position)
             offset = block.start_position - first
             piece: Block = view[offset : offset + block.block_size_bytes]
-            if shared:
+            if passed:
+                kept = False
+            elif shared:
                 kept = self._remember(key, piece, buffer, len(data))
             else:
                 piece = bytes(piece)
@@ -476,16 +645,43 @@ class DataBlockCache:
             held = self._buffers[buffer] = [buffer_bytes, 0]
             self._size_bytes += buffer_bytes
         held[1] += 1
-        self._blocks[key] = (data, buffer)
+        self._blocks[key] = (data, buffer, self._clock())
+        if key not in self._watchers:
+            self._idle[key] = None
         while self._size_bytes > self._capacity_bytes:
-            evicted_key, (_, evicted_buffer) = self._blocks.popitem(last=False)
-            self._mark_read(evicted_key)
-            evicted_held = self._buffers[evicted_buffer]
-            evicted_held[1] -= 1
-            if evicted_held[1] == 0:
-                del self._buffers[evicted_buffer]
-                self._size_bytes -= evicted_held[0]
+            # Least recently used first, the blocks no reader still plans to read before the
+            # others.
+            self._drop(next(iter(self._idle or self._blocks)), evicted=True)
         return key in self._blocks
+
+    def _drop(self, key: BlockKey, *, evicted: bool) -> None:
+        """Forget a kept block; ``evicted`` (for room or by age, not read by all its readers)
+        tells the readers that still planned to read it."""
+        _, buffer, _ = self._blocks.pop(key)
+        self._idle.pop(key, None)
+        self._mark_read(key)
+        held = self._buffers[buffer]
+        held[1] -= 1
+        if held[1] == 0:
+            del self._buffers[buffer]
+            self._size_bytes -= held[0]
+        watchers = self._watchers.get(key)
+        if evicted and watchers:
+            self.evicted_unread += 1
+            for watcher in list(watchers):
+                watcher.block_evicted(key)
+
+    def _expire(self) -> None:
+        """Evict the blocks not accessed for the TTL, looking at most once per TTL."""
+        now = self._clock()
+        if now - self._last_expiry_s < self._ttl_s:
+            return
+        self._last_expiry_s = now
+        while self._blocks:
+            key, (_, _, accessed_s) = next(iter(self._blocks.items()))
+            if now - accessed_s < self._ttl_s:
+                break
+            self._drop(key, evicted=True)
 
 
 async def read_blocks(
