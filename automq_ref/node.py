@@ -838,7 +838,7 @@ async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
     while True:
         await asyncio.sleep(min(1.0, UPLOAD_LOG_INTERVAL_S, READ_LOG_INTERVAL_S))
         now_s = clock.monotonic_s()
-        cache_peak = max(cache_peak, storage.block_cache_stats().resident_bytes)
+        cache_peak = max(cache_peak, storage.block_cache_stats().peak_bytes)
         if now_s - reads_s >= READ_LOG_INTERVAL_S:
             reads = storage.reads
             if reads.gets:

@@ -263,7 +263,7 @@ class _ReadingStorage:
         return UploadTotals()
 
     def block_cache_stats(self) -> BlockCacheStats:
-        return BlockCacheStats(self.block_cache_bytes, 0, 0, 0, 0, 0, 0, 0)
+        return BlockCacheStats(self.block_cache_bytes, self.block_cache_bytes, 0, 0, 0, 0, 0, 0, 0)
 
 
 async def test_reads_from_objects_are_summed_with_the_cache_peak(

@@ -76,12 +76,13 @@ MAX_WINDOW_BLOCKS: Final = 65_536
 
 @dataclass(frozen=True, slots=True)
 class BlockCacheStats:
-    """What the read path from objects holds and has fetched: bytes kept in the block cache,
-    stream readers open, and since start the GETs and bytes fetched from the object store (data
-    blocks and indexes), of which readahead GETs; block hits and misses of reads; blocks evicted
-    before every reader that planned to read them did."""
+    """What the read path from objects holds and has fetched: bytes kept in the block cache (now,
+    and at most since the last stats), stream readers open, and since start the GETs and bytes
+    fetched from the object store (data blocks and indexes), of which readahead GETs; block hits
+    and misses of reads; blocks evicted before every reader that planned to read them did."""
 
     resident_bytes: int
+    peak_bytes: int  # the largest resident_bytes since the last stats
     readers: int
     gets: int
     fetched_bytes: int
@@ -407,6 +408,7 @@ class StreamReaders:
     def stats(self) -> BlockCacheStats:
         return BlockCacheStats(
             resident_bytes=self.blocks.size_bytes,
+            peak_bytes=self.blocks.take_peak_bytes(),
             readers=len(self),
             gets=self.blocks.gets + self.indexes.gets,
             fetched_bytes=self.blocks.fetched_bytes + self.indexes.fetched_bytes,

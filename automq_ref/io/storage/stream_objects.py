@@ -287,6 +287,7 @@ class DataBlockCache:
         self._buffers: dict[int, list[int]] = {}
         self._last_buffer_id = 0
         self._size_bytes = 0
+        self.peak_bytes = 0  # the largest size_bytes since the last take_peak_bytes
         self._in_flight: dict[tuple[int, int], asyncio.Future[Block]] = {}
         # Readahead's share: bytes in flight for it plus its blocks in the cache not read yet.
         self._unread: dict[tuple[int, int], tuple[int, int]] = {}  # -> (stream id, size)
@@ -302,6 +303,12 @@ class DataBlockCache:
     @property
     def size_bytes(self) -> int:
         return self._size_bytes
+
+    def take_peak_bytes(self) -> int:
+        """The largest size held since the last call (blocks a read fetches and consumes at
+        once may come and go between two samples of ``size_bytes``); it starts again from now."""
+        peak, self.peak_bytes = max(self.peak_bytes, self._size_bytes), self._size_bytes
+        return peak
 
     @property
     def capacity_bytes(self) -> int:
@@ -644,6 +651,7 @@ class DataBlockCache:
         if held is None:
             held = self._buffers[buffer] = [buffer_bytes, 0]
             self._size_bytes += buffer_bytes
+            self.peak_bytes = max(self.peak_bytes, self._size_bytes)
         held[1] += 1
         self._blocks[key] = (data, buffer, self._clock())
         if key not in self._watchers:
