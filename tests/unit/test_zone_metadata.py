@@ -23,6 +23,7 @@ from kio.serial import entity_reader, entity_writer
 
 from automq_ref.config import load_config
 from automq_ref.io.metadata.client import register_node
+from automq_ref.kafka import topic_registry
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
@@ -99,6 +100,13 @@ async def brokers_and_controller(node: Node, client_id: str) -> tuple[object, ..
         include_topic_authorized_operations=False,
     )
     return tuple(answer.brokers), answer.controller_id
+
+
+@pytest.fixture(autouse=True)
+def no_wait_for_other_brokers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Brokers 2 and 3 are registrations only and never open their partitions: creating the
+    topic would wait READY_WAIT_S (10 s) for them to lead."""
+    monkeypatch.setattr(topic_registry, "READY_WAIT_S", 0.05)
 
 
 async def three_zones(tmp_path: Path, *overrides: str) -> Node:

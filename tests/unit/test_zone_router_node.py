@@ -36,7 +36,12 @@ from automq_ref.protocol.zone_router import (
     encode_zone_router_request,
 )
 from automq_ref.state_machines import stream_metadata as sm
-from tests.unit.test_zone_metadata import TOPIC, ask, metadata
+from tests.unit.test_zone_metadata import (  # the fixture: autouse here too
+    TOPIC,
+    ask,
+    metadata,
+    no_wait_for_other_brokers,  # noqa: F401
+)
 
 PARTITIONS = 6
 PEER = Peer(9, "127.0.0.1:40000")
