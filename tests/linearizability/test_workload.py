@@ -27,7 +27,7 @@ def test_every_nemesis_leaves_no_anomaly(tmp_path: Path) -> None:
     outcome = run_check(
         tmp_path / "check",
         WorkloadSettings(
-            duration_s=75, fault_interval_s=5, seed=SEED, nemeses=tuple(sorted(ONE_BROKER_NEMESES))
+            duration_s=45, fault_interval_s=5, seed=SEED, nemeses=tuple(sorted(ONE_BROKER_NEMESES))
         ),
     )
     assert len(outcome.faults) >= 5, outcome.faults
