@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import shutil
 import socket
 import struct
@@ -366,6 +367,8 @@ class RunningProducer:
     interval_s: float = 0.02
     # What a failure's message says about the cluster.
     diagnose: Callable[[], str] = lambda: ""
+    # Where librdkafka's debug log of its idempotence, messages and brokers goes, if anywhere.
+    client_log: Path | None = None
     acks: list[Ack] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -404,17 +407,22 @@ class RunningProducer:
                 self.failures.append(f"{value!r}: {error}")
 
     def _run(self) -> None:
-        producer = Producer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                # A record whose partition has no broker for a while (its broker killed, until
-                # it restarts) waits rather than fail.
-                "message.timeout.ms": int(PATIENCE_S * 1000),
-            }
-        )
+        settings: dict[str, object] = {
+            "bootstrap.servers": self.bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            # A record whose partition has no broker for a while (its broker killed, until
+            # it restarts) waits rather than fail.
+            "message.timeout.ms": int(PATIENCE_S * 1000),
+        }
+        if self.client_log is not None:
+            client = logging.getLogger(f"librdkafka.{self.name}.{id(self)}")
+            client.propagate = False
+            client.addHandler(logging.FileHandler(self.client_log))
+            client.setLevel(logging.DEBUG)
+            settings |= {"debug": "eos,msg,broker,topic,protocol", "logger": client}
+        producer = Producer(settings)
         sequence = 0
         tick = time.monotonic()
         while not self._stop.is_set():
