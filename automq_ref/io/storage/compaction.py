@@ -44,17 +44,13 @@ from automq_ref.formats.object_file import (
     ObjectWriter,
     WrittenObject,
     parse_data_block,
-    parse_footer,
-    parse_index,
-    slice_index_from_tail,
-    tail_read_size,
 )
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.object_store import NotFound, ObjectStore
-from automq_ref.io.storage.stream_objects import StreamReadError
+from automq_ref.io.storage.stream_objects import ObjectIndexCache, StreamReadError, read_blocks
 from automq_ref.state_machines import object_compaction as oc
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import object_key
@@ -188,6 +184,8 @@ class ObjectCompactor:
     ) -> None:
         self._store = store
         self._namespace = namespace
+        # Object ids are never reused: an index cached here stays true until its object goes.
+        self._indexes = ObjectIndexCache(store, namespace)
         self._client = client
         self._view = view
         self._node_id = node_id
@@ -202,45 +200,18 @@ class ObjectCompactor:
     # ------------------------------------------------------------------------- reading
 
     async def _index(self, object_id: int) -> tuple[DataBlockIndex, ...]:
-        size = self._view.image.objects[object_id].object_size
-        key = object_key(self._namespace, object_id)
-        tail = await self._store.get_range(key, size - tail_read_size(size), size)
-        location = parse_footer(tail, size)
-        index_bytes = slice_index_from_tail(tail, size, location)
-        if index_bytes is None:
-            end = location.start_position + location.length_bytes
-            index_bytes = memoryview(await self._store.get_range(key, location.start_position, end))
-        return parse_index(index_bytes, index_start_position=location.start_position)
+        return await self._indexes.get(object_id, self._view.image.objects[object_id].object_size)
 
     async def _read(
         self, object_id: int, blocks: Sequence[DataBlockIndex]
     ) -> dict[int, list[StreamRecordBatch]]:
         """Block position -> its batches, for ``blocks`` (in position order): one GET per run
         of adjacent blocks of at most ``MAX_READ_BYTES``, the runs concurrently."""
-        runs: list[list[DataBlockIndex]] = []
-        for block in blocks:
-            if (
-                runs
-                and runs[-1][-1].end_position == block.start_position
-                and block.end_position - runs[-1][0].start_position <= MAX_READ_BYTES
-            ):
-                runs[-1].append(block)
-            else:
-                runs.append([block])
-        key = object_key(self._namespace, object_id)
-
-        found: dict[int, list[StreamRecordBatch]] = {}
-
-        async def get(run: list[DataBlockIndex]) -> None:
-            first = run[0].start_position
-            data = memoryview(await self._store.get_range(key, first, run[-1].end_position))
-            for block in run:
-                offset = block.start_position - first
-                piece = data[offset : offset + block.block_size_bytes]
-                found[block.start_position] = parse_data_block(piece, block)
-
-        await asyncio.gather(*(get(run) for run in runs))
-        return found
+        data = await read_blocks(self._store, self._namespace, object_id, blocks, MAX_READ_BYTES)
+        return {
+            block.start_position: parse_data_block(piece, block)
+            for block, piece in zip(blocks, data, strict=True)
+        }
 
     async def _put(self, object_id: int, batches: list[StreamRecordBatch]) -> int:
         batches.sort(key=lambda b: (b.stream_id, b.base_offset))

@@ -390,6 +390,7 @@ class DataBlockCache:
         ahead: ReadAhead | None = None,
         *,
         passing: BlockWatcher | None = None,
+        max_get_bytes: int | None = None,
     ) -> list[Block]:
         """The bytes of each block; the ones neither cached nor already being fetched are
         fetched with one ranged GET per run of adjacent blocks, the runs concurrently. The
@@ -400,7 +401,7 @@ class DataBlockCache:
         call fetches are not kept unless another reader watches them when they arrive: they
         would be freed right after the read, and meanwhile take the room of blocks still to be
         read (a catch-up of many streams at once otherwise evicts the blocks its readers are in
-        the middle of)."""
+        the middle of). ``max_get_bytes`` bounds a GET (a single larger block is one GET)."""
         self._expire()
         found: dict[int, Block] = {}
         waits: list[tuple[DataBlockIndex, asyncio.Future[Block], bool]] = []
@@ -425,7 +426,7 @@ class DataBlockCache:
             missing.append(block)
             if passing is not None and block is not blocks[-1]:
                 self._passing[key] = passing
-        runs = _adjacent_runs(missing, None)
+        runs = _adjacent_runs(missing, max_get_bytes)
         if runs and ahead is not None:
             # The reader waits for a GET anyway: the blocks right after it come in the same one,
             # up to a readahead GET's length (one request instead of two).
@@ -693,14 +694,18 @@ class DataBlockCache:
 
 
 async def read_blocks(
-    store: ObjectStore, namespace: str, object_id: int, blocks: Sequence[DataBlockIndex]
+    store: ObjectStore,
+    namespace: str,
+    object_id: int,
+    blocks: Sequence[DataBlockIndex],
+    max_get_bytes: int | None = None,
 ) -> list[Block]:
     """The bytes of ``blocks`` of one object, fetched once, as a :class:`DataBlockCache` does (one
-    ranged GET per run of adjacent blocks, the runs concurrently) but kept nowhere: for a reader
-    that reads each block once."""
+    ranged GET per run of adjacent blocks, at most ``max_get_bytes`` long, the runs concurrently)
+    but kept nowhere: for a reader that reads each block once."""
     cache = DataBlockCache(store, namespace, capacity_bytes=0)
     try:
-        return await cache.get_many(object_id, blocks)
+        return await cache.get_many(object_id, blocks, max_get_bytes=max_get_bytes)
     finally:
         await cache.close()
 
