@@ -23,6 +23,7 @@ from bench.catchup_bench import (
     summary,
     top_frames,
 )
+from tests.unit.test_cluster_bench import rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,14 +106,6 @@ def test_the_summary_takes_our_first_target_and_says_none_for_what_is_missing() 
     assert "| produce p99 during / before | 4.00 | 1.50 |" in table
     assert "| store bytes fetched per byte delivered | 1.10 | - |" in table
     assert "catch-up MB/s" not in table  # no target has the figure: no row
-
-
-def rows(report: str) -> dict[str, list[str]]:
-    return {
-        line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
-        for line in report.splitlines()
-        if line.startswith("| ")
-    }
 
 
 def test_quick_run(tmp_path: Path) -> None:
