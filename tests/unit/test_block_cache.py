@@ -92,6 +92,8 @@ async def test_a_sequential_consumer_reuses_its_reader_and_leaves_nothing_cached
         assert readers.blocks.size_bytes == 0
         stats = readers.stats()
         assert stats.readers == 1 and stats.resident_bytes == 0
+        # Readahead kept blocks until they were read: the peak saw them; taking it starts anew.
+        assert stats.peak_bytes > 0 and readers.stats().peak_bytes == 0
         assert stats.gets == len(store.gets)
         assert stats.fetched_bytes == sum(end - start for _, start, end in store.gets)
         assert stats.readahead_gets > 0
