@@ -7,29 +7,22 @@ batch it then leaves out (:func:`automq_ref.kafka.log_state.read_budget`)."""
 
 from __future__ import annotations
 
-import datetime
 import os
 from pathlib import Path
-from typing import Any
 
-from kio.schema.create_topics.v5.request import CreatableTopic
-from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
-from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
 from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i64
 
-from automq_ref.config import load_config
+from automq_ref.config import BrokerConfig
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.kafka.log_state import BatchEntry, read_budget
-from automq_ref.kafka.server import Peer
-from automq_ref.node import Node, start_node
-from tests.unit.test_broker_node import call
+from automq_ref.node import start_node
+from tests.unit.test_broker_fetch import PEER, fetch_records, produce
+from tests.unit.test_broker_node import create_topic, node_config
 
 TOPIC = TopicName("backlog")
 PARTITIONS = 40
 BATCHES = 6
 RECORD_BYTES = 8000
-PEER = Peer(1, "127.0.0.1:1")
 BATCH_BYTES = len(build_record_batch([(None, b"x" * RECORD_BYTES)]))
 BACKLOG_BYTES = PARTITIONS * BATCHES * BATCH_BYTES
 # A librdkafka consumer's defaults, scaled to the backlog: a response holds about five
@@ -59,104 +52,9 @@ def test_the_budget_asked_of_storage_is_the_batches_that_fit() -> None:
     assert read_budget([], 0, 500, min_one=True) == 500
 
 
-def config(tmp_path: Path) -> Any:
-    return load_config(
-        overrides=[
-            f"log.dirs={tmp_path}",
-            "s3.wal.capacity=16777216",
-            "group.initial.rebalance.delay.ms=0",
-            # 16x smaller than the backlog, as in the catch-up benchmark.
-            f"s3.block.cache.size={BACKLOG_BYTES // 16}",
-        ],
-        environment={},
-    )
-
-
-async def fill(node: Node) -> None:
-    created = await call(
-        node.front_end.admit,
-        PEER,
-        19,  # CreateTopics
-        5,
-        topics=(
-            CreatableTopic(
-                name=TOPIC,
-                num_partitions=i32(PARTITIONS),
-                replication_factor=i16(1),
-                assignments=(),
-                configs=(),
-            ),
-        ),
-        timeout=datetime.timedelta(seconds=10),
-        validate_only=False,
-    )
-    assert int(created.topics[0].error_code) == 0
-    for _ in range(BATCHES):
-        produced = await call(
-            node.front_end.admit,
-            PEER,
-            0,  # Produce
-            9,
-            transactional_id=None,
-            acks=-1,
-            timeout=datetime.timedelta(seconds=10),
-            topic_data=(
-                TopicProduceData(
-                    name=TOPIC,
-                    partition_data=tuple(
-                        PartitionProduceData(
-                            index=i32(index),
-                            records=Records(build_record_batch([(None, os.urandom(RECORD_BYTES))])),
-                        )
-                        for index in range(PARTITIONS)
-                    ),
-                ),
-            ),
-        )
-        for partition in produced.responses[0].partition_responses:
-            assert int(partition.error_code) == 0
-
-
-async def fetch(node: Node, offsets: list[int]) -> list[int]:
-    """One Fetch of every partition at its offset; the bytes each partition's answer holds."""
-    response: Any = await call(
-        node.front_end.admit,
-        PEER,
-        1,  # Fetch
-        12,
-        replica_id=-1,
-        max_wait=datetime.timedelta(milliseconds=0),
-        min_bytes=1,
-        max_bytes=MAX_BYTES,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(
-            FetchTopic(
-                topic=TOPIC,
-                partitions=tuple(
-                    FetchPartition(
-                        partition=i32(index),
-                        current_leader_epoch=i32(-1),
-                        fetch_offset=i64(offset),
-                        last_fetched_epoch=i32(-1),
-                        log_start_offset=i64(-1),
-                        partition_max_bytes=i32(PARTITION_MAX_BYTES),
-                    )
-                    for index, offset in enumerate(offsets)
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
-    sizes = []
-    for partition in response.responses[0].partitions:
-        assert int(partition.error_code) == 0
-        size = len(partition.records or b"")
-        assert size % BATCH_BYTES == 0
-        sizes.append(size)
-    return sizes
+def config(tmp_path: Path) -> BrokerConfig:
+    # The block cache 16x smaller than the backlog, as in the catch-up benchmark.
+    return node_config(tmp_path).model_copy(update={"s3_block_cache_size": BACKLOG_BYTES // 16})
 
 
 async def test_a_catch_up_through_fetch_gets_from_the_store_what_it_delivers(
@@ -164,7 +62,10 @@ async def test_a_catch_up_through_fetch_gets_from_the_store_what_it_delivers(
 ) -> None:
     node = await start_node(config(tmp_path))
     try:
-        await fill(node)
+        await create_topic(node.front_end.admit, PEER, TOPIC, PARTITIONS)
+        for _ in range(BATCHES):
+            records = [os.urandom(RECORD_BYTES) for _ in range(PARTITIONS)]
+            await produce(node, TOPIC, [build_record_batch([(None, r)]) for r in records])
     finally:
         await node.shutdown()  # uploads everything: the catch-up reads objects only
     node = await start_node(config(tmp_path))
@@ -175,7 +76,9 @@ async def test_a_catch_up_through_fetch_gets_from_the_store_what_it_delivers(
         offsets = [0] * PARTITIONS
         delivered = fetches = 0
         while min(offsets) < BATCHES:
-            sizes = await fetch(node, offsets)
+            records = await fetch_records(node, TOPIC, MAX_BYTES, PARTITION_MAX_BYTES, offsets)
+            sizes = [len(data) for data in records]
+            assert all(size % BATCH_BYTES == 0 for size in sizes)
             assert sum(sizes) > 0
             fetches += 1
             for index, size in enumerate(sizes):
