@@ -2,7 +2,8 @@
 checkpoint.
 
 The batch index holds, per stored batch, its base offset, end offset, max timestamp, size and
-whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it). The
+whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it, and
+Fetch, to ask storage for the batches that fit its byte limit: :func:`read_budget`). The
 producer state holds, per idempotent producer id, its epoch and its last five batches' first
 sequence, last sequence and base offset (Kafka's ProducerStateEntry), against which Produce
 checks duplicates and sequence order (:func:`check_sequences`); a duplicate is answered with its
