@@ -2,7 +2,8 @@
 checkpoint.
 
 The batch index holds, per stored batch, its base offset, end offset, max timestamp, size and
-whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it). The
+whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it, and
+Fetch, to ask storage for the batches that fit its byte limit: :func:`read_budget`). The
 producer state holds, per idempotent producer id, its epoch and its last five batches' first
 sequence, last sequence and base offset (Kafka's ProducerStateEntry), against which Produce
 checks duplicates and sequence order (:func:`check_sequences`); a duplicate is answered with its
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -56,6 +58,27 @@ def index_entry(view: RecordBatchView) -> BatchEntry:
         view.size_bytes,
         header.records_count == 0,
     )
+
+
+def read_budget(batches: Sequence[BatchEntry], offset: int, max_bytes: int, min_one: bool) -> int:
+    """The bytes a read from ``offset`` returning whole batches within ``max_bytes`` should ask
+    storage for, by the index: the size of the batches that fit (with ``min_one`` the first even
+    if it does not), 0 when none may come, ``max_bytes`` where the index stops short.
+
+    Storage stops once its budget is spent, after the batch that spends it: asked for
+    ``max_bytes`` it would read the batch that crosses the limit, which the read then leaves
+    out. That batch costs its block's GET, and leaves the stream's reader past the offset the
+    consumer fetches from next (a new reader, a new window, the block fetched again). Asked for
+    exactly the batches that fit, storage stops where the consumer goes on."""
+    position = bisect.bisect_right(batches, offset, key=lambda entry: entry.end_offset)
+    size = 0
+    for entry in itertools.islice(batches, position, None):
+        if size + entry.size_bytes > max_bytes and (size or not min_one):
+            return size
+        size += entry.size_bytes
+        if size >= max_bytes:
+            return size
+    return max_bytes
 
 
 @dataclass(slots=True)

@@ -736,13 +736,18 @@ class Partition:
         start = self.log_start_offset
         if offset < start:
             raise OffsetOutOfRangeError(f"{self.topic}-{self.index}: {offset} is below {start}")
+        # Storage is asked for the batches that fit, by the batch index (log_state.read_budget).
+        budget = log_state.read_budget(self.batches, offset, max_bytes, min_one)
+        if budget <= 0:
+            return []
         found: list[StreamRecordBatch] = []
         for stream_id, first, stop in self._parts():
             if offset < stop and first < stop:
-                found = await self._read_part(stream_id, max(offset, first), stop, max_bytes)
+                found = await self._read_part(stream_id, max(offset, first), stop, budget)
                 if found:
                     break
-        # Storage stops once the budget is spent, so its last batch may overshoot it.
+        # Storage stops once the budget is spent, so its last batch may overshoot it (where the
+        # index did not know the batches, or a stored payload holds several).
         payloads: list[bytes | memoryview] = []
         size = 0
         for batch in found:

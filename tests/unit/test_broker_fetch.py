@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.schema.create_topics.v5.request import CreatableTopic
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
 from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i64
+from kio.static.primitive import Records, i32, i64
 
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Node, start_node
-from tests.unit.test_broker_node import call, node_config
+from tests.unit.test_broker_node import call, create_topic, node_config
 from tests.waiting import PATIENCE_S
 
 TOPIC = TopicName("limits")
@@ -35,62 +34,49 @@ BATCH = len(build_record_batch([(None, b"x" * 1000)]))
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     node = await start_node(node_config(tmp_path))
     try:
-        created = await call(
-            node.front_end.admit,
-            PEER,
-            19,  # CreateTopics
-            5,
-            topics=(
-                CreatableTopic(
-                    name=TOPIC,
-                    num_partitions=i32(PARTITIONS),
-                    replication_factor=i16(1),
-                    assignments=(),
-                    configs=(),
-                ),
-            ),
-            timeout=datetime.timedelta(seconds=10),
-            validate_only=False,
-        )
-        assert int(created.topics[0].error_code) == 0
+        await create_topic(node.front_end.admit, PEER, TOPIC, PARTITIONS)
         for _ in range(BATCHES):
-            produced = await call(
-                node.front_end.admit,
-                PEER,
-                0,  # Produce
-                9,
-                transactional_id=None,
-                acks=-1,
-                timeout=datetime.timedelta(seconds=10),
-                topic_data=(
-                    TopicProduceData(
-                        name=TOPIC,
-                        partition_data=tuple(
-                            PartitionProduceData(
-                                index=i32(index),
-                                records=Records(build_record_batch([(None, b"x" * 1000)])),
-                            )
-                            for index in range(PARTITIONS)
-                        ),
-                    ),
-                ),
-            )
-            for partition in produced.responses[0].partition_responses:
-                assert int(partition.error_code) == 0
+            await produce(node, TOPIC, [build_record_batch([(None, b"x" * 1000)])] * PARTITIONS)
         yield node
     finally:
         await node.shutdown()
 
 
-async def fetch(
+async def produce(node: Node, name: TopicName, batches: Sequence[bytes]) -> None:
+    """One Produce (acks=all) of ``batches[i]`` to partition ``i`` of topic ``name``."""
+    produced = await call(
+        node.front_end.admit,
+        PEER,
+        0,  # Produce
+        9,
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            TopicProduceData(
+                name=name,
+                partition_data=tuple(
+                    PartitionProduceData(index=i32(index), records=Records(batch))
+                    for index, batch in enumerate(batches)
+                ),
+            ),
+        ),
+    )
+    for partition in produced.responses[0].partition_responses:
+        assert int(partition.error_code) == 0
+
+
+async def fetch_records(
     node: Node,
+    name: TopicName,
     max_bytes: int,
     partition_max_bytes: int,
-    offsets: tuple[int, ...] = (0, 0, 0),
+    offsets: Sequence[int],
     min_bytes: int = 1,
     max_wait_ms: int = 0,
-) -> list[int]:
-    """How many batches each partition's answer holds."""
+) -> list[bytes]:
+    """One Fetch (v12) of partition ``i`` of topic ``name`` at ``offsets[i]``: the records each
+    partition's answer holds."""
     response: Any = await call(
         node.front_end.admit,
         PEER,
@@ -105,7 +91,7 @@ async def fetch(
         session_epoch=-1,
         topics=(
             FetchTopic(
-                topic=TOPIC,
+                topic=name,
                 partitions=tuple(
                     FetchPartition(
                         partition=i32(index),
@@ -122,13 +108,27 @@ async def fetch(
         forgotten_topics_data=(),
         rack_id="",
     )
-    counts = []
+    records = []
     for partition in response.responses[0].partitions:
         assert int(partition.error_code) == 0
-        size = len(partition.records or b"")
-        assert size % BATCH == 0
-        counts.append(size // BATCH)
-    return counts
+        records.append(bytes(partition.records or b""))
+    return records
+
+
+async def fetch(
+    node: Node,
+    max_bytes: int,
+    partition_max_bytes: int,
+    offsets: tuple[int, ...] = (0, 0, 0),
+    min_bytes: int = 1,
+    max_wait_ms: int = 0,
+) -> list[int]:
+    """How many batches each partition's answer holds."""
+    records = await fetch_records(
+        node, TOPIC, max_bytes, partition_max_bytes, offsets, min_bytes, max_wait_ms
+    )
+    assert all(len(data) % BATCH == 0 for data in records)
+    return [len(data) // BATCH for data in records]
 
 
 async def test_max_bytes_spans_the_partitions(node: Node) -> None:

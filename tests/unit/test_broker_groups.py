@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kio.schema.create_topics.v5.request import CreatableTopic
 from kio.schema.join_group.v5.request import JoinGroupRequestProtocol
 from kio.schema.offset_commit.v8.request import (
     OffsetCommitRequestPartition,
@@ -18,13 +17,13 @@ from kio.schema.offset_commit.v8.request import (
 )
 from kio.schema.sync_group.v3.request import SyncGroupRequestAssignment
 from kio.schema.types import TopicName
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i32, i64
 
 from automq_ref.config import ConfigError, load_config
 from automq_ref.io.clock import SystemClock
 from automq_ref.kafka.server import Peer
 from automq_ref.node import Seams, start_node
-from tests.unit.test_broker_node import call, node_config
+from tests.unit.test_broker_node import call, create_topic, node_config
 
 PEER = Peer(1, "127.0.0.1:1")
 SESSION_MS = 6000
@@ -75,24 +74,7 @@ async def test_a_request_after_a_session_deadline_sees_the_member_gone(tmp_path:
         )
         assert int(synced.error_code) == 0
         # A consumer commits before it closes: the offsets keep the group once it is Empty.
-        created = await call(
-            admit,
-            PEER,
-            19,  # CreateTopics
-            5,
-            topics=(
-                CreatableTopic(
-                    name=TopicName("read"),
-                    num_partitions=i32(1),
-                    replication_factor=i16(1),
-                    assignments=(),
-                    configs=(),
-                ),
-            ),
-            timeout=datetime.timedelta(seconds=10),
-            validate_only=False,
-        )
-        assert int(created.topics[0].error_code) == 0
+        await create_topic(admit, PEER, "read", 1)
         committed = await call(
             admit,
             PEER,

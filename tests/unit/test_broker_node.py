@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
+from kio.schema.create_topics.v5.request import CreatableTopic
 from kio.schema.join_group.v3.request import JoinGroupRequestProtocol
+from kio.schema.types import TopicName
 from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
 
 from automq_ref.config import BrokerConfig, load_config
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -64,6 +67,28 @@ async def call(admit: Any, peer: Peer, api_key: int, version: int, **body: Any) 
     assert header.correlation_id == 1
     response, _ = entity_reader(cls)(data, offset)
     return response
+
+
+async def create_topic(admit: Any, peer: Peer, name: str, partitions: int) -> None:
+    """CreateTopics (v5) of one topic, which must succeed."""
+    created = await call(
+        admit,
+        peer,
+        19,  # CreateTopics
+        5,
+        topics=(
+            CreatableTopic(
+                name=TopicName(name),
+                num_partitions=i32(partitions),
+                replication_factor=i16(1),
+                assignments=(),
+                configs=(),
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
+    assert int(created.topics[0].error_code) == 0
 
 
 async def test_join_group_records_the_connections_host(tmp_path: Path) -> None:
