@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
+from automq_ref.io.heap import HeapFreezer, HeapSettings
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks, SessionError
 from automq_ref.io.metadata.client import (
@@ -77,6 +78,7 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
@@ -626,12 +628,17 @@ class _Opened:
 
     wal: WriteAheadLog
     storage: S3Storage | None = None
+    cold_reads: ColdReads | None = None  # the storage's once it runs (it closes them)
 
     async def abandon(self) -> None:
         if self.storage is not None:
             await self.storage.abandon()
-        else:
+            return
+        try:
             await self.wal.close()
+        finally:
+            if self.cold_reads is not None:
+                await self.cold_reads.close()
 
 
 async def _start_on_wal(
@@ -659,6 +666,10 @@ async def _start_on_wal(
     )
     # The zone router: link records in the WAL are resolved through the channels' buckets.
     zone_router = ZoneRouterParts(config) if config.zone_router_enabled else None
+    if config.cold_read_loop_enable:
+        opened.cold_reads = await ColdReads.start(
+            lambda: open_object_store(config.object_store_uri), f"cold-reads-{config.node_id}"
+        )
     storage = await S3Storage.start(
         link_resolver=None if zone_router is None else zone_router.link_resolver,
         wal=wal,
@@ -671,6 +682,7 @@ async def _start_on_wal(
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
+        cold_reads=opened.cold_reads,
     )
     opened.storage = storage
     recovered = storage.recovered
@@ -840,18 +852,18 @@ async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
         now_s = clock.monotonic_s()
         cache_peak = max(cache_peak, storage.block_cache_stats().peak_bytes)
         if now_s - reads_s >= READ_LOG_INTERVAL_S:
-            reads = storage.reads
-            if reads.gets:
+            gets, get_bytes = storage.reads.take()
+            if gets:
                 log.info(
                     "read objects %s",
                     fields(
                         seconds=round(now_s - reads_s),
-                        gets=reads.gets,
-                        bytes=reads.get_bytes,
+                        gets=gets,
+                        bytes=get_bytes,
                         cache_peak_bytes=cache_peak,
                     ),
                 )
-            reads.gets = reads.get_bytes = cache_peak = 0
+            cache_peak = 0
             reads_s = now_s
         if now_s - uploads_s >= UPLOAD_LOG_INTERVAL_S:
             _log_uploads(storage.take_upload_totals(), seconds=round(now_s - uploads_s))
@@ -895,6 +907,7 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     first = True
+    heap: asyncio.Task[None] | None = None
     while True:
         started = await _start_when_answered(config, seams, stop, first=first)
         if started is None:
@@ -910,6 +923,7 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
                 flush=True,
             )
             first = False
+            heap = _start_heap_freezer(config)
             if config.port == 0:
                 # A broker fenced later starts again on the port it serves now, not on another
                 # free one: its clients' bootstrap addresses stay good.
@@ -933,8 +947,22 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         await node.abandon()
     log.info("shutting down: uploading the WAL's data, then closing")
     await node.shutdown()
+    if heap is not None:
+        heap.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heap
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+def _start_heap_freezer(config: BrokerConfig) -> asyncio.Task[None] | None:
+    """The process's heap freezer (io/heap.py), started once the first node serves: its
+    partitions, image and caches are the long-lived state the freezes leave out of full
+    collections. None when ``heap.freeze.interval.ms`` is 0."""
+    if config.heap_freeze_interval_ms == 0:
+        return None
+    settings = HeapSettings(config.heap_freeze_interval_ms, config.heap_thaw_interval_ms)
+    return asyncio.create_task(HeapFreezer(settings).run_forever())
 
 
 async def _start_when_answered(

@@ -7,7 +7,9 @@ LogCache machine (in WAL completion order) and the stream's confirm offset moves
 the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
 contiguous run when it holds the start, else read objects (found through the metadata view's
 image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
-cache takes over.
+cache takes over. Given :class:`~automq_ref.io.storage.cold_reads.ColdReads` (the node gives
+them), the readers, their caches and their store live on the cold-read loop, and a read from
+objects is handed there and awaited; the storage closes them with the readers.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -65,7 +67,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
@@ -81,6 +83,7 @@ from automq_ref.io.metadata.client import (
 )
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
+from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import (
@@ -100,6 +103,8 @@ from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 OBJECT_TTL_MS = 60 * 60 * 1000
 WAL_FULL_RETRIES = 3
@@ -248,6 +253,7 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
+        cold_reads: ColdReads | None = None,
     ) -> None:
         self._wal = wal
         self._store = store
@@ -276,7 +282,10 @@ class S3Storage:
         )
         self._streams: dict[int, _OpenStream] = {}
         # Reads from objects are counted (GETs, bytes): the node logs them beside the cache's size.
-        self.reads = CountingReads(store)
+        # With cold reads, the read path below lives on their loop and reads their own store
+        # (cold_reads.py); this storage owns them from here on and closes them.
+        self._cold_reads = cold_reads
+        self.reads = CountingReads(store if cold_reads is None else cold_reads.store)
         self._indexes = ObjectIndexCache(self.reads, namespace)
         self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
         self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
@@ -323,6 +332,7 @@ class S3Storage:
         runs_lifecycle: Callable[[], bool] = lambda: True,
         close_recovered: bool = True,
         link_resolver: LinkResolver | None = None,
+        cold_reads: ColdReads | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
@@ -343,6 +353,7 @@ class S3Storage:
             clock=clock,
             block_cache_bytes=block_cache_bytes,
             runs_lifecycle=runs_lifecycle,
+            cold_reads=cold_reads,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -666,7 +677,7 @@ class S3Storage:
                 async def read(
                     _: object, at: int = cursor, to: int = object_end, most: int = budget
                 ) -> list[StreamRecordBatch]:
-                    return await self._readers.read(stream_id, at, to, most)
+                    return await self._on_read_loop(self._readers.read(stream_id, at, to, most))
 
                 try:  # read again from a fresh image if an object was compacted away meanwhile
                     batches = await retry_compacted_away(self._view, read)
@@ -682,8 +693,31 @@ class S3Storage:
         return found
 
     def block_cache_stats(self) -> BlockCacheStats:
-        """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
+        """The read path's block cache: bytes held, readers open, GETs and bytes fetched. With
+        cold reads these are counters another thread moves: a snapshot, not a transaction."""
         return self._readers.stats()
+
+    async def _on_read_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """``coroutine`` of the read path, run where the read path lives."""
+        if self._cold_reads is None:
+            return await coroutine
+        return await self._cold_reads.run(coroutine)
+
+    async def _close_reads(self) -> None:
+        """Close the stream readers, the caches and the cold reads under them, if any."""
+
+        async def close() -> None:
+            await self._readers.close()
+            await self._indexes.close()
+            await self._blocks.close()
+
+        if self._cold_reads is None:
+            await close()
+            return
+        try:
+            await self._cold_reads.run(close())
+        finally:
+            await self._cold_reads.close()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -771,9 +805,7 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
-        await self._readers.close()
-        await self._indexes.close()
-        await self._blocks.close()
+        await self._close_reads()
         await self._wal.close()
 
     async def _cancel_tasks(self) -> None:
@@ -782,9 +814,7 @@ class S3Storage:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
-        await self._readers.close()
-        await self._indexes.close()
-        await self._blocks.close()
+        await self._close_reads()
 
     async def abandon(self) -> None:
         """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
