@@ -17,8 +17,10 @@ callbacks, and the interpreter switches threads every few milliseconds
 (:func:`sys.getswitchinterval`), so a produce waits for one slice, not for a catch-up's whole
 batch of work.
 
-Thread rules: everything built over :attr:`ColdReads.store` is used only on the cold loop,
-through :meth:`ColdReads.run`; the metadata image it reads from the other thread is immutable
+:class:`ObjectReads` is that read path (the counted store, the index and block caches, the
+stream readers), on the cold loop when given one, else on the caller's. Thread rules:
+everything built over :attr:`ColdReads.store` is used only on the cold loop, through
+:meth:`ColdReads.run`; the metadata image it reads from the other thread is immutable
 (each replay builds a new one), so reading the view's current image there is safe.
 """
 
@@ -30,7 +32,11 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from automq_ref.io.storage.object_store import ObjectStore
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.io.storage.block_cache import StreamReaders
+from automq_ref.io.storage.object_store import CountingReads, ObjectStore
+from automq_ref.io.storage.stream_objects import DataBlockCache, ObjectIndexCache
+from automq_ref.state_machines import stream_metadata as sm
 
 T = TypeVar("T")
 
@@ -135,3 +141,49 @@ async def _cancel_others() -> None:
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
+
+
+class ObjectReads:
+    """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`),
+    the object index cache, the data block cache of ``block_cache_bytes`` and the stream
+    readers over ``image``. Given ``cold``, they are built over its store and used on its loop
+    only; :meth:`close` closes them and then ``cold`` (which this read path owns)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        namespace: str,
+        block_cache_bytes: int,
+        image: Callable[[], sm.StreamMetadataImage],
+        cold: ColdReads | None = None,
+    ) -> None:
+        self._cold = cold
+        self.counted = CountingReads(store if cold is None else cold.store)
+        self.indexes = ObjectIndexCache(self.counted, namespace)
+        self.blocks = DataBlockCache(self.counted, namespace, block_cache_bytes)
+        self.readers = StreamReaders(image, self.indexes, self.blocks)
+
+    async def read(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]:
+        """:meth:`StreamReaders.read`, where the readers live."""
+        reading = self.readers.read(stream_id, start_offset, end_offset, max_bytes)
+        if self._cold is None:
+            return await reading
+        return await self._cold.run(reading)
+
+    async def close(self) -> None:
+        """Close the readers and both caches, then the cold reads, if any."""
+
+        async def close_caches() -> None:
+            await self.readers.close()
+            await self.indexes.close()
+            await self.blocks.close()
+
+        if self._cold is None:
+            await close_caches()
+            return
+        try:
+            await self._cold.run(close_caches())
+        finally:
+            await self._cold.close()

@@ -67,7 +67,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
@@ -82,19 +82,16 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
-from automq_ref.io.storage.cold_reads import ColdReads
+from automq_ref.io.storage.block_cache import BlockCacheStats
+from automq_ref.io.storage.cold_reads import ColdReads, ObjectReads
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import (
-    CountingReads,
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
 )
 from automq_ref.io.storage.stream_objects import (
-    DataBlockCache,
-    ObjectIndexCache,
     StreamReadError,
     upload_layout,
 )
@@ -103,8 +100,6 @@ from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 OBJECT_TTL_MS = 60 * 60 * 1000
 WAL_FULL_RETRIES = 3
@@ -281,14 +276,12 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        # Reads from objects are counted (GETs, bytes): the node logs them beside the cache's size.
-        # With cold reads, the read path below lives on their loop and reads their own store
-        # (cold_reads.py); this storage owns them from here on and closes them.
-        self._cold_reads = cold_reads
-        self.reads = CountingReads(store if cold_reads is None else cold_reads.store)
-        self._indexes = ObjectIndexCache(self.reads, namespace)
-        self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
-        self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
+        # Reads from objects, counted (the node logs them beside the cache's size); on the cold
+        # reads' loop and store when given, which this storage then owns and closes.
+        self._object_reads = ObjectReads(
+            store, namespace, block_cache_bytes, lambda: self._view.image, cold_reads
+        )
+        self.reads = self._object_reads.counted
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -677,7 +670,7 @@ class S3Storage:
                 async def read(
                     _: object, at: int = cursor, to: int = object_end, most: int = budget
                 ) -> list[StreamRecordBatch]:
-                    return await self._on_read_loop(self._readers.read(stream_id, at, to, most))
+                    return await self._object_reads.read(stream_id, at, to, most)
 
                 try:  # read again from a fresh image if an object was compacted away meanwhile
                     batches = await retry_compacted_away(self._view, read)
@@ -695,29 +688,7 @@ class S3Storage:
     def block_cache_stats(self) -> BlockCacheStats:
         """The read path's block cache: bytes held, readers open, GETs and bytes fetched. With
         cold reads these are counters another thread moves: a snapshot, not a transaction."""
-        return self._readers.stats()
-
-    async def _on_read_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """``coroutine`` of the read path, run where the read path lives."""
-        if self._cold_reads is None:
-            return await coroutine
-        return await self._cold_reads.run(coroutine)
-
-    async def _close_reads(self) -> None:
-        """Close the stream readers, the caches and the cold reads under them, if any."""
-
-        async def close() -> None:
-            await self._readers.close()
-            await self._indexes.close()
-            await self._blocks.close()
-
-        if self._cold_reads is None:
-            await close()
-            return
-        try:
-            await self._cold_reads.run(close())
-        finally:
-            await self._cold_reads.close()
+        return self._object_reads.readers.stats()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -805,7 +776,7 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
-        await self._close_reads()
+        await self._object_reads.close()
         await self._wal.close()
 
     async def _cancel_tasks(self) -> None:
@@ -814,7 +785,7 @@ class S3Storage:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
-        await self._close_reads()
+        await self._object_reads.close()
 
     async def abandon(self) -> None:
         """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
