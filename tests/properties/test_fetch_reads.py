@@ -82,12 +82,10 @@ def one_after_another(
     for partition, fetch_partition in zip(partitions, limits, strict=True):
         limit = min(fetch_partition.partition_max_bytes, budget - total)
         size = 0
-        taken = 0
-        for batch_size in partition.sizes:
+        for taken, batch_size in enumerate(partition.sizes):
             if size + batch_size > limit and (taken or total > 0):
                 break
             size += batch_size
-            taken += 1
         answered.append(size)
         total += size
     return answered
