@@ -11,7 +11,9 @@ close) is waited for first, up to ``partition.open.wait.ms`` and within ``max_wa
 The byte limits follow KIP-74: partitions are read in the request's order, each given whole
 batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
 that has data gets its first batch even when that is larger than both, so a response is larger
-than ``max_bytes`` only when it is that one batch, and a consumer always progresses.
+than ``max_bytes`` only when it is that one batch, and a consumer always progresses. Once a
+partition has answered data, the others are read several at once (:func:`_read_partitions`),
+within the same limits.
 """
 
 from __future__ import annotations
