@@ -433,6 +433,15 @@ class BrokerConfig(BaseModel):
     # then answered NOT_LEADER_OR_FOLLOWER as before; 0 answers at once. A client's retry
     # backoff after that answer (librdkafka's grows to 1 s) otherwise outlasts the open.
     partition_open_wait_ms: int = Field(1000, alias="partition.open.wait.ms", ge=0)
+    # The serving process's heap (automq_ref/io/heap.py): what is alive is frozen out of the
+    # cyclic collector's full collections every heap.freeze.interval.ms (0: CPython's default
+    # collections), and thawed for one full collection every heap.thaw.interval.ms (0: never).
+    heap_freeze_interval_ms: int = Field(5_000, alias="heap.freeze.interval.ms", ge=0)
+    heap_thaw_interval_ms: int = Field(600_000, alias="heap.thaw.interval.ms", ge=0)
+    # Reads from objects (the stream readers, block cache and a store of their own) run on an
+    # event loop of their own in a second thread (automq_ref/io/storage/cold_reads.py), so a
+    # catch-up's object reads do not queue the broker loop's produces; false keeps them there.
+    cold_read_loop_enable: bool = Field(True, alias="cold.read.loop.enable")
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.

@@ -38,14 +38,9 @@ start, etcd not answering) is tried again after a pause that doubles up to
 (:func:`_start_when_answered`); a start that fails half way stops what it had opened.
 
 What the node logs at INFO, as ``key=value`` fields: what start-up recovery replayed from the WAL
-(``WAL recovered``), the node once it is open (``node started``), and what was uploaded to the
-object store, summed over :data:`UPLOAD_LOG_INTERVAL_S` (``uploaded``; nothing when nothing was)
-and at shutdown. A summary rather than a line per upload: under load a block is uploaded every
-upload threshold of data (every second or two at 100 MB/s), idle every upload interval (a minute
-by default), so a line per minute says as much without drowning the rest. Reads from objects
-(consumers catching up) are summed every :data:`READ_LOG_INTERVAL_S` in which there were any
-(``read objects``: GETs, the bytes they fetched, the block cache's peak size), so that what a
-catch-up costs the store and the cache can be read off the log.
+(``WAL recovered``), the node once it is open (``node started``); what its storage uploaded and
+read from objects is summed by :mod:`automq_ref.io.storage.storage_log` (``uploaded``, ``read
+objects``).
 """
 
 from __future__ import annotations
@@ -62,6 +57,7 @@ from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock, SystemClock
+from automq_ref.io.heap import HeapFreezer, HeapSettings
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.broker_session import BrokerSession, ControllerTicks, SessionError
 from automq_ref.io.metadata.client import (
@@ -77,11 +73,13 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import ObjectStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
-from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
 from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.io.storage.wal_block import BlockWal
 from automq_ref.io.storage.wal_object import ObjectWal
@@ -105,10 +103,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How often what was uploaded, and what was read from objects, are summed up in the log (see
-# the module docstring).
-UPLOAD_LOG_INTERVAL_S = 60.0
-READ_LOG_INTERVAL_S = 5.0
 # serve's pauses between starts while no controller answers: doubling from the first, bounded.
 START_RETRY_BASE_S = 0.5
 START_RETRY_MAX_S = 10.0
@@ -395,7 +389,7 @@ class Node:
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
-        self._upload_log_task = asyncio.create_task(_log_uploads_forever(storage, clock))
+        self._upload_log_task = asyncio.create_task(log_storage_forever(storage, clock))
         node, props = (storage.node_id, storage.node_epoch), config.model_dump(by_alias=True)
         compaction = compact_forever(store, NAMESPACE, self.client, self.view, node, clock, props)
         self._compaction_task = asyncio.create_task(compaction)  # io/storage/compaction.py
@@ -466,7 +460,7 @@ class Node:
             # wait for that same upload.
             await asyncio.gather(*(partition.close() for partition in partitions))
             await self.storage.shutdown()
-            _log_uploads(self.storage.take_upload_totals(), during="shutdown")
+            log_uploads(self.storage.take_upload_totals(), during="shutdown")
         finally:
             # The controlled shutdown already stopped the heartbeats.
             await self._close_last(stop_heartbeats=False)
@@ -626,12 +620,17 @@ class _Opened:
 
     wal: WriteAheadLog
     storage: S3Storage | None = None
+    cold_reads: ColdReads | None = None  # the storage's once it runs (it closes them)
 
     async def abandon(self) -> None:
         if self.storage is not None:
             await self.storage.abandon()
-        else:
+            return
+        try:
             await self.wal.close()
+        finally:
+            if self.cold_reads is not None:
+                await self.cold_reads.close()
 
 
 async def _start_on_wal(
@@ -659,6 +658,10 @@ async def _start_on_wal(
     )
     # The zone router: link records in the WAL are resolved through the channels' buckets.
     zone_router = ZoneRouterParts(config) if config.zone_router_enabled else None
+    if config.cold_read_loop_enable:
+        opened.cold_reads = await ColdReads.start(
+            lambda: open_object_store(config.object_store_uri), f"cold-reads-{config.node_id}"
+        )
     storage = await S3Storage.start(
         link_resolver=None if zone_router is None else zone_router.link_resolver,
         wal=wal,
@@ -671,6 +674,7 @@ async def _start_on_wal(
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
+        cold_reads=opened.cold_reads,
     )
     opened.storage = storage
     recovered = storage.recovered
@@ -830,51 +834,6 @@ async def _start_on_wal(
     )
 
 
-async def _log_uploads_forever(storage: S3Storage, clock: Clock) -> None:
-    """The ``uploaded`` line every :data:`UPLOAD_LOG_INTERVAL_S`; the ``read objects`` line every
-    :data:`READ_LOG_INTERVAL_S` with reads: GETs, bytes, the block cache's peak (sampled 1/s)."""
-    uploads_s = reads_s = clock.monotonic_s()
-    cache_peak = 0
-    while True:
-        await asyncio.sleep(min(1.0, UPLOAD_LOG_INTERVAL_S, READ_LOG_INTERVAL_S))
-        now_s = clock.monotonic_s()
-        cache_peak = max(cache_peak, storage.block_cache_stats().peak_bytes)
-        if now_s - reads_s >= READ_LOG_INTERVAL_S:
-            reads = storage.reads
-            if reads.gets:
-                log.info(
-                    "read objects %s",
-                    fields(
-                        seconds=round(now_s - reads_s),
-                        gets=reads.gets,
-                        bytes=reads.get_bytes,
-                        cache_peak_bytes=cache_peak,
-                    ),
-                )
-            reads.gets = reads.get_bytes = cache_peak = 0
-            reads_s = now_s
-        if now_s - uploads_s >= UPLOAD_LOG_INTERVAL_S:
-            _log_uploads(storage.take_upload_totals(), seconds=round(now_s - uploads_s))
-            uploads_s = now_s
-
-
-def _log_uploads(totals: UploadTotals, **when: object) -> None:
-    """One line for ``totals``, if anything was uploaded; ``when`` says over what."""
-    if totals.blocks == 0:
-        return
-    log.info(
-        "uploaded %s",
-        fields(
-            **when,
-            blocks=totals.blocks,
-            objects=totals.objects,
-            bytes=totals.bytes,
-            streams=len(totals.streams),
-            slowest_seconds=totals.slowest_s,
-        ),
-    )
-
-
 def run(config: BrokerConfig, seams: Seams) -> int:
     """Serve in the foreground until SIGINT or SIGTERM (on uvloop when it is there)."""
     try:
@@ -895,6 +854,7 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(signum, stop.set)
     first = True
+    heap: asyncio.Task[None] | None = None
     while True:
         started = await _start_when_answered(config, seams, stop, first=first)
         if started is None:
@@ -910,6 +870,7 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
                 flush=True,
             )
             first = False
+            heap = _start_heap_freezer(config)
             if config.port == 0:
                 # A broker fenced later starts again on the port it serves now, not on another
                 # free one: its clients' bootstrap addresses stay good.
@@ -933,8 +894,22 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         await node.abandon()
     log.info("shutting down: uploading the WAL's data, then closing")
     await node.shutdown()
+    if heap is not None:
+        heap.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heap
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+def _start_heap_freezer(config: BrokerConfig) -> asyncio.Task[None] | None:
+    """The process's heap freezer (io/heap.py), started once the first node serves: its
+    partitions, image and caches are the long-lived state the freezes leave out of full
+    collections. None when ``heap.freeze.interval.ms`` is 0."""
+    if config.heap_freeze_interval_ms == 0:
+        return None
+    settings = HeapSettings(config.heap_freeze_interval_ms, config.heap_thaw_interval_ms)
+    return asyncio.create_task(HeapFreezer(settings).run_forever())
 
 
 async def _start_when_answered(

@@ -19,6 +19,7 @@ from automq_ref.io.metadata.client import ControllerClient, connect_in_process, 
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
+from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.object_store import ObjectStore
 from automq_ref.io.storage.s3stream import LinkResolver, S3Storage
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -60,6 +61,7 @@ async def start_storage(
     block_cache_bytes: int | None = None,
     runs_lifecycle: Callable[[], bool] | None = None,
     link_resolver: LinkResolver | None = None,
+    cold_reads: ColdReads | None = None,
 ) -> RunningStorage:
     """Open ``<directory>/meta`` and its controller, register node ``NODE_ID`` proposing
     ``node_epoch`` (the tests' epochs grow, so that is the epoch granted), then start it over
@@ -74,6 +76,7 @@ async def start_storage(
             ("block_cache_bytes", block_cache_bytes),
             ("runs_lifecycle", runs_lifecycle),
             ("link_resolver", link_resolver),
+            ("cold_reads", cold_reads),
         )
         if value is not None
     }

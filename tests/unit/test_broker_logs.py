@@ -22,10 +22,10 @@ from typing import cast
 import pytest
 from kio.schema.join_group.v3.request import JoinGroupRequestProtocol
 
-from automq_ref import node as node_module
 from automq_ref.config import load_config
 from automq_ref.io.clock import SystemClock
 from automq_ref.io.logfmt import fields
+from automq_ref.io.storage import storage_log
 from automq_ref.io.storage.block_cache import BlockCacheStats
 from automq_ref.io.storage.object_store import CountingReads, LocalDirectoryObjectStore
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
@@ -195,7 +195,7 @@ async def test_connections_are_logged_in_bursts(
 async def test_node_logs_topics_groups_and_uploads(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "UPLOAD_LOG_INTERVAL_S", 0.2)
+    monkeypatch.setattr(storage_log, "UPLOAD_LOG_INTERVAL_S", 0.2)
     caplog.set_level(logging.INFO)
     config = load_config(
         overrides=[
@@ -269,12 +269,12 @@ class _ReadingStorage:
 async def test_reads_from_objects_are_summed_with_the_cache_peak(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "READ_LOG_INTERVAL_S", 0.2)
+    monkeypatch.setattr(storage_log, "READ_LOG_INTERVAL_S", 0.2)
     caplog.set_level(logging.INFO)
     storage = _ReadingStorage(tmp_path)
     await storage.reads.put("object", b"x" * 100)
     task = asyncio.create_task(
-        node_module._log_uploads_forever(cast(S3Storage, storage), SystemClock())
+        storage_log.log_storage_forever(cast(S3Storage, storage), SystemClock())
     )
     try:
         storage.block_cache_bytes = 4096

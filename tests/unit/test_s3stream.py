@@ -363,7 +363,7 @@ async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path
         found = await storage.read(stream_id, len(got), len(written), 500)
         got.extend(bytes(batch.payload) for batch in found)
     assert got == written
-    assert storage._blocks.readahead_gets > 0
+    assert storage.block_cache_stats().readahead_gets > 0
     await storage.shutdown()
     await metadata_log.close()
     await store.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -105,12 +106,26 @@ def open_object_store(uri: str, **options: Any) -> ObjectStore:
 
 class CountingReads(ObjectStore):
     """``store`` as it is, counting ``get`` and ``get_range`` calls (``gets``) and the bytes
-    they returned (``get_bytes``); the caller takes and resets the counts."""
+    they returned (``get_bytes``); :meth:`take` returns and resets both at once, also from
+    another thread than the one reading (the cold reads' loop, ``cold_reads.py``)."""
 
     def __init__(self, store: ObjectStore) -> None:
         self.store = store
         self.gets = 0
         self.get_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, int]:
+        """The GETs and bytes counted since the last take."""
+        with self._lock:
+            taken = (self.gets, self.get_bytes)
+            self.gets = self.get_bytes = 0
+        return taken
+
+    def _count(self, data: bytes) -> None:
+        with self._lock:
+            self.gets += 1
+            self.get_bytes += len(data)
 
     async def put(self, key: str, data: Payload) -> ObjectInfo:
         return await self.store.put(key, data)
@@ -120,14 +135,12 @@ class CountingReads(ObjectStore):
 
     async def get(self, key: str) -> bytes:
         data = await self.store.get(key)
-        self.gets += 1
-        self.get_bytes += len(data)
+        self._count(data)
         return data
 
     async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
         data = await self.store.get_range(key, start, end_exclusive)
-        self.gets += 1
-        self.get_bytes += len(data)
+        self._count(data)
         return data
 
     async def head(self, key: str) -> ObjectInfo:

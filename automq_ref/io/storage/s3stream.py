@@ -7,7 +7,9 @@ LogCache machine (in WAL completion order) and the stream's confirm offset moves
 the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
 contiguous run when it holds the start, else read objects (found through the metadata view's
 image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
-cache takes over.
+cache takes over. Given :class:`~automq_ref.io.storage.cold_reads.ColdReads` (the node gives
+them), the readers, their caches and their store live on the cold-read loop, and a read from
+objects is handed there and awaited; the storage closes them with the readers.
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -80,18 +82,16 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
+from automq_ref.io.storage.block_cache import BlockCacheStats
+from automq_ref.io.storage.cold_reads import ColdReads, ObjectReads
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import (
-    CountingReads,
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
 )
 from automq_ref.io.storage.stream_objects import (
-    DataBlockCache,
-    ObjectIndexCache,
     StreamReadError,
     upload_layout,
 )
@@ -248,6 +248,7 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
+        cold_reads: ColdReads | None = None,
     ) -> None:
         self._wal = wal
         self._store = store
@@ -275,11 +276,12 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        # Reads from objects are counted (GETs, bytes): the node logs them beside the cache's size.
-        self.reads = CountingReads(store)
-        self._indexes = ObjectIndexCache(self.reads, namespace)
-        self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
-        self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
+        # Reads from objects, counted (the node logs them beside the cache's size); on the cold
+        # reads' loop and store when given, which this storage then owns and closes.
+        self._object_reads = ObjectReads(
+            store, namespace, block_cache_bytes, lambda: self._view.image, cold_reads
+        )
+        self.reads = self._object_reads.counted
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -323,6 +325,7 @@ class S3Storage:
         runs_lifecycle: Callable[[], bool] = lambda: True,
         close_recovered: bool = True,
         link_resolver: LinkResolver | None = None,
+        cold_reads: ColdReads | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
@@ -343,6 +346,7 @@ class S3Storage:
             clock=clock,
             block_cache_bytes=block_cache_bytes,
             runs_lifecycle=runs_lifecycle,
+            cold_reads=cold_reads,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -666,7 +670,7 @@ class S3Storage:
                 async def read(
                     _: object, at: int = cursor, to: int = object_end, most: int = budget
                 ) -> list[StreamRecordBatch]:
-                    return await self._readers.read(stream_id, at, to, most)
+                    return await self._object_reads.read(stream_id, at, to, most)
 
                 try:  # read again from a fresh image if an object was compacted away meanwhile
                     batches = await retry_compacted_away(self._view, read)
@@ -682,8 +686,9 @@ class S3Storage:
         return found
 
     def block_cache_stats(self) -> BlockCacheStats:
-        """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
-        return self._readers.stats()
+        """The read path's block cache: bytes held, readers open, GETs and bytes fetched. With
+        cold reads these are counters another thread moves: a snapshot, not a transaction."""
+        return self._object_reads.readers.stats()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -771,9 +776,7 @@ class S3Storage:
             self._ticker.cancel()
         for task in list(self._tasks):
             await task
-        await self._readers.close()
-        await self._indexes.close()
-        await self._blocks.close()
+        await self._object_reads.close()
         await self._wal.close()
 
     async def _cancel_tasks(self) -> None:
@@ -782,9 +785,7 @@ class S3Storage:
         for task in list(self._tasks):
             with contextlib.suppress(BaseException):
                 await task
-        await self._readers.close()
-        await self._indexes.close()
-        await self._blocks.close()
+        await self._object_reads.close()
 
     async def abandon(self) -> None:
         """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing

@@ -11,7 +11,9 @@ close) is waited for first, up to ``partition.open.wait.ms`` and within ``max_wa
 The byte limits follow KIP-74: partitions are read in the request's order, each given whole
 batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
 that has data gets its first batch even when that is larger than both, so a response is larger
-than ``max_bytes`` only when it is that one batch, and a consumer always progresses.
+than ``max_bytes`` only when it is that one batch, and a consumer always progresses. Once a
+partition has answered data, the others are read several at once (:func:`_read_partitions`),
+within the same limits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.record_batch import RecordBatchView
 from automq_ref.io.storage.s3stream import StorageError
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
@@ -36,6 +39,8 @@ Wanted = list[tuple[Any, str | None, list[Any]]]
 # A partition led here, or a snapshot-read copy of one its main leads (the zone router's reads
 # in the client's zone): the same reads, offsets and waits.
 Readable = Partition | SnapshotPartition
+# The partition reads of one Fetch in flight at once.
+READS_IN_FLIGHT = 32
 
 
 async def handle_fetch(context: Context, request: Request) -> Reply:
@@ -93,15 +98,14 @@ async def _fetch_once(
     """The responses, their size, the partitions that had nothing to read, and whether to answer
     without waiting for more: an error, or a partition that had data the byte limits left out
     (the response is as full as it can be)."""
-    body = request.body
     partitions_by_key = context.topics.partitions
-    budget = int(body.max_bytes)
-    total = 0
-    waits: list[Readable] = []
     answer_now = False
-    responses = []
+    # (the topic's key, its partitions in the request's order: the partition to read, or the
+    # error to answer for it)
+    slots: list[tuple[Any, list[tuple[Any, Readable | KafkaErrorCode]]]] = []
+    reads: list[tuple[Readable, Any]] = []
     for key, name, fetch_partitions in wanted:
-        partitions: list[FetchPartitionData] = []
+        topic_slots: list[tuple[Any, Readable | KafkaErrorCode]] = []
         for fetch_partition in fetch_partitions:
             index = int(fetch_partition.partition)
             partition: Readable | None = (
@@ -118,30 +122,41 @@ async def _fetch_once(
                     else context.topics.not_here(name, index)
                 )
                 answer_now = True
-                partitions.append(FetchPartitionData(partition_index=index, error_code=code))
+                topic_slots.append((fetch_partition, code))
+            else:
+                topic_slots.append((fetch_partition, partition))
+                reads.append((partition, fetch_partition))
+        slots.append((key, topic_slots))
+    results = iter(await _read_partitions(reads, int(request.body.max_bytes)))
+    total = 0
+    waits: list[Readable] = []
+    responses = []
+    for key, topic_slots in slots:
+        partitions: list[FetchPartitionData] = []
+        for fetch_partition, slot in topic_slots:
+            index = int(fetch_partition.partition)
+            if isinstance(slot, KafkaErrorCode):
+                partitions.append(FetchPartitionData(partition_index=index, error_code=slot))
                 continue
-            code, chunks = await _read_partition(
-                partition, fetch_partition, budget, first=(total == 0)
-            )
+            code, chunks = next(results)
             if code is not KafkaErrorCode.NONE:
                 answer_now = True
             size = sum(len(chunk) for chunk in chunks)
-            partition.bytes_out += size
+            slot.bytes_out += size
             total += size
-            budget -= size
             if not chunks and code is KafkaErrorCode.NONE:
-                if int(fetch_partition.fetch_offset) < partition.high_watermark:
+                if int(fetch_partition.fetch_offset) < slot.high_watermark:
                     answer_now = True  # it has data the byte limits left out
                 else:
-                    waits.append(partition)
-            high_watermark = partition.high_watermark
+                    waits.append(slot)
+            high_watermark = slot.high_watermark
             partitions.append(
                 FetchPartitionData(
                     partition_index=index,
                     error_code=code,
                     high_watermark=high_watermark,
                     last_stable_offset=high_watermark,
-                    log_start_offset=partition.log_start_offset,
+                    log_start_offset=slot.log_start_offset,
                     records=chunks,
                 )
             )
@@ -152,9 +167,94 @@ async def _fetch_once(
     return responses, total, waits, answer_now
 
 
+Read = tuple[KafkaErrorCode, list[bytes | memoryview]]
+
+
+async def _read_partitions(reads: list[tuple[Readable, Any]], budget: int) -> list[Read]:
+    """Each partition's answer, in order, read up to :data:`READS_IN_FLIGHT` at once once a
+    partition has answered data (a read from objects waits for the store; one after another, a
+    catch-up of many partitions would wait for each in turn).
+
+    The byte limits stay KIP-74's. Until a partition has data, partitions are read one after
+    another, each allowed its first batch past the limits (``min_one``), as a sequential read
+    would: a consumer always progresses, and only that one batch may pass them. After it, a read
+    starts with ``min(partition_max_bytes, budget - reserved)``, where ``reserved`` counts the
+    bytes read so far and the limits of the reads in flight, so the response never passes
+    ``budget`` but by that batch; a read that returns less than its limit gives the rest back
+    to the reads after it. Last, in order, a read that started with less than its partition's
+    limit reads on from where it stopped within what the others left (:func:`_top_up`), so a
+    Fetch answers what one read after another would have answered, give or take the batches
+    that fit the space the reads in flight had promised."""
+    results: list[Read | None] = [None] * len(reads)
+    limits = [0] * len(reads)
+    running: dict[asyncio.Task[Read], int] = {}
+    reserved = 0
+    started = 0
+    try:
+        while started < len(reads) and reserved == 0:
+            partition, fetch_partition = reads[started]
+            limit = min(int(fetch_partition.partition_max_bytes), budget)
+            results[started] = found = await _read_partition(
+                partition, fetch_partition, limit, True
+            )
+            limits[started] = int(fetch_partition.partition_max_bytes)  # nothing to top up
+            reserved = sum(len(chunk) for chunk in found[1])
+            started += 1
+        while started < len(reads) or running:
+            while started < len(reads) and len(running) < READS_IN_FLIGHT:
+                partition, fetch_partition = reads[started]
+                limit = min(int(fetch_partition.partition_max_bytes), budget - reserved)
+                limits[started] = limit = max(limit, 0)
+                reserved += limit
+                reading = _read_partition(partition, fetch_partition, limit, first=False)
+                running[asyncio.ensure_future(reading)] = started
+                started += 1
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                position = running.pop(task)
+                results[position] = found = task.result()
+                reserved -= limits[position] - sum(len(chunk) for chunk in found[1])
+    finally:
+        for task in running:
+            task.cancel()
+    answered = [result for result in results if result is not None]
+    assert len(answered) == len(reads), "every partition read is answered"
+    return await _top_up(reads, answered, limits, budget)
+
+
+async def _top_up(
+    reads: list[tuple[Readable, Any]], answered: list[Read], limits: list[int], budget: int
+) -> list[Read]:
+    """``answered``, each read whose limit was below its partition's (``limits``) extended from
+    where it stopped, in order, within its partition's limit and what is left of ``budget``."""
+    total = sum(len(chunk) for _, chunks in answered for chunk in chunks)
+    for position, (partition, fetch_partition) in enumerate(reads):
+        code, chunks = answered[position]
+        partition_max = int(fetch_partition.partition_max_bytes)
+        if total >= budget or code is not KafkaErrorCode.NONE or limits[position] >= partition_max:
+            continue
+        size = sum(len(chunk) for chunk in chunks)
+        more = min(partition_max - size, budget - total)
+        offset = (
+            RecordBatchView(chunks[-1], verify_crc=False).next_offset
+            if chunks
+            else int(fetch_partition.fetch_offset)
+        )
+        if more <= 0 or offset >= partition.high_watermark:
+            continue
+        try:
+            extra = await partition.read(offset, more, min_one=False)
+        except StorageError as error:  # what it read already stands
+            log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
+            continue
+        answered[position] = (code, [*chunks, *extra])
+        total += sum(len(chunk) for chunk in extra)
+    return answered
+
+
 async def _read_partition(
-    partition: Readable, fetch_partition: Any, budget: int, first: bool
-) -> tuple[KafkaErrorCode, list[bytes | memoryview]]:
+    partition: Readable, fetch_partition: Any, limit: int, first: bool
+) -> Read:
     leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
     if leader_epoch >= 0 and leader_epoch != partition.epoch:
         code = (
@@ -166,7 +266,6 @@ async def _read_partition(
     offset = int(fetch_partition.fetch_offset)
     if offset < partition.log_start_offset or offset > partition.log_end_offset:
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
-    limit = min(int(fetch_partition.partition_max_bytes), budget)
     try:
         return KafkaErrorCode.NONE, await partition.read(offset, limit, min_one=first)
     except StorageError as error:
