@@ -3,10 +3,11 @@
 :mod:`automq_ref.state_machines.network_limiter` decides who may send or receive how many
 bytes; this shell gives it a clock and callers to wait. ``await limiter.consume(size, priority)``
 returns once the machine granted the bytes: at once for ``BYPASS`` (the call never suspends),
-else when the queue reaches the request. A refill timer, a thread of its own, steps ``Refill``
-every period (10 ms) with the periods that really passed (a late tick catches up, it does not
-lose them), and sleeps while the bucket is full and nobody waits. ``close()`` fails every waiter
-with :class:`LimiterClosed` and stops the timer; a consume after it raises the same.
+else when the queue reaches the request. Refills are counted from the clock: every step first
+adds the periods (10 ms each) that passed since the last refill, and a refill timer runs on each
+event loop that has a request waiting (``call_later``, one period), so waiters are granted as
+the tokens come in; with nobody waiting no timer runs, and a late tick loses no refill.
+``close()`` fails every waiter with :class:`LimiterClosed`; a consume after it raises the same.
 
 One limiter is shared by traffic on more than one event loop (cold object reads may run on a
 loop of their own in another thread while Fetch responses stay on the main one), so the machine
@@ -25,7 +26,6 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 from automq_ref.state_machines import network_limiter as nl
 from automq_ref.state_machines.network_limiter import Priority
-
-log = logging.getLogger(__name__)
+from automq_ref.state_machines.transition import Transition
 
 REFILL_PERIOD_S = nl.REFILL_PERIOD_MS / 1000
 
@@ -64,11 +63,9 @@ class NetworkBandwidthLimiter:
         self._ids = itertools.count()
         self._waiters: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = {}
         self._priorities: dict[int, Priority] = {}  # of the requests not settled yet
-        self._last_refill_s = clock()
-        # Set while refills are needed (the bucket is below its maximum or someone waits).
-        self._refills_needed = threading.Event()
-        self._stopping = threading.Event()
-        self._timer: threading.Thread | None = None
+        self._started_s = clock()
+        self._refilled_periods = 0
+        self._ticking: set[asyncio.AbstractEventLoop] = set()  # loops with a tick pending
         # Per priority: the bytes granted, and the requests that had to wait for their grant.
         self.granted_bytes: collections.Counter[Priority] = collections.Counter()
         self.waited: collections.Counter[Priority] = collections.Counter()
@@ -82,35 +79,26 @@ class NetworkBandwidthLimiter:
     def waiting(self) -> int:
         return len(self._state.queue)
 
-    def start(self) -> None:
-        """Start the refill timer (once)."""
-        if self._timer is None:
-            self._timer = threading.Thread(
-                target=self._refill_forever, name=f"{self.name}-limiter-refill", daemon=True
-            )
-            self._timer.start()
-
     async def consume(self, size_bytes: int, priority: Priority) -> None:
         """Return once ``size_bytes`` are granted at ``priority``; BYPASS returns at once."""
         request_id = next(self._ids)
         future: asyncio.Future[None] | None = None
         with self._lock:
+            effects = list(self._refill_from_clock().effects)
             transition = self._step(nl.Consume(request_id, size_bytes, priority))
-            waits = self._state.waiting(request_id) is not None
-            if waits:
+            effects.extend(transition.effects)
+            if self._state.waiting(request_id) is not None:
                 loop = asyncio.get_running_loop()
                 future = loop.create_future()
                 self._waiters[request_id] = (loop, future)
                 self.waited[priority] += 1
-            if self._state.tokens < self.params.max_tokens and not self._refills_needed.is_set():
-                self._last_refill_s = self._clock()  # refills count from now, not from idle
-                self._refills_needed.set()
+                self._tick_later(loop)
+        self._wake(effects, request_id)
         refusal = transition.rejection
         if refusal is not None:
             if refusal.error is nl.LimiterError.LIMITER_CLOSED:
                 raise LimiterClosed(f"the {self.name} bandwidth limiter is closed")
             raise ValueError(f"{self.name} bandwidth limiter: {refusal.message}")
-        self._wake(transition.effects, request_id)
         if future is None:
             return
         try:
@@ -122,29 +110,45 @@ class NetworkBandwidthLimiter:
             self._wake(withdrawn.effects)
             raise
 
-    def refill(self, periods: int | None = None) -> None:
-        """Step ``Refill``: ``periods`` of them, or as many as passed since the last one."""
+    def refill(self, periods: int) -> None:
+        """Step ``Refill(periods)`` now, whatever the clock says (tests, with a clock that
+        stands still)."""
         with self._lock:
-            if periods is None:
-                now = self._clock()
-                periods = int((now - self._last_refill_s) / self._refill_period_s)
-                self._last_refill_s += periods * self._refill_period_s
             transition = self._step(nl.Refill(periods))
-            if self._state.tokens >= self.params.max_tokens and not self._state.queue:
-                self._refills_needed.clear()
         self._wake(transition.effects)
 
     def close(self) -> None:
-        """Fail every waiter with :class:`LimiterClosed`, refuse what comes later, stop the
-        timer. Closing twice does nothing more."""
+        """Fail every waiter with :class:`LimiterClosed` and refuse what comes later. Closing
+        twice does nothing more."""
         with self._lock:
             transition = self._step(nl.Close())
         self._wake(transition.effects)
-        self._stopping.set()
-        self._refills_needed.set()
-        timer, self._timer = self._timer, None
-        if timer is not None and timer is not threading.current_thread():
-            timer.join()
+
+    def _refill_from_clock(self) -> nl.LimiterTransition:
+        """Under the lock: the refills the clock says are due."""
+        # Counted from the first clock reading, so that rounding never loses a period.
+        elapsed = int((self._clock() - self._started_s) / self._refill_period_s + 1e-9)
+        periods, self._refilled_periods = elapsed - self._refilled_periods, elapsed
+        if periods <= 0:
+            return Transition(self._state)
+        return self._step(nl.Refill(periods))
+
+    def _tick_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Under the lock, on ``loop``'s thread: a tick on ``loop`` in a period (one at most)."""
+        if loop not in self._ticking:
+            self._ticking.add(loop)
+            loop.call_later(self._refill_period_s, self._tick, loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._ticking.discard(loop)
+            transition = self._refill_from_clock()
+            if not self._state.closed and any(
+                waiter_loop is loop and not future.done()
+                for waiter_loop, future in self._waiters.values()
+            ):
+                self._tick_later(loop)
+        self._wake(transition.effects)
 
     def _step(self, event: nl.LimiterEvent) -> nl.LimiterTransition:
         """One step, under the lock."""
@@ -182,16 +186,6 @@ class NetworkBandwidthLimiter:
             with contextlib.suppress(RuntimeError):  # its loop closed: nobody is left to wake
                 loop.call_soon_threadsafe(_settle, future, error)
 
-    def _refill_forever(self) -> None:
-        while not self._stopping.is_set():
-            self._refills_needed.wait()
-            if self._stopping.wait(self._refill_period_s):
-                return
-            try:
-                self.refill()
-            except Exception:  # a bug: the waiters would hang; say so, and go on refilling
-                log.exception("%s bandwidth limiter: refill failed", self.name)
-
 
 def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
     if future.done():
@@ -209,10 +203,6 @@ class NetworkLimiters:
 
     inbound: NetworkBandwidthLimiter
     outbound: NetworkBandwidthLimiter
-
-    def start(self) -> None:
-        self.inbound.start()
-        self.outbound.start()
 
     def close(self) -> None:
         self.inbound.close()

@@ -227,9 +227,7 @@ def _on_consume(state: LimiterState, event: Consume, params: LimiterParams) -> L
     waiting = Waiting(event.request_id, event.priority, state.next_arrival, event.size_bytes)
     queue = list(state.queue)
     bisect.insort(queue, waiting, key=lambda item: item.key)
-    return _serve(
-        replace(state, queue=tuple(queue), next_arrival=state.next_arrival + 1), params
-    )
+    return _serve(replace(state, queue=tuple(queue), next_arrival=state.next_arrival + 1), params)
 
 
 def _on_refill(state: LimiterState, event: Refill, params: LimiterParams) -> LimiterTransition:

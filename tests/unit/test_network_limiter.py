@@ -22,8 +22,8 @@ WAIT_S = 30.0  # a bound on waiting for another thread, never a measurement
 
 
 def drained() -> NetworkBandwidthLimiter:
-    """A limiter (no timer: the test refills) whose balance is 0."""
-    limiter = NetworkBandwidthLimiter(PARAMS)
+    """A limiter whose balance is 0 and whose clock stands still: only the test refills it."""
+    limiter = NetworkBandwidthLimiter(PARAMS, clock=lambda: 0.0)
     run_at_once(limiter.consume(PARAMS.max_tokens, Priority.BYPASS))
     assert limiter.tokens == 0
     return limiter
@@ -90,7 +90,6 @@ async def test_bypass_never_waits_even_deep_in_debt_and_behind_waiters() -> None
 
 async def test_close_fails_the_waiters_and_refuses_what_comes_later() -> None:
     limiter = drained()
-    limiter.start()
     waiters = [asyncio.create_task(limiter.consume(10**6, p)) for p in (Priority.TAIL,) * 2]
     await until(lambda: limiter.waiting == 2)
     limiter.close()
@@ -99,7 +98,6 @@ async def test_close_fails_the_waiters_and_refuses_what_comes_later() -> None:
             await asyncio.wait_for(waiter, WAIT_S)
     with pytest.raises(LimiterClosed):
         await limiter.consume(1, Priority.BYPASS)
-    assert not any(t.name.startswith("network-limiter") for t in threading.enumerate())
     limiter.close()  # again: nothing more
 
 
@@ -118,13 +116,22 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_its_tokens_go_on() -> Non
 
 
 async def test_the_refill_timer_grants_what_waits() -> None:
-    limiter = NetworkBandwidthLimiter(PARAMS)
-    limiter.start()
-    try:
-        await limiter.consume(PARAMS.max_tokens * 3, Priority.CATCH_UP)  # 30 refills' worth
-        assert limiter.waited[Priority.CATCH_UP] == 1
-    finally:
-        limiter.close()
+    limiter = NetworkBandwidthLimiter(PARAMS)  # the real clock
+    await limiter.consume(PARAMS.max_tokens * 3, Priority.CATCH_UP)  # 20 refills' worth
+    assert limiter.waited[Priority.CATCH_UP] == 1
+
+
+async def test_a_refill_counts_the_periods_the_clock_says_passed() -> None:
+    now = [0.0]
+    limiter = NetworkBandwidthLimiter(PARAMS, clock=lambda: now[0])
+    run_at_once(limiter.consume(10**6, Priority.BYPASS))
+    assert limiter.tokens == -100
+    now[0] = 0.075  # seven periods and a half: seven refills
+    run_at_once(limiter.consume(0, Priority.BYPASS))
+    assert limiter.tokens == -30
+    now[0] = 0.08  # the half left over makes the eighth
+    run_at_once(limiter.consume(0, Priority.BYPASS))
+    assert limiter.tokens == -20
 
 
 def test_waiters_on_two_loops_in_two_threads_are_woken_on_their_own_loops() -> None:

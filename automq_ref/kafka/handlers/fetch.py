@@ -12,22 +12,31 @@ The byte limits follow KIP-74: partitions are read in the request's order, each 
 batches within ``min(partition_max_bytes, what is left of max_bytes)``; only the first partition
 that has data gets its first batch even when that is larger than both, so a response is larger
 than ``max_bytes`` only when it is that one batch, and a consumer always progresses.
+
+Before it is sent, a response's record bytes are consumed from the broker's outbound network
+bandwidth limiter (``Context.network``): at TAIL when every partition was read from the
+LogCache, at CATCH_UP when any read objects (a consumer catching up), so that when the bandwidth
+runs short catch-up responses wait and tail reads go first (``docs/broker.md``, "Network
+bandwidth limiter").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.storage.s3stream import StorageError
+from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.protocol import FetchableTopicResponse, FetchPartitionData, encode_fetch_response
+from automq_ref.state_machines.network_limiter import Priority
 
 log = logging.getLogger(__name__)
 
@@ -69,30 +78,42 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         hold_s = min(context.config.partition_open_wait_ms / 1000, max_wait_s)
         await context.topics.wait_opened(opening, hold_s)
     while True:
-        responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
+        read = await _fetch_once(context, request, wanted, by_id)
         remaining = deadline - clock.monotonic_s()
-        if total >= int(body.min_bytes) or remaining <= 0 or answer_now or not waits:
+        if read.total >= int(body.min_bytes) or remaining <= 0 or read.answer_now or not read.waits:
             break
-        waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in waits]
+        waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in read.waits]
         done, pending = await asyncio.wait(
             waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
         )
         for future in pending:
             future.cancel()
         if not done:
-            responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
+            read = await _fetch_once(context, request, wanted, by_id)
             break
-    chunks = encode_fetch_response(version, request.correlation_id, responses)
+    if context.network is not None and read.total:
+        priority = Priority.CATCH_UP if read.from_objects else Priority.TAIL
+        await context.network.outbound.consume(read.total, priority)
+    chunks = encode_fetch_response(version, request.correlation_id, read.responses)
     # The encoder's first chunk starts with the frame size; the listener writes its own.
     return [memoryview(chunks[0])[4:], *chunks[1:]]
 
 
-async def _fetch_once(
-    context: Context, request: Request, wanted: Wanted, by_id: bool
-) -> tuple[list[FetchableTopicResponse], int, list[Readable], bool]:
-    """The responses, their size, the partitions that had nothing to read, and whether to answer
-    without waiting for more: an error, or a partition that had data the byte limits left out
-    (the response is as full as it can be)."""
+@dataclass
+class _Read:
+    """One pass over the asked partitions: the responses, their record bytes, the partitions
+    that had nothing to read, whether to answer without waiting for more (an error, or a
+    partition that had data the byte limits left out: the response is as full as it can be),
+    and whether any partition was read from objects."""
+
+    responses: list[FetchableTopicResponse]
+    total: int
+    waits: list[Readable]
+    answer_now: bool
+    from_objects: bool
+
+
+async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id: bool) -> _Read:
     body = request.body
     partitions_by_key = context.topics.partitions
     budget = int(body.max_bytes)
@@ -100,6 +121,7 @@ async def _fetch_once(
     waits: list[Readable] = []
     answer_now = False
     responses = []
+    origin = ReadOrigin()
     for key, name, fetch_partitions in wanted:
         partitions: list[FetchPartitionData] = []
         for fetch_partition in fetch_partitions:
@@ -121,7 +143,7 @@ async def _fetch_once(
                 partitions.append(FetchPartitionData(partition_index=index, error_code=code))
                 continue
             code, chunks = await _read_partition(
-                partition, fetch_partition, budget, first=(total == 0)
+                partition, fetch_partition, budget, first=(total == 0), origin=origin
             )
             if code is not KafkaErrorCode.NONE:
                 answer_now = True
@@ -149,11 +171,11 @@ async def _fetch_once(
             responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
         else:
             responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
-    return responses, total, waits, answer_now
+    return _Read(responses, total, waits, answer_now, origin.from_objects)
 
 
 async def _read_partition(
-    partition: Readable, fetch_partition: Any, budget: int, first: bool
+    partition: Readable, fetch_partition: Any, budget: int, first: bool, origin: ReadOrigin
 ) -> tuple[KafkaErrorCode, list[bytes | memoryview]]:
     leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
     if leader_epoch >= 0 and leader_epoch != partition.epoch:
@@ -168,6 +190,8 @@ async def _read_partition(
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
     limit = min(int(fetch_partition.partition_max_bytes), budget)
     try:
+        if isinstance(partition, Partition):
+            return KafkaErrorCode.NONE, await partition.read(offset, limit, first, origin)
         return KafkaErrorCode.NONE, await partition.read(offset, limit, min_one=first)
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
