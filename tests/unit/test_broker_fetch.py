@@ -31,66 +31,77 @@ PEER = Peer(1, "127.0.0.1:1")
 BATCH = len(build_record_batch([(None, b"x" * 1000)]))
 
 
+async def create_topic(node: Node, name: TopicName, partitions: int) -> None:
+    created = await call(
+        node.front_end.admit,
+        PEER,
+        19,  # CreateTopics
+        5,
+        topics=(
+            CreatableTopic(
+                name=name,
+                num_partitions=i32(partitions),
+                replication_factor=i16(1),
+                assignments=(),
+                configs=(),
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
+    assert int(created.topics[0].error_code) == 0
+
+
+async def produce(node: Node, name: TopicName, partitions: int) -> list[int]:
+    """One batch of a 1,000-byte record to each partition; the offsets they were given."""
+    produced = await call(
+        node.front_end.admit,
+        PEER,
+        0,  # Produce
+        9,
+        transactional_id=None,
+        acks=-1,
+        timeout=datetime.timedelta(seconds=10),
+        topic_data=(
+            TopicProduceData(
+                name=name,
+                partition_data=tuple(
+                    PartitionProduceData(
+                        index=i32(index),
+                        records=Records(build_record_batch([(None, b"x" * 1000)])),
+                    )
+                    for index in range(partitions)
+                ),
+            ),
+        ),
+    )
+    responses = produced.responses[0].partition_responses
+    assert all(int(partition.error_code) == 0 for partition in responses)
+    return [int(partition.base_offset) for partition in responses]
+
+
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     node = await start_node(node_config(tmp_path))
     try:
-        created = await call(
-            node.front_end.admit,
-            PEER,
-            19,  # CreateTopics
-            5,
-            topics=(
-                CreatableTopic(
-                    name=TOPIC,
-                    num_partitions=i32(PARTITIONS),
-                    replication_factor=i16(1),
-                    assignments=(),
-                    configs=(),
-                ),
-            ),
-            timeout=datetime.timedelta(seconds=10),
-            validate_only=False,
-        )
-        assert int(created.topics[0].error_code) == 0
+        await create_topic(node, TOPIC, PARTITIONS)
         for _ in range(BATCHES):
-            produced = await call(
-                node.front_end.admit,
-                PEER,
-                0,  # Produce
-                9,
-                transactional_id=None,
-                acks=-1,
-                timeout=datetime.timedelta(seconds=10),
-                topic_data=(
-                    TopicProduceData(
-                        name=TOPIC,
-                        partition_data=tuple(
-                            PartitionProduceData(
-                                index=i32(index),
-                                records=Records(build_record_batch([(None, b"x" * 1000)])),
-                            )
-                            for index in range(PARTITIONS)
-                        ),
-                    ),
-                ),
-            )
-            for partition in produced.responses[0].partition_responses:
-                assert int(partition.error_code) == 0
+            await produce(node, TOPIC, PARTITIONS)
         yield node
     finally:
         await node.shutdown()
 
 
-async def fetch(
+async def fetch_sizes(
     node: Node,
     max_bytes: int,
     partition_max_bytes: int,
     offsets: tuple[int, ...] = (0, 0, 0),
     min_bytes: int = 1,
     max_wait_ms: int = 0,
+    topic: TopicName = TOPIC,
 ) -> list[int]:
-    """How many batches each partition's answer holds."""
+    """The record bytes of each partition's answer."""
     response: Any = await call(
         node.front_end.admit,
         PEER,
@@ -105,7 +116,7 @@ async def fetch(
         session_epoch=-1,
         topics=(
             FetchTopic(
-                topic=TOPIC,
+                topic=topic,
                 partitions=tuple(
                     FetchPartition(
                         partition=i32(index),
@@ -122,13 +133,25 @@ async def fetch(
         forgotten_topics_data=(),
         rack_id="",
     )
-    counts = []
+    sizes = []
     for partition in response.responses[0].partitions:
         assert int(partition.error_code) == 0
-        size = len(partition.records or b"")
-        assert size % BATCH == 0
-        counts.append(size // BATCH)
-    return counts
+        sizes.append(len(partition.records or b""))
+    return sizes
+
+
+async def fetch(
+    node: Node,
+    max_bytes: int,
+    partition_max_bytes: int,
+    offsets: tuple[int, ...] = (0, 0, 0),
+    min_bytes: int = 1,
+    max_wait_ms: int = 0,
+) -> list[int]:
+    """How many batches each partition's answer holds."""
+    sizes = await fetch_sizes(node, max_bytes, partition_max_bytes, offsets, min_bytes, max_wait_ms)
+    assert all(size % BATCH == 0 for size in sizes)
+    return [size // BATCH for size in sizes]
 
 
 async def test_max_bytes_spans_the_partitions(node: Node) -> None:

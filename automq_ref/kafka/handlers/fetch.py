@@ -16,7 +16,7 @@ than ``max_bytes`` only when it is that one batch, and a consumer always progres
 Before it is sent, a response's record bytes are consumed from the broker's outbound network
 bandwidth limiter (``Context.network``): at TAIL when every partition was read from the
 LogCache, at CATCH_UP when any read objects (a consumer catching up), so that when the bandwidth
-runs short catch-up responses wait and tail reads go first (``docs/broker.md``, "Network
+runs short catch-up responses wait and tail reads go first (``docs/storage.md``, "Network
 bandwidth limiter").
 """
 
