@@ -144,6 +144,14 @@ LOCAL_WRITE_MODES = ("router_channel", "direct")
 NETWORK_LIMITER_MODES = ("separate", "shared")
 
 
+def _one_of(value: str, choices: tuple[str, ...]) -> str:
+    """``value`` as one of ``choices`` (case and surrounding spaces aside)."""
+    chosen = value.strip().lower()
+    if chosen not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}")
+    return chosen
+
+
 @dataclass(frozen=True, slots=True)
 class RouterChannelSettings:
     """One channel of ``automq.zonerouter.channels``: its id (the ``<id>@`` before the URI, the
@@ -507,18 +515,12 @@ class BrokerConfig(BaseModel):
     @field_validator("automq_zonerouter_local_write_mode")
     @classmethod
     def _local_write_mode(cls, value: str) -> str:
-        mode = value.strip().lower()
-        if mode not in LOCAL_WRITE_MODES:
-            raise ValueError(f"expected one of {', '.join(LOCAL_WRITE_MODES)}")
-        return mode
+        return _one_of(value, LOCAL_WRITE_MODES)
 
     @field_validator("s3_network_limiter_mode")
     @classmethod
     def _network_limiter_mode(cls, value: str) -> str:
-        mode = value.strip().lower()
-        if mode not in NETWORK_LIMITER_MODES:
-            raise ValueError(f"expected one of {', '.join(NETWORK_LIMITER_MODES)}")
-        return mode
+        return _one_of(value, NETWORK_LIMITER_MODES)
 
     @field_validator("automq_zone_cidr_blocks")
     @classmethod

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from automq_ref.config import ConfigError, load_config
 from automq_ref.io.network_limiter import (
     LimiterClosed,
     NetworkBandwidthLimiter,
@@ -191,3 +192,21 @@ def test_the_modes_build_the_buckets_as_automq_sizes_them() -> None:
     assert shared.inbound is shared.outbound and shared.inbound.params.max_tokens == 2 * bandwidth
     with pytest.raises(ValueError, match="unknown network limiter mode"):
         network_limiters(bandwidth, "split")
+
+
+def test_the_settings_name_the_bandwidth_and_the_mode() -> None:
+    default = load_config(overrides=[], environment={})
+    assert default.s3_network_baseline_bandwidth == 1024 * 1024 * 1024
+    assert default.s3_network_limiter_mode == "separate"
+    shared = load_config(
+        overrides=["s3.network.baseline.bandwidth=1000", "s3.network.limiter.mode=Shared"],
+        environment={},
+    )
+    assert (shared.s3_network_baseline_bandwidth, shared.s3_network_limiter_mode) == (
+        1000,
+        "shared",
+    )
+    with pytest.raises(ConfigError, match=r"s3\.network\.limiter\.mode"):
+        load_config(overrides=["s3.network.limiter.mode=split"], environment={})
+    with pytest.raises(ConfigError, match=r"s3\.network\.baseline\.bandwidth"):
+        load_config(overrides=["s3.network.baseline.bandwidth=0"], environment={})
