@@ -140,6 +140,16 @@ def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
 # records for partitions this broker leads go through its RouterChannel too, or straight to the
 # partition. Records for other brokers always go through the channel.
 LOCAL_WRITE_MODES = ("router_channel", "direct")
+# How the network bandwidth limiter splits its buckets (s3.network.limiter.mode).
+NETWORK_LIMITER_MODES = ("separate", "shared")
+
+
+def _one_of(value: str, choices: tuple[str, ...]) -> str:
+    """``value`` as one of ``choices`` (case and surrounding spaces aside)."""
+    chosen = value.strip().lower()
+    if chosen not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}")
+    return chosen
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,6 +308,13 @@ class BrokerConfig(BaseModel):
     s3_wal_upload_interval_ms: int = Field(60_000, alias="s3.wal.upload.interval.ms")
     s3_stream_object_split_size: int = Field(8 * MIB, alias="s3.stream.object.split.size")
     s3_block_cache_size: int = Field(128 * MIB, alias="s3.block.cache.size", ge=0)
+    # The network bandwidth limiter (AutoMQ's baseline, bytes/s): object GETs in, object PUTs
+    # and Fetch responses out, each direction a token bucket (``separate``: in at most one
+    # second's worth, out five) or both one (``shared``: two seconds' worth).
+    s3_network_baseline_bandwidth: int = Field(
+        1024 * MIB, alias="s3.network.baseline.bandwidth", ge=1
+    )
+    s3_network_limiter_mode: str = Field("separate", alias="s3.network.limiter.mode")
     # Object compaction (AutoMQ's names and defaults): this node's stream set objects every
     # interval (force split once older than force.split.minutes, the rest merged, at most
     # max.num objects and cache.size bytes a pass, runs above stream.split.size split out), and
@@ -507,10 +524,12 @@ class BrokerConfig(BaseModel):
     @field_validator("automq_zonerouter_local_write_mode")
     @classmethod
     def _local_write_mode(cls, value: str) -> str:
-        mode = value.strip().lower()
-        if mode not in LOCAL_WRITE_MODES:
-            raise ValueError(f"expected one of {', '.join(LOCAL_WRITE_MODES)}")
-        return mode
+        return _one_of(value, LOCAL_WRITE_MODES)
+
+    @field_validator("s3_network_limiter_mode")
+    @classmethod
+    def _network_limiter_mode(cls, value: str) -> str:
+        return _one_of(value, NETWORK_LIMITER_MODES)
 
     @field_validator("automq_zone_cidr_blocks")
     @classmethod

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import signal
 import socket
@@ -73,16 +74,15 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.network_limiter import NetworkLimiters, network_limiters
 from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
-from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.object_store import ObjectStore, ThrottledStore, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
 from automq_ref.io.storage.wal import WriteAheadLog
-from automq_ref.io.storage.wal_block import BlockWal
-from automq_ref.io.storage.wal_object import ObjectWal
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -91,10 +91,13 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
-from automq_ref.node_zones import ZoneRouterParts, object_wal_config, start_snapshot_reads
+from automq_ref.node_wal import open_wal as open_wal  # re-exported: tests open a node's WAL
+from automq_ref.node_wal import take_over_wal
+from automq_ref.node_zones import ZoneRouterParts, start_snapshot_reads
 from automq_ref.state_machines import failover as fo
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.network_limiter import Priority
 from automq_ref.state_machines.placement import BalanceParams
 from automq_ref.vocabulary.naming import NAMESPACE
 
@@ -271,62 +274,6 @@ def check_listener_free(config: BrokerConfig) -> None:
                 raise ListenerUnavailable(host, port, reason) from error
 
 
-async def open_wal(config: BrokerConfig, node_epoch: int) -> WriteAheadLog:
-    """The WAL ``s3.wal.path`` names, by its scheme: the block WAL file (a path or
-    ``0@file://``; a raw block device there gets ``O_DIRECT``), the block WAL on a WAL device
-    process (``0@device://``), or the object WAL (``0@s3://`` a bucket, ``0@dir://`` a
-    directory)."""
-    device = config.wal_device
-    if device is not None:
-        return await BlockWal.open_remote(
-            device,
-            node_id=config.node_id,
-            node_epoch=node_epoch,
-            capacity_bytes=config.s3_wal_capacity,
-        )
-    settings = config.object_wal
-    if settings is None:
-        return await BlockWal.open_file(
-            config.wal_file,
-            node_id=config.node_id,
-            node_epoch=node_epoch,
-            capacity_bytes=config.s3_wal_capacity,
-        )
-    return await ObjectWal.open(
-        open_object_store(settings.store_uri),
-        namespace=NAMESPACE,
-        node_id=config.node_id,
-        node_epoch=node_epoch,
-        config=object_wal_config(settings),
-        owns_store=True,
-    )
-
-
-async def take_over_wal(
-    config: BrokerConfig, wal_path: str, node_id: int, node_epoch: int
-) -> WriteAheadLog:
-    """Failed node ``node_id``'s WAL, which ``wal_path`` (an ``s3.wal.path``) names, taken over
-    at ``node_epoch`` in failover mode (crash failover): an object WAL, or a block WAL on a WAL
-    device process (its reservation preempted)."""
-    named = config.model_copy(update={"s3_wal_path": wal_path})
-    device = named.wal_device
-    if device is not None:
-        return await BlockWal.take_over(device, node_id=node_id, node_epoch=node_epoch)
-    settings = named.object_wal
-    if settings is None:
-        raise ValueError(
-            f"{wal_path!r} is a WAL file of the failed broker's own: no survivor can take it over"
-        )
-    return await ObjectWal.take_over(
-        open_object_store(settings.store_uri),
-        namespace=NAMESPACE,
-        node_id=node_id,
-        node_epoch=node_epoch,
-        config=object_wal_config(settings),
-        owns_store=True,
-    )
-
-
 class Node:
     """A running node: its parts, the task it runs, and the listener once it listens."""
 
@@ -348,8 +295,10 @@ class Node:
         failover: FailoverRunner | None = None,
         route_epochs: RouteEpochNode | None = None,
         zone_router: ZoneRouterParts | None = None,
+        limiters: NetworkLimiters,
     ) -> None:
         self.config = config
+        self.limiters = limiters
         self.zone_router = zone_router
         self.failover = failover
         # The zone router's route epochs on this broker (None: the router is off).
@@ -377,6 +326,7 @@ class Node:
             advertised_host=(config.advertised_address or bound)[0],
             advertised_port=(config.advertised_address or bound)[1],
             active_controller=metadata.active_controller,
+            network=limiters,
         )
         if config.zone_router_enabled and config.etcd_endpoints:
             start_snapshot_reads(
@@ -391,7 +341,11 @@ class Node:
         )
         self._upload_log_task = asyncio.create_task(log_storage_forever(storage, clock))
         node, props = (storage.node_id, storage.node_epoch), config.model_dump(by_alias=True)
-        compaction = compact_forever(store, NAMESPACE, self.client, self.view, node, clock, props)
+        # Compaction's GETs and PUTs wait their turn (COMPACTION) when the bandwidth runs short.
+        compacted = ThrottledStore(store, limiters, Priority.COMPACTION)
+        compaction = compact_forever(
+            compacted, NAMESPACE, self.client, self.view, node, clock, props
+        )
         self._compaction_task = asyncio.create_task(compaction)  # io/storage/compaction.py
         self._cleaner_task: asyncio.Task[None] | None = None
         if config.log_cleaner_enable:
@@ -504,6 +458,7 @@ class Node:
             await self.session.stop_heartbeats()
         await self.metadata.close()
         await self._store.close()
+        self.limiters.close()
 
     async def _hand_over(self, held: int) -> None:
         """Until the controller has moved every partition off this broker and the registry has
@@ -586,11 +541,16 @@ async def _start_bound(
         client = TracingClient(client, trace)  # records the opens the controller grants
         if restarted:
             trace.record(fo.Restart(config.node_id), committed=True)
-    opened = _Opened(await (seams.open_wal or open_wal)(config, registration.node_epoch))
+    limiters = network_limiters(
+        config.s3_network_baseline_bandwidth, config.s3_network_limiter_mode
+    )
+    open_own_wal = seams.open_wal or functools.partial(open_wal, limiters=limiters)
+    opened = _Opened(await open_own_wal(config, registration.node_epoch))
     store = open_object_store(config.object_store_uri)
     try:
         await store.__aenter__()
         return await _start_on_wal(
+            limiters,
             config,
             seams,
             metadata,
@@ -634,6 +594,7 @@ class _Opened:
 
 
 async def _start_on_wal(
+    limiters: NetworkLimiters,
     config: BrokerConfig,
     seams: Seams,
     metadata: NodeMetadata,
@@ -675,6 +636,7 @@ async def _start_on_wal(
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
         cold_reads=opened.cold_reads,
+        limiters=limiters,
     )
     opened.storage = storage
     recovered = storage.recovered
@@ -831,6 +793,7 @@ async def _start_on_wal(
         failover=failover,
         route_epochs=route_epochs,
         zone_router=zone_router,
+        limiters=limiters,
     )
 
 

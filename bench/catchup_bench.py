@@ -5,6 +5,7 @@ on the same broker, and what it costs the object store and the block cache.
                                   [--rate 1000] [--before-seconds 20] [--max-catchup-seconds 300]
                                   [--targets ours-local,ours-s3,peer-memory,peer-s3]
                                   [--pyspy PATH] [--quick] [--dir DIR] [--out FILE] [--plot FILE]
+                                  [--override NAME=VALUE ...]
 
 Each target is a fresh broker (the targets of ``bench.broker_bench``: ours on local objects or on
 S3 over a counting moto server, the peer broker in memory or on S3 when its script is there; by
@@ -46,6 +47,8 @@ writes the report and the figures (JSON), ``--plot`` a PNG of produce latency ov
 last line printed is a JSON object with the first of our targets' ``produce_p99_ratio_during_
 catchup``, ``store_bytes_per_delivered_byte`` and ``cache_bytes_per_reading_stream``.
 ``--quick`` is a smaller run (256 MB backlog, 16 MiB cache, 8 s before) of two to three minutes.
+``--override NAME=VALUE`` (repeatable) gives our brokers a setting of their own, e.g. a low
+``s3.network.baseline.bandwidth`` to watch the network limiter hold the catch-up back.
 """
 
 from __future__ import annotations
@@ -354,6 +357,7 @@ class Settings:
     max_catchup_s: float
     pyspy: str | None
     workdir: Path
+    overrides: tuple[str, ...] = ()  # our broker's settings, name=value
 
 
 @dataclass
@@ -391,7 +395,7 @@ def moto_gets(target: Target) -> int | None:
 
 def make_target(name: str, settings: Settings) -> Target:
     if name.startswith("ours"):
-        overrides = [f"s3.block.cache.size={settings.cache_bytes}"]
+        overrides = [f"s3.block.cache.size={settings.cache_bytes}", *settings.overrides]
         wal_bytes = max(256 * MIB, min(2 * settings.backlog_bytes, 1024 * MIB))
         return OursTarget(name, settings.workdir, wal_bytes, None, extra_overrides=overrides)
     return PeerTarget(name)
@@ -599,6 +603,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where our brokers keep data")
     parser.add_argument("--out", type=Path, default=None, help="the report and figures, JSON")
     parser.add_argument("--plot", type=Path, default=None, help="produce latency over time, PNG")
+    parser.add_argument(
+        "--override",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of our broker (repeatable), e.g. s3.network.baseline.bandwidth=20971520",
+    )
     parser.add_argument("--consume", nargs=4, default=None, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.consume is not None:
@@ -627,6 +638,7 @@ def main(argv: list[str] | None = None) -> None:
         max_catchup_s=arguments.max_catchup_seconds,
         pyspy=arguments.pyspy,
         workdir=workdir,
+        overrides=tuple(arguments.override),
     )
     load_before = os.getloadavg()
     began = time.perf_counter()

@@ -79,6 +79,7 @@ from automq_ref.formats.zone_router import ChannelOffset, LinkRecord
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka import log_state
 from automq_ref.kafka.log_state import (
     BatchEntry,
@@ -724,12 +725,17 @@ class Partition:
     # ------------------------------------------------------------------------------- fetch
 
     async def read(
-        self, offset: int, max_bytes: int, min_one: bool = True
+        self,
+        offset: int,
+        max_bytes: int,
+        min_one: bool = True,
+        origin: ReadOrigin | None = None,
     ) -> list[bytes | memoryview]:
         """Whole stored payloads from the one holding ``offset`` up to the high watermark, no
         more than ``max_bytes`` together; with ``min_one`` the first comes even past
         ``max_bytes`` (KIP-74: the first batch of a Fetch response may exceed its limits, so a
-        consumer always progresses; no other may)."""
+        consumer always progresses; no other may). ``origin`` learns whether storage read
+        objects for them (:class:`~automq_ref.io.storage.stream_objects.ReadOrigin`)."""
         end = self.high_watermark
         if offset >= end or (max_bytes <= 0 and not min_one):
             return []
@@ -743,7 +749,7 @@ class Partition:
         found: list[StreamRecordBatch] = []
         for stream_id, first, stop in self._parts():
             if offset < stop and first < stop:
-                found = await self._read_part(stream_id, max(offset, first), stop, budget)
+                found = await self._read_part(stream_id, max(offset, first), stop, budget, origin)
                 if found:
                     break
         # Storage stops once the budget is spent, so its last batch may overshoot it (where the
@@ -758,11 +764,11 @@ class Partition:
         return payloads
 
     async def _read_part(
-        self, stream_id: int, start: int, end: int, max_bytes: int
+        self, stream_id: int, start: int, end: int, max_bytes: int, origin: ReadOrigin | None = None
     ) -> list[StreamRecordBatch]:
         self._readers[stream_id] += 1
         try:
-            return await self.storage.read(stream_id, start, end, max(max_bytes, 1))
+            return await self.storage.read(stream_id, start, end, max(max_bytes, 1), origin=origin)
         finally:
             self._readers[stream_id] -= 1
 

@@ -18,6 +18,7 @@ from automq_ref.config import BrokerConfig
 from automq_ref.io.clock import Clock
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.network_limiter import NetworkLimiters
 from automq_ref.kafka.fenced_brokers import RecentlyFenced
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.notices import Notices
@@ -110,6 +111,8 @@ class Context:
     # The zone router's proxy side (Produce) and main side (AutomqZoneRouter); None: off.
     router_out: RouterOut | None = None
     router_in: RouterIn | None = None
+    # The network bandwidth limiter (Fetch responses consume outbound); None: not limited.
+    network: NetworkLimiters | None = None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka.handlers import fetch
 from tests.unit.test_record_batch import make_batch
 
@@ -110,7 +111,7 @@ def test_reads_at_once_keep_the_limits_and_progress(
     partitions = [FakePartition(sizes, pauses) for sizes, pauses, _ in specs]
     limits = [FakeFetchPartition(partition_max) for _, _, partition_max in specs]
     reads = list(zip(partitions, limits, strict=True))
-    answered = asyncio.run(fetch._read_partitions(reads, budget))  # type: ignore[arg-type]
+    answered = asyncio.run(fetch._read_partitions(reads, budget, ReadOrigin()))  # type: ignore[arg-type]
     assert len(answered) == len(reads)
     sizes = []
     oversized = []
@@ -167,7 +168,7 @@ def test_a_slow_partition_does_not_hold_up_the_others() -> None:
     partitions: list[FakePartition] = [Quick([10], 0), Slow([10], 0)]
     partitions += [Quick([10], 0) for _ in range(fetch.READS_IN_FLIGHT * 2)]
     reads = [(partition, FakeFetchPartition(100)) for partition in partitions]
-    answered = asyncio.run(fetch._read_partitions(reads, 10_000))  # type: ignore[arg-type]
+    answered = asyncio.run(fetch._read_partitions(reads, 10_000, ReadOrigin()))  # type: ignore[arg-type]
     assert all(chunks for _, chunks in answered)
     # The first alone, then the slow one and the next ones while it waits.
     expected = ["quick", "slow"] + ["quick"] * (fetch.READS_IN_FLIGHT - 1)

@@ -42,8 +42,9 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
         await node.shutdown()
 
 
-async def produce(node: Node, name: TopicName, batches: Sequence[bytes]) -> None:
-    """One Produce (acks=all) of ``batches[i]`` to partition ``i`` of topic ``name``."""
+async def produce(node: Node, name: TopicName, batches: Sequence[bytes]) -> list[int]:
+    """One Produce (acks=all) of ``batches[i]`` to partition ``i`` of topic ``name``: each
+    partition's base offset."""
     produced = await call(
         node.front_end.admit,
         PEER,
@@ -64,6 +65,7 @@ async def produce(node: Node, name: TopicName, batches: Sequence[bytes]) -> None
     )
     for partition in produced.responses[0].partition_responses:
         assert int(partition.error_code) == 0
+    return [int(partition.base_offset) for partition in produced.responses[0].partition_responses]
 
 
 async def fetch_records(

@@ -33,6 +33,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.io.network_limiter import NetworkBandwidthLimiter
 from automq_ref.io.storage.block_cache import StreamReaders
 from automq_ref.io.storage.object_store import CountingReads, ObjectStore
 from automq_ref.io.storage.stream_objects import DataBlockCache, ObjectIndexCache
@@ -146,8 +147,10 @@ async def _cancel_others() -> None:
 class ObjectReads:
     """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`),
     the object index cache, the data block cache of ``block_cache_bytes`` and the stream
-    readers over ``image``. Given ``cold``, they are built over its store and used on its loop
-    only; :meth:`close` closes them and then ``cold`` (which this read path owns)."""
+    readers over ``image``, the block GETs through ``limiter`` (the inbound bucket of the
+    network bandwidth limiter, safe from any loop). Given ``cold``, they are built over its
+    store and used on its loop only; :meth:`close` closes them and then ``cold`` (which this
+    read path owns)."""
 
     def __init__(
         self,
@@ -156,11 +159,13 @@ class ObjectReads:
         block_cache_bytes: int,
         image: Callable[[], sm.StreamMetadataImage],
         cold: ColdReads | None = None,
+        *,
+        limiter: NetworkBandwidthLimiter | None = None,
     ) -> None:
         self._cold = cold
         self.counted = CountingReads(store if cold is None else cold.store)
         self.indexes = ObjectIndexCache(self.counted, namespace)
-        self.blocks = DataBlockCache(self.counted, namespace, block_cache_bytes)
+        self.blocks = DataBlockCache(self.counted, namespace, block_cache_bytes, limiter=limiter)
         self.readers = StreamReaders(image, self.indexes, self.blocks)
 
     async def read(

@@ -8,6 +8,9 @@ Each of those modules' docstrings states its half of the contract.
 :class:`CountingReads` wraps a store and counts the GETs made through it and the bytes they
 returned, whichever the backend: the storage reads objects through one, so that the bytes a
 catch-up fetches from the store can be set beside the bytes it delivers (the node logs them).
+:class:`ThrottledStore` puts a store's GETs and PUTs through the network bandwidth limiter
+(:mod:`automq_ref.io.network_limiter`) at one priority: the object WAL's and object
+compaction's stores are wrapped in one.
 
 :func:`open_object_store` builds a store from a URI: ``file:///path`` or
 ``s3://bucket?region=...&endpoint=...&pathStyle=true``, optionally with AutoMQ's ``<id>@`` bucket
@@ -21,9 +24,10 @@ import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from automq_ref.io.network_limiter import NetworkLimiters
 from automq_ref.io.storage.local_object_store import ETAG_XATTR_NAME, LocalDirectoryObjectStore
 from automq_ref.io.storage.object_store_contract import (
     STAGING_DIR_NAME,
@@ -37,16 +41,19 @@ from automq_ref.io.storage.object_store_contract import (
     Payload,
     PreconditionFailed,
     RangeNotSatisfiable,
+    as_chunks,
     validate_key,
     validate_prefix,
 )
 from automq_ref.io.storage.s3_object_store import S3ObjectStore, backoff_delay_ms
+from automq_ref.state_machines.network_limiter import Priority
 
 __all__ = [
     "ETAG_XATTR_NAME",
     "STAGING_DIR_NAME",
     "CountingReads",
     "DeleteManyError",
+    "ForwardingStore",
     "InvalidKey",
     "LocalDirectoryObjectStore",
     "NotFound",
@@ -58,6 +65,7 @@ __all__ = [
     "PreconditionFailed",
     "RangeNotSatisfiable",
     "S3ObjectStore",
+    "ThrottledStore",
     "backoff_delay_ms",
     "open_object_store",
     "validate_key",
@@ -104,13 +112,51 @@ def open_object_store(uri: str, **options: Any) -> ObjectStore:
     raise ValueError(f"unsupported object store URI {uri!r}: expected file:// or s3://")
 
 
-class CountingReads(ObjectStore):
+class ForwardingStore(ObjectStore):
+    """``store`` as it is: every call passed on (the base of the wrappers below)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    async def __aenter__(self) -> Self:
+        await self.store.__aenter__()
+        return self
+
+    async def put(self, key: str, data: Payload) -> ObjectInfo:
+        return await self.store.put(key, data)
+
+    async def put_if_absent(self, key: str, data: Payload) -> ObjectInfo:
+        return await self.store.put_if_absent(key, data)
+
+    async def get(self, key: str) -> bytes:
+        return await self.store.get(key)
+
+    async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
+        return await self.store.get_range(key, start, end_exclusive)
+
+    async def head(self, key: str) -> ObjectInfo:
+        return await self.store.head(key)
+
+    async def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        return await self.store.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.store.delete(key)
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        await self.store.delete_many(keys)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+class CountingReads(ForwardingStore):
     """``store`` as it is, counting ``get`` and ``get_range`` calls (``gets``) and the bytes
     they returned (``get_bytes``); :meth:`take` returns and resets both at once, also from
     another thread than the one reading (the cold reads' loop, ``cold_reads.py``)."""
 
     def __init__(self, store: ObjectStore) -> None:
-        self.store = store
+        super().__init__(store)
         self.gets = 0
         self.get_bytes = 0
         self._lock = threading.Lock()
@@ -127,12 +173,6 @@ class CountingReads(ObjectStore):
             self.gets += 1
             self.get_bytes += len(data)
 
-    async def put(self, key: str, data: Payload) -> ObjectInfo:
-        return await self.store.put(key, data)
-
-    async def put_if_absent(self, key: str, data: Payload) -> ObjectInfo:
-        return await self.store.put_if_absent(key, data)
-
     async def get(self, key: str) -> bytes:
         data = await self.store.get(key)
         self._count(data)
@@ -143,17 +183,35 @@ class CountingReads(ObjectStore):
         self._count(data)
         return data
 
-    async def head(self, key: str) -> ObjectInfo:
-        return await self.store.head(key)
 
-    async def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
-        return await self.store.list(prefix)
+class ThrottledStore(ForwardingStore):
+    """``store`` with its traffic through the network bandwidth limiter at one ``priority``:
+    a GET's bytes from ``limiters.inbound`` (a ranged GET before it is sent, a whole one once
+    its size is known), a PUT's to ``limiters.outbound`` before it is sent. BYPASS (the object
+    WAL, uploads) never waits; COMPACTION (object compaction) waits its turn."""
 
-    async def delete(self, key: str) -> None:
-        await self.store.delete(key)
+    def __init__(self, store: ObjectStore, limiters: NetworkLimiters, priority: Priority) -> None:
+        super().__init__(store)
+        self._limiters = limiters
+        self._priority = priority
 
-    async def delete_many(self, keys: Iterable[str]) -> None:
-        await self.store.delete_many(keys)
+    async def put(self, key: str, data: Payload) -> ObjectInfo:
+        await self._limiters.outbound.consume(_size(data), self._priority)
+        return await self.store.put(key, data)
 
-    async def close(self) -> None:
-        await self.store.close()
+    async def put_if_absent(self, key: str, data: Payload) -> ObjectInfo:
+        await self._limiters.outbound.consume(_size(data), self._priority)
+        return await self.store.put_if_absent(key, data)
+
+    async def get(self, key: str) -> bytes:
+        data = await self.store.get(key)
+        await self._limiters.inbound.consume(len(data), self._priority)
+        return data
+
+    async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
+        await self._limiters.inbound.consume(max(end_exclusive - start, 0), self._priority)
+        return await self.store.get_range(key, start, end_exclusive)
+
+
+def _size(data: Payload) -> int:
+    return sum(chunk.nbytes for chunk in as_chunks(data))

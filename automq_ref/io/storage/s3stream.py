@@ -82,6 +82,8 @@ from automq_ref.io.metadata.client import (
     Registration,
 )
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.network_limiter import NetworkLimiters
+from automq_ref.io.storage import storage_errors
 from automq_ref.io.storage.block_cache import BlockCacheStats
 from automq_ref.io.storage.cold_reads import ColdReads, ObjectReads
 from automq_ref.io.storage.compaction import retry_compacted_away
@@ -90,16 +92,27 @@ from automq_ref.io.storage.object_store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    ThrottledStore,
 )
 from automq_ref.io.storage.stream_objects import (
+    ReadOrigin,
     StreamReadError,
     upload_layout,
 )
 from automq_ref.io.storage.wal import AppendResult, WalOverCapacityError, WriteAheadLog
 from automq_ref.state_machines import log_cache as lc
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.network_limiter import Priority
 
 log = logging.getLogger(__name__)
+
+# The storage's errors (storage_errors.py), which callers import from here.
+StorageError = storage_errors.StorageError
+StreamFencedError = storage_errors.StreamFencedError
+NodeEpochExpiredError = storage_errors.NodeEpochExpiredError
+PlacementRefusedError = storage_errors.PlacementRefusedError
+OffsetOutOfRangeError = storage_errors.OffsetOutOfRangeError
+PLACEMENT_REFUSALS = storage_errors.PLACEMENT_REFUSALS
 
 OBJECT_TTL_MS = 60 * 60 * 1000
 WAL_FULL_RETRIES = 3
@@ -140,45 +153,6 @@ class RecoveryTotals:
     streams: int = 0
     refused: int = 0
     links: int = 0  # of the records, link records turned back into data
-
-
-class StorageError(Exception):
-    """The storage cannot serve the request."""
-
-
-class StreamFencedError(StorageError):
-    """The stream is not open here at that epoch (or a newer owner took it)."""
-
-
-class NodeEpochExpiredError(StorageError):
-    """The controller bumped this node's epoch (its session lapsed): this incarnation is
-    fenced, and every later request of it is refused."""
-
-
-class PlacementRefusedError(StorageError):
-    """A stream of a partition cannot be created or opened here now: the partition is placed
-    on another broker or at another leader epoch, or its previous broker still holds one of
-    its streams open (``error`` says which). The broker tries again when placement changes."""
-
-    def __init__(self, message: str, error: sm.StreamErrorCode) -> None:
-        super().__init__(message)
-        self.error = error
-
-
-# The controller's refusals that say "not here, or not yet" about a partition's streams.
-PLACEMENT_REFUSALS = frozenset(
-    {
-        sm.StreamErrorCode.STREAM_NOT_CLOSED,
-        sm.StreamErrorCode.NOT_LEADER_OR_FOLLOWER,
-        sm.StreamErrorCode.FENCED_LEADER_EPOCH,
-        sm.StreamErrorCode.UNKNOWN_LEADER_EPOCH,
-        sm.StreamErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-    }
-)
-
-
-class OffsetOutOfRangeError(StorageError):
-    """A read below the stream's start offset (trimmed away)."""
 
 
 @dataclass(slots=True)
@@ -249,9 +223,15 @@ class S3Storage:
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
         cold_reads: ColdReads | None = None,
+        limiters: NetworkLimiters | None = None,
     ) -> None:
         self._wal = wal
         self._store = store
+        # Uploads' PUTs take their bytes from the outbound bucket at BYPASS: never waiting, the
+        # debt theirs to run into (reads from objects consume inbound, in the block cache).
+        self._upload_store = (
+            store if limiters is None else ThrottledStore(store, limiters, Priority.BYPASS)
+        )
         self._client = client
         self._view = view
         self._node_id = node_id
@@ -276,10 +256,16 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        # Reads from objects, counted (the node logs them beside the cache's size); on the cold
-        # reads' loop and store when given, which this storage then owns and closes.
+        # Reads from objects, counted (the node logs them beside the cache's size), the block
+        # GETs through the limiter's inbound bucket; on the cold reads' loop and store when
+        # given, which this storage then owns and closes.
         self._object_reads = ObjectReads(
-            store, namespace, block_cache_bytes, lambda: self._view.image, cold_reads
+            store,
+            namespace,
+            block_cache_bytes,
+            lambda: self._view.image,
+            cold_reads,
+            limiter=None if limiters is None else limiters.inbound,
         )
         self.reads = self._object_reads.counted
         self._committed: dict[int, asyncio.Event] = {}
@@ -326,6 +312,7 @@ class S3Storage:
         close_recovered: bool = True,
         link_resolver: LinkResolver | None = None,
         cold_reads: ColdReads | None = None,
+        limiters: NetworkLimiters | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
@@ -347,6 +334,7 @@ class S3Storage:
             block_cache_bytes=block_cache_bytes,
             runs_lifecycle=runs_lifecycle,
             cold_reads=cold_reads,
+            limiters=limiters,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -639,9 +627,15 @@ class S3Storage:
         self._apply(lc.RecordAppended(record, self._clock.now_ms()))
 
     async def read(
-        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+        self,
+        stream_id: int,
+        start_offset: int,
+        end_offset: int,
+        max_bytes: int,
+        origin: ReadOrigin | None = None,
     ) -> list[StreamRecordBatch]:
-        """Contiguous batches from ``start_offset``, never past the confirm offset."""
+        """Contiguous batches from ``start_offset``, never past the confirm offset; ``origin``,
+        if given, learns whether any came from objects."""
         stream = self._streams.get(stream_id)
         if stream is not None:
             if start_offset < stream.start_offset:
@@ -659,6 +653,8 @@ class S3Storage:
         # are read, so every turn looks again.
         while cursor < end_offset and (not found or budget > 0):
             cached = lc.read(self._cache.state, stream_id, cursor, end_offset, budget)
+            if not cached and origin is not None:
+                origin.from_objects = True
             if cached:
                 batches = [self._as_batch(record) for record in cached]
             else:
@@ -891,7 +887,7 @@ class S3Storage:
         while True:
             try:
                 return await upload_layout(
-                    self._store,
+                    self._upload_store,
                     self._namespace,
                     effect.layout,
                     effect.records,

@@ -54,9 +54,11 @@ from automq_ref.formats.object_file import (
     tail_read_size,
 )
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
+from automq_ref.io.network_limiter import NetworkBandwidthLimiter
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
+from automq_ref.state_machines.network_limiter import Priority
 from automq_ref.vocabulary.naming import object_key as object_key  # re-exported for callers
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,15 @@ class ObjectIndexCache:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@dataclass(slots=True)
+class ReadOrigin:
+    """Where a read found its batches, for a caller that asks (``S3Storage.read``'s ``origin``):
+    ``from_objects`` once any came from objects rather than the LogCache (a Fetch answers those
+    at the network limiter's CATCH_UP priority, the others at TAIL)."""
+
+    from_objects: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class ReadAhead:
     """Blocks of ``stream_id`` that a reader will probably want next (see
@@ -250,6 +261,11 @@ class DataBlockCache:
     ``ttl_s`` is evicted (looked for at most once per ``ttl_s``), and the least recently used
     go when room is needed. A watched block evicted before its readers read it is reported to
     them (:class:`BlockWatcher`), which is how a reader learns its readahead ran too far.
+
+    With a ``limiter`` (the broker's inbound bandwidth limiter) every GET first consumes its
+    bytes: a read's own at ``priority`` (BYPASS, as AutoMQ's foreground misses: a Fetch waits
+    for them), readahead's at CATCH_UP, so that readahead yields to the rest when the bandwidth
+    runs short.
     """
 
     def __init__(
@@ -260,8 +276,12 @@ class DataBlockCache:
         *,
         clock: Callable[[], float] = time.monotonic,
         ttl_s: float = BLOCK_TTL_S,
+        limiter: NetworkBandwidthLimiter | None = None,
+        priority: Priority = Priority.BYPASS,
     ) -> None:
         self._store = store
+        self._limiter = limiter
+        self._priority = priority
         self._namespace = namespace
         self._capacity_bytes = capacity_bytes
         self._clock = clock
@@ -371,7 +391,7 @@ class DataBlockCache:
                 missing.append(block)
         for run in _adjacent_runs(missing, READAHEAD_GET_BYTES):
             self.readahead_gets += 1
-            futures.extend(self._start_get(object_id, run, None))
+            futures.extend(self._start_get(object_id, run, None, Priority.CATCH_UP))
         return futures
 
     @property
@@ -444,7 +464,7 @@ class DataBlockCache:
                 last.append(block)
         for run in runs:
             self.misses += len(run)
-            futures = self._start_get(object_id, run, None)
+            futures = self._start_get(object_id, run, None, self._priority)
             waits.extend((block, future, False) for block, future in zip(run, futures, strict=True))
         if ahead is not None:
             self.read_ahead(ahead)
@@ -458,7 +478,7 @@ class DataBlockCache:
                     raise
                 # Someone else's GET (a readahead) failed: try this block once more, ourselves.
                 self.misses += 1
-                (again,) = self._start_get(object_id, [block], None)
+                (again,) = self._start_get(object_id, [block], None, self._priority)
                 found[block.start_position] = await asyncio.shield(again)
             self._mark_read(key)
         return [found[block.start_position] for block in blocks]
@@ -527,7 +547,7 @@ class DataBlockCache:
                 runs.pop()
         for object_id, run in runs:
             self.readahead_gets += 1
-            self._start_get(object_id, run, ahead.stream_id)
+            self._start_get(object_id, run, ahead.stream_id, Priority.CATCH_UP)
 
     async def close(self) -> None:
         """Cancel the readahead still in flight."""
@@ -537,9 +557,14 @@ class DataBlockCache:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _start_get(
-        self, object_id: int, run: Sequence[DataBlockIndex], ahead: int | None
+        self,
+        object_id: int,
+        run: Sequence[DataBlockIndex],
+        ahead: int | None,
+        priority: Priority,
     ) -> list[asyncio.Future[Block]]:
-        """GET ``run`` in a task; ``ahead`` names the stream whose readahead this is, if any."""
+        """GET ``run`` in a task, its bytes consumed at ``priority`` first; ``ahead`` names the
+        stream whose readahead this is, if any."""
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Block]] = []
         for block in run:
@@ -550,7 +575,7 @@ class DataBlockCache:
         self._loading_bytes += size
         if ahead is not None:
             self._add_ahead(ahead, size)
-        task = asyncio.create_task(self._get_run(object_id, run, futures, ahead, size))
+        task = asyncio.create_task(self._get_run(object_id, run, futures, ahead, size, priority))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return futures
@@ -562,10 +587,13 @@ class DataBlockCache:
         futures: list[asyncio.Future[Block]],
         ahead: int | None,
         size: int,
+        priority: Priority,
     ) -> None:
         first = run[0].start_position
         self.gets += 1
         try:
+            if self._limiter is not None:
+                await self._limiter.consume(size, priority)
             data = await self._store.get_range(
                 object_key(self._namespace, object_id), first, run[-1].end_position
             )

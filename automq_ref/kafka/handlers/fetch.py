@@ -14,23 +14,32 @@ that has data gets its first batch even when that is larger than both, so a resp
 than ``max_bytes`` only when it is that one batch, and a consumer always progresses. Once a
 partition has answered data, the others are read several at once (:func:`_read_partitions`),
 within the same limits.
+
+Before it is sent, a response's record bytes are consumed from the broker's outbound network
+bandwidth limiter (``Context.network``): at TAIL when every partition was read from the
+LogCache, at CATCH_UP when any read objects (a consumer catching up), so that when the bandwidth
+runs short catch-up responses wait and tail reads go first (``docs/storage.md``, "Network
+bandwidth limiter").
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.record_batch import RecordBatchView
 from automq_ref.io.storage.s3stream import StorageError
+from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.protocol import FetchableTopicResponse, FetchPartitionData, encode_fetch_response
+from automq_ref.state_machines.network_limiter import Priority
 
 log = logging.getLogger(__name__)
 
@@ -74,30 +83,42 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         hold_s = min(context.config.partition_open_wait_ms / 1000, max_wait_s)
         await context.topics.wait_opened(opening, hold_s)
     while True:
-        responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
+        read = await _fetch_once(context, request, wanted, by_id)
         remaining = deadline - clock.monotonic_s()
-        if total >= int(body.min_bytes) or remaining <= 0 or answer_now or not waits:
+        if read.total >= int(body.min_bytes) or remaining <= 0 or read.answer_now or not read.waits:
             break
-        waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in waits]
+        waiting = [asyncio.ensure_future(partition.wait_for_data()) for partition in read.waits]
         done, pending = await asyncio.wait(
             waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
         )
         for future in pending:
             future.cancel()
         if not done:
-            responses, total, waits, answer_now = await _fetch_once(context, request, wanted, by_id)
+            read = await _fetch_once(context, request, wanted, by_id)
             break
-    chunks = encode_fetch_response(version, request.correlation_id, responses)
+    if context.network is not None and read.total:
+        priority = Priority.CATCH_UP if read.from_objects else Priority.TAIL
+        await context.network.outbound.consume(read.total, priority)
+    chunks = encode_fetch_response(version, request.correlation_id, read.responses)
     # The encoder's first chunk starts with the frame size; the listener writes its own.
     return [memoryview(chunks[0])[4:], *chunks[1:]]
 
 
-async def _fetch_once(
-    context: Context, request: Request, wanted: Wanted, by_id: bool
-) -> tuple[list[FetchableTopicResponse], int, list[Readable], bool]:
-    """The responses, their size, the partitions that had nothing to read, and whether to answer
-    without waiting for more: an error, or a partition that had data the byte limits left out
-    (the response is as full as it can be)."""
+@dataclass
+class _Read:
+    """One pass over the asked partitions: the responses, their record bytes, the partitions
+    that had nothing to read, whether to answer without waiting for more (an error, or a
+    partition that had data the byte limits left out: the response is as full as it can be),
+    and whether any partition was read from objects."""
+
+    responses: list[FetchableTopicResponse]
+    total: int
+    waits: list[Readable]
+    answer_now: bool
+    from_objects: bool
+
+
+async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id: bool) -> _Read:
     partitions_by_key = context.topics.partitions
     answer_now = False
     # (the topic's key, its partitions in the request's order: the partition to read, or the
@@ -127,7 +148,8 @@ async def _fetch_once(
                 topic_slots.append((fetch_partition, partition))
                 reads.append((partition, fetch_partition))
         slots.append((key, topic_slots))
-    results = iter(await _read_partitions(reads, int(request.body.max_bytes)))
+    origin = ReadOrigin()
+    results = iter(await _read_partitions(reads, int(request.body.max_bytes), origin))
     total = 0
     waits: list[Readable] = []
     responses = []
@@ -164,13 +186,15 @@ async def _fetch_once(
             responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
         else:
             responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
-    return responses, total, waits, answer_now
+    return _Read(responses, total, waits, answer_now, origin.from_objects)
 
 
 Read = tuple[KafkaErrorCode, list[bytes | memoryview]]
 
 
-async def _read_partitions(reads: list[tuple[Readable, Any]], budget: int) -> list[Read]:
+async def _read_partitions(
+    reads: list[tuple[Readable, Any]], budget: int, origin: ReadOrigin
+) -> list[Read]:
     """Each partition's answer, in order, read up to :data:`READS_IN_FLIGHT` at once once a
     partition has answered data (a read from objects waits for the store; one after another, a
     catch-up of many partitions would wait for each in turn).
@@ -195,7 +219,7 @@ async def _read_partitions(reads: list[tuple[Readable, Any]], budget: int) -> li
             partition, fetch_partition = reads[started]
             limit = min(int(fetch_partition.partition_max_bytes), budget)
             results[started] = found = await _read_partition(
-                partition, fetch_partition, limit, True
+                partition, fetch_partition, limit, True, origin
             )
             limits[started] = int(fetch_partition.partition_max_bytes)  # nothing to top up
             reserved = sum(len(chunk) for chunk in found[1])
@@ -206,7 +230,7 @@ async def _read_partitions(reads: list[tuple[Readable, Any]], budget: int) -> li
                 limit = min(int(fetch_partition.partition_max_bytes), budget - reserved)
                 limits[started] = limit = max(limit, 0)
                 reserved += limit
-                reading = _read_partition(partition, fetch_partition, limit, first=False)
+                reading = _read_partition(partition, fetch_partition, limit, False, origin)
                 running[asyncio.ensure_future(reading)] = started
                 started += 1
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -219,11 +243,15 @@ async def _read_partitions(reads: list[tuple[Readable, Any]], budget: int) -> li
             task.cancel()
     answered = [result for result in results if result is not None]
     assert len(answered) == len(reads), "every partition read is answered"
-    return await _top_up(reads, answered, limits, budget)
+    return await _top_up(reads, answered, limits, budget, origin)
 
 
 async def _top_up(
-    reads: list[tuple[Readable, Any]], answered: list[Read], limits: list[int], budget: int
+    reads: list[tuple[Readable, Any]],
+    answered: list[Read],
+    limits: list[int],
+    budget: int,
+    origin: ReadOrigin,
 ) -> list[Read]:
     """``answered``, each read whose limit was below its partition's (``limits``) extended from
     where it stopped, in order, within its partition's limit and what is left of ``budget``."""
@@ -243,7 +271,7 @@ async def _top_up(
         if more <= 0 or offset >= partition.high_watermark:
             continue
         try:
-            extra = await partition.read(offset, more, min_one=False)
+            extra = await _read(partition, offset, more, False, origin)
         except StorageError as error:  # what it read already stands
             log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
             continue
@@ -253,7 +281,7 @@ async def _top_up(
 
 
 async def _read_partition(
-    partition: Readable, fetch_partition: Any, limit: int, first: bool
+    partition: Readable, fetch_partition: Any, limit: int, first: bool, origin: ReadOrigin
 ) -> Read:
     leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
     if leader_epoch >= 0 and leader_epoch != partition.epoch:
@@ -267,7 +295,16 @@ async def _read_partition(
     if offset < partition.log_start_offset or offset > partition.log_end_offset:
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE, []
     try:
-        return KafkaErrorCode.NONE, await partition.read(offset, limit, min_one=first)
+        return KafkaErrorCode.NONE, await _read(partition, offset, limit, first, origin)
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
         return KafkaErrorCode.KAFKA_STORAGE_ERROR, []
+
+
+async def _read(
+    partition: Readable, offset: int, limit: int, first: bool, origin: ReadOrigin
+) -> list[bytes | memoryview]:
+    """``partition.read``, telling ``origin`` whether it read objects (a partition led here)."""
+    if isinstance(partition, Partition):
+        return await partition.read(offset, limit, first, origin)
+    return await partition.read(offset, limit, min_one=first)
