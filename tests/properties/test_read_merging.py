@@ -9,6 +9,8 @@ not have joined the one before it).
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -74,7 +76,7 @@ def test_merged_reads_serve_every_read_once_within_the_limits(
         longest = max(read.end_exclusive - read.start for read in members)
         assert one.span_bytes <= max(max_merged_bytes, longest)
         event(f"reads per GET: {min(len(members), 4)}{'+' if len(members) >= 4 else ''}")
-    for before, after in zip(merged, merged[1:], strict=False):
+    for before, after in itertools.pairwise(merged):
         if before.key == after.key:
             opener = reads[after.members[0]]
             assert not can_join(

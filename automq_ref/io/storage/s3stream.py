@@ -88,6 +88,8 @@ from automq_ref.io.storage.object_store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    RequestShaping,
+    ShapedObjectStore,
 )
 from automq_ref.io.storage.stream_objects import (
     DataBlockCache,
@@ -248,9 +250,18 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
+        request_shaping: RequestShaping | None = None,
     ) -> None:
         self._wal = wal
-        self._store = store
+        self._store = store  # as given: the caller closes it
+        # Reads from objects are counted (GETs, bytes) below the request shaping, so the counts
+        # are the GETs the store sees: the node logs them beside the cache's size.
+        self.reads = CountingReads(store)
+        # The one store the storage reads and uploads through: ranged reads merged, reads and
+        # writes admitted apart, reads bounded in time (shaped_store.py).
+        self._objects = ShapedObjectStore(
+            self.reads, request_shaping or RequestShaping(), owns_store=False
+        )
         self._client = client
         self._view = view
         self._node_id = node_id
@@ -275,10 +286,8 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        # Reads from objects are counted (GETs, bytes): the node logs them beside the cache's size.
-        self.reads = CountingReads(store)
-        self._indexes = ObjectIndexCache(self.reads, namespace)
-        self._blocks = DataBlockCache(self.reads, namespace, block_cache_bytes)
+        self._indexes = ObjectIndexCache(self._objects, namespace)
+        self._blocks = DataBlockCache(self._objects, namespace, block_cache_bytes)
         self._readers = StreamReaders(lambda: self._view.image, self._indexes, self._blocks)
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -774,6 +783,7 @@ class S3Storage:
         await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
+        await self._objects.close()
         await self._wal.close()
 
     async def _cancel_tasks(self) -> None:
@@ -785,6 +795,7 @@ class S3Storage:
         await self._readers.close()
         await self._indexes.close()
         await self._blocks.close()
+        await self._objects.close()
 
     async def abandon(self) -> None:
         """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
@@ -890,7 +901,7 @@ class S3Storage:
         while True:
             try:
                 return await upload_layout(
-                    self._store,
+                    self._objects,
                     self._namespace,
                     effect.layout,
                     effect.records,
@@ -978,7 +989,7 @@ class S3Storage:
         """One lifecycle round now (the ticker runs one a second): orphans expire, destroyed
         objects are deleted. Returns (expired, removed)."""
         return await run_object_lifecycle(
-            self._client, self._view, self._store, self._namespace, self._clock.now_ms()
+            self._client, self._view, self._objects, self._namespace, self._clock.now_ms()
         )
 
     def _check(self, response: sm.Response, what: str) -> None:
