@@ -1,13 +1,13 @@
 """S3Storage: durable, readable streams over a WAL, LogCache, objects and controller.
 
-The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object
-WAL; the node picks one). Append: the stream's next offset is assigned first, the
-StreamRecordBatch goes to the WAL, and once the WAL has made it durable the record enters the
-LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
-the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
-contiguous run when it holds the start, else read objects (found through the metadata view's
-image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
-cache takes over.
+The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object WAL;
+the node picks one). Append: the stream's next offset is assigned first, the StreamRecordBatch goes
+to the WAL, and once the WAL has made it durable the record enters the LogCache machine (in WAL
+completion order) and the stream's confirm offset moves; only then does the caller get its offset.
+Reads never pass the confirm offset: they take the LogCache's contiguous run when it holds the
+start, else read objects (found through the metadata view's image, through the stream readers of
+:mod:`automq_ref.io.storage.block_cache`) up to where the cache takes over. Objects are read and
+uploaded through :mod:`automq_ref.io.storage.shaped_store` (GETs merged, reads and writes apart).
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -88,7 +88,6 @@ from automq_ref.io.storage.object_store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
-    RequestShaping,
     ShapedObjectStore,
 )
 from automq_ref.io.storage.stream_objects import (
@@ -250,18 +249,10 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
-        request_shaping: RequestShaping | None = None,
     ) -> None:
         self._wal = wal
-        self._store = store  # as given: the caller closes it
-        # Reads from objects are counted (GETs, bytes) below the request shaping, so the counts
-        # are the GETs the store sees: the node logs them beside the cache's size.
-        self.reads = CountingReads(store)
-        # The one store the storage reads and uploads through: ranged reads merged, reads and
-        # writes admitted apart, reads bounded in time (shaped_store.py).
-        self._objects = ShapedObjectStore(
-            self.reads, request_shaping or RequestShaping(), owns_store=False
-        )
+        self.reads = CountingReads(store)  # under the shaping: the GETs the store sees
+        self._objects = ShapedObjectStore(self.reads, owns_store=False)  # reads, uploads
         self._client = client
         self._view = view
         self._node_id = node_id
@@ -298,8 +289,7 @@ class S3Storage:
         self.failed = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self._sizes: dict[int, dict[int, int]] = {}
-        # During recovery the WAL is being replayed, not appended: it is reset afterwards, and
-        # cannot be trimmed before that.
+        # During recovery the WAL is replayed, not appended: reset after it, never trimmed before.
         self._recovering = False
         # Set when shutdown begins: an upload that runs out of retries then fails the storage.
         self._shutting_down = asyncio.Event()
