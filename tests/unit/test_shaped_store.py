@@ -119,7 +119,11 @@ async def local(tmp_path: Path) -> AsyncIterator[CountingReads]:
         yield counted
 
 
-def shaped_over(store: ObjectStore, gate: Gate, **shaping: Any) -> ShapedObjectStore:
+def shaped_over(store: ObjectStore, gate: Gate | None = None, **shaping: Any) -> ShapedObjectStore:
+    """``store`` shaped, its merge window held by ``gate`` (by default one left open)."""
+    if gate is None:
+        gate = Gate()
+        gate.opened.set()
     return ShapedObjectStore(store, RequestShaping(**shaping), owns_store=False, sleep=gate.sleep)
 
 
@@ -152,9 +156,7 @@ async def test_far_apart_reads_and_reads_of_other_objects_get_their_own_gets(
 ) -> None:
     await local.put("objects/1", os.urandom(6 * 1024 * KIB))
     await local.put("objects/2", os.urandom(KIB))
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(local, gate)
+    shaped = shaped_over(local)
     answers = await asyncio.gather(
         shaped.get_range("objects/1", 0, 100),
         shaped.get_range("objects/1", 301, 400),  # 201 of 400 bytes nobody asked for
@@ -168,9 +170,7 @@ async def test_far_apart_reads_and_reads_of_other_objects_get_their_own_gets(
 
 async def test_reads_one_after_another_are_not_merged() -> None:
     store = FakeStore({"k": bytes(range(200))})
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(store, gate)
+    shaped = shaped_over(store)
     assert await shaped.get_range("k", 0, 100) == bytes(range(100))
     assert await shaped.get_range("k", 100, 200) == bytes(range(100, 200))
     assert store.ranged_gets == [("k", 0, 100), ("k", 100, 200)]
@@ -219,9 +219,7 @@ async def test_an_empty_range_is_not_merged_and_behaves_as_a_direct_call(
 
 async def test_a_failed_merged_get_fails_every_caller_with_the_stores_error() -> None:
     store = FakeStore()
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(store, gate)
+    shaped = shaped_over(store)
     results = await asyncio.gather(
         shaped.get_range("gone", 0, 10), shaped.get_range("gone", 5, 20), return_exceptions=True
     )
@@ -241,9 +239,7 @@ async def test_a_merged_get_past_the_object_end_serves_the_ranges_inside_it(
 ) -> None:
     data = os.urandom(200)
     await local.put("objects/1", data)
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(local, gate)
+    shaped = shaped_over(local)
     inside, past, past_again = await asyncio.gather(
         shaped.get_range("objects/1", 0, 100),
         shaped.get_range("objects/1", 150, 300),
@@ -262,9 +258,7 @@ async def test_a_merged_get_past_the_object_end_serves_the_ranges_inside_it(
 async def test_a_read_the_store_does_not_answer_times_out() -> None:
     store = FakeStore({"k": b"x" * 100})
     store.hold_gets = asyncio.Event()  # never set
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(store, gate, read_timeout_ms=10)
+    shaped = shaped_over(store, read_timeout_ms=10)
     results = await asyncio.gather(
         shaped.get_range("k", 0, 10), shaped.get_range("k", 10, 20), return_exceptions=True
     )
@@ -322,9 +316,7 @@ async def test_close_fails_the_waiting_and_the_reading_callers() -> None:
 async def test_reads_waiting_at_their_limit_do_not_hold_up_a_put() -> None:
     store = FakeStore({f"k{index}": b"x" * 100 for index in range(3)})
     store.hold_gets = asyncio.Event()
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(store, gate, max_reads_in_flight=1, max_writes_in_flight=1)
+    shaped = shaped_over(store, max_reads_in_flight=1, max_writes_in_flight=1)
     reads = [asyncio.ensure_future(shaped.get_range(f"k{index}", 0, 10)) for index in range(3)]
     await settle()
     assert store.gets_in_flight == 1, "the read limit let more than one GET through"
@@ -339,9 +331,7 @@ async def test_reads_waiting_at_their_limit_do_not_hold_up_a_put() -> None:
 async def test_puts_waiting_at_their_limit_do_not_hold_up_a_read() -> None:
     store = FakeStore({"k": b"x" * 100})
     store.hold_puts = asyncio.Event()
-    gate = Gate()
-    gate.opened.set()
-    shaped = shaped_over(store, gate, max_reads_in_flight=1, max_writes_in_flight=1)
+    shaped = shaped_over(store, max_reads_in_flight=1, max_writes_in_flight=1)
     puts = [asyncio.ensure_future(shaped.put(f"p{index}", b"data")) for index in range(3)]
     await settle()
     assert await asyncio.wait_for(shaped.get_range("k", 0, 10), PATIENCE_S) == b"x" * 10
