@@ -79,7 +79,7 @@ from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
-from automq_ref.io.storage.object_store import ObjectStore, open_object_store
+from automq_ref.io.storage.object_store import ObjectStore, RequestShaping, open_object_store
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
 from automq_ref.io.storage.wal import WriteAheadLog
@@ -671,6 +671,7 @@ async def _start_on_wal(
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
+        request_shaping=RequestShaping(merge_window_ms=config.s3_object_read_merge_window_ms),
     )
     opened.storage = storage
     recovered = storage.recovered

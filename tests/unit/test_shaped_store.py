@@ -151,6 +151,22 @@ async def test_concurrent_adjacent_reads_share_one_get_over_the_local_store(
     await shaped.close()
 
 
+async def test_with_the_default_window_reads_issued_together_still_share_a_get(
+    local: CountingReads,
+) -> None:
+    data = os.urandom(64 * KIB)
+    await local.put("objects/1", data)
+    shaped = ShapedObjectStore(local, owns_store=False)  # window 0: the loop's next turn
+    assert shaped.shaping.merge_window_ms == 0
+    halves = await asyncio.gather(
+        shaped.get_range("objects/1", 0, 32 * KIB),
+        shaped.get_range("objects/1", 32 * KIB, 64 * KIB),
+    )
+    assert b"".join(halves) == data
+    assert local.gets == 1
+    await shaped.close()
+
+
 async def test_far_apart_reads_and_reads_of_other_objects_get_their_own_gets(
     local: CountingReads,
 ) -> None:

@@ -88,6 +88,7 @@ from automq_ref.io.storage.object_store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    RequestShaping,
     ShapedObjectStore,
 )
 from automq_ref.io.storage.stream_objects import (
@@ -249,10 +250,11 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
+        request_shaping: RequestShaping | None = None,
     ) -> None:
         self._wal = wal
         self.reads = CountingReads(store)  # under the shaping: the GETs the store sees
-        self._objects = ShapedObjectStore(self.reads, owns_store=False)  # reads, uploads
+        self._objects = ShapedObjectStore(self.reads, request_shaping, owns_store=False)
         self._client = client
         self._view = view
         self._node_id = node_id
@@ -322,6 +324,7 @@ class S3Storage:
         runs_lifecycle: Callable[[], bool] = lambda: True,
         close_recovered: bool = True,
         link_resolver: LinkResolver | None = None,
+        request_shaping: RequestShaping | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
@@ -342,6 +345,7 @@ class S3Storage:
             clock=clock,
             block_cache_bytes=block_cache_bytes,
             runs_lifecycle=runs_lifecycle,
+            request_shaping=request_shaping,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -959,10 +963,7 @@ class S3Storage:
         self._committed_event(effect.block_id).set()
 
     def _committed_event(self, block_id: int) -> asyncio.Event:
-        event = self._committed.get(block_id)
-        if event is None:
-            event = self._committed[block_id] = asyncio.Event()
-        return event
+        return self._committed.setdefault(block_id, asyncio.Event())
 
     async def _tick_forever(self) -> None:
         while True:
@@ -976,8 +977,7 @@ class S3Storage:
                 log.warning("object lifecycle round failed: %s", error)
 
     async def run_object_lifecycle(self) -> tuple[int, int]:
-        """One lifecycle round now (the ticker runs one a second): orphans expire, destroyed
-        objects are deleted. Returns (expired, removed)."""
+        """One lifecycle round now (the ticker's are a second apart); (expired, removed)."""
         return await run_object_lifecycle(
             self._client, self._view, self._objects, self._namespace, self._clock.now_ms()
         )

@@ -10,7 +10,8 @@ Theory of operation
 
 - **Merged ranged reads.** ``get_range`` does not go to the store at once: the read joins a
   waiting list, and the first read to find the list empty opens a window of
-  ``merge_window_ms`` (AutoMQ: 5 ms; the wait is the injected ``sleep``). When it closes, the
+  ``merge_window_ms`` (AutoMQ: 5 ms; here 0 by default, which closes it at the event loop's
+  next turn; the wait is the injected ``sleep``). When it closes, the
   list is planned by :func:`~automq_ref.state_machines.read_merging.plan_merged_reads` (per
   object, in start order, while the merged span stays within 4 MiB and at most half of it is
   bytes nobody asked for), each merged read is one GET of the store below, in a task of its
@@ -69,8 +70,12 @@ from automq_ref.state_machines.read_merging import (
 
 T = TypeVar("T")
 
-# AutoMQ's defaults.
-MERGE_WINDOW_MS = 5.0
+# AutoMQ waits 5 ms for reads to merge with. Here the window closes at the loop's next turn by
+# default (reads issued together still merge): a Fetch reads its partitions one after another,
+# so each of its cache misses would wait the whole window (docs/benchmarks.md, "Merged ranged
+# reads": 5 ms cut a catch-up's speed by 4x and merged next to nothing). AutoMQ's read timeout.
+AUTOMQ_MERGE_WINDOW_MS = 5.0
+MERGE_WINDOW_MS = 0.0
 READ_TIMEOUT_MS = 120_000
 
 
@@ -83,8 +88,8 @@ def default_requests_in_flight(cpus: int | None = None) -> int:
 
 @dataclass(frozen=True, slots=True)
 class RequestShaping:
-    """The knobs of :class:`ShapedObjectStore`, AutoMQ's values by default (``None``: the
-    machine's :func:`default_requests_in_flight`)."""
+    """The knobs of :class:`ShapedObjectStore`, AutoMQ's values by default but the merge window
+    (``MERGE_WINDOW_MS``; ``None``: the machine's :func:`default_requests_in_flight`)."""
 
     merge_window_ms: float = MERGE_WINDOW_MS
     max_merged_bytes: int = MAX_MERGED_READ_BYTES
@@ -109,11 +114,12 @@ class ShapedObjectStore(ObjectStore):
     def __init__(
         self,
         store: ObjectStore,
-        shaping: RequestShaping = RequestShaping(),
+        shaping: RequestShaping | None = None,
         *,
         owns_store: bool = True,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        shaping = shaping or RequestShaping()
         reads = shaping.max_reads_in_flight or default_requests_in_flight()
         writes = shaping.max_writes_in_flight or default_requests_in_flight()
         if reads < 1 or writes < 1:
