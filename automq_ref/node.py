@@ -78,7 +78,12 @@ from automq_ref.io.network_limiter import NetworkLimiters, network_limiters
 from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
-from automq_ref.io.storage.object_store import ObjectStore, ThrottledStore, open_object_store
+from automq_ref.io.storage.object_store import (
+    ObjectStore,
+    RequestShaping,
+    ThrottledStore,
+    open_object_store,
+)
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
@@ -637,6 +642,7 @@ async def _start_on_wal(
         runs_lifecycle=metadata.is_active,
         cold_reads=opened.cold_reads,
         limiters=limiters,
+        request_shaping=RequestShaping(merge_window_ms=config.s3_object_read_merge_window_ms),
     )
     opened.storage = storage
     recovered = storage.recovered

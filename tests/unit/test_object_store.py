@@ -44,6 +44,7 @@ from automq_ref.io.storage.object_store import (
     PreconditionFailed,
     RangeNotSatisfiable,
     S3ObjectStore,
+    ShapedObjectStore,
     backoff_delay_ms,
     open_object_store,
 )
@@ -105,7 +106,7 @@ async def assert_one_winner_per_key(
         assert await stores[-1].get(key) == contents[winners[0]]
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", "shaped-local"])
 def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -117,6 +118,8 @@ async def store(
     created: ObjectStore
     if backend == "local":
         created = LocalDirectoryObjectStore(tmp_path / "objects")
+    elif backend == "shaped-local":  # the contract holds through the request shaping too
+        created = ShapedObjectStore(LocalDirectoryObjectStore(tmp_path / "objects"))
     else:
         created = await moto_store(request.getfixturevalue("moto_s3"))
     async with created:

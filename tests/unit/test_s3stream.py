@@ -143,7 +143,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     if storage._ticker is not None:
         storage._ticker.cancel()
     await metadata_log.close()
-    crashed_store = storage._store
+    crashed_store = storage.reads.store
     await medium.crash()
     storage, metadata_log = await start(medium, tmp_path, 2, open_store)
     for stream_id in streams:
@@ -162,7 +162,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     await storage.shutdown()
     await metadata_log.close()
     await crashed_store.close()
-    await storage._store.close()
+    await storage.reads.store.close()
 
     # A graceful shutdown uploaded everything: the next start recovers nothing from the WAL.
     storage, metadata_log = await start(medium, tmp_path, 3, open_store)
@@ -171,7 +171,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
         assert await storage.open_stream(stream_id, 2) == (0, 61 if stream_id == streams[0] else 60)
     await storage.shutdown()
     await metadata_log.close()
-    await storage._store.close()
+    await storage.reads.store.close()
     await medium.close()
 
 

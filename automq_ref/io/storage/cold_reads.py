@@ -35,7 +35,12 @@ from typing import Any, TypeVar
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.network_limiter import NetworkBandwidthLimiter
 from automq_ref.io.storage.block_cache import StreamReaders
-from automq_ref.io.storage.object_store import CountingReads, ObjectStore
+from automq_ref.io.storage.object_store import (
+    CountingReads,
+    ObjectStore,
+    RequestShaping,
+    ShapedObjectStore,
+)
 from automq_ref.io.storage.stream_objects import DataBlockCache, ObjectIndexCache
 from automq_ref.state_machines import stream_metadata as sm
 
@@ -145,8 +150,9 @@ async def _cancel_others() -> None:
 
 
 class ObjectReads:
-    """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`),
-    the object index cache, the data block cache of ``block_cache_bytes`` and the stream
+    """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`)
+    and shaped over that (``shaping``: merged ranged reads, its own in-flight limit), the object
+    index cache, the data block cache of ``block_cache_bytes`` and the stream
     readers over ``image``, the block GETs through ``limiter`` (the inbound bucket of the
     network bandwidth limiter, safe from any loop). Given ``cold``, they are built over its
     store and used on its loop only; :meth:`close` closes them and then ``cold`` (which this
@@ -161,11 +167,13 @@ class ObjectReads:
         cold: ColdReads | None = None,
         *,
         limiter: NetworkBandwidthLimiter | None = None,
+        shaping: RequestShaping | None = None,
     ) -> None:
         self._cold = cold
         self.counted = CountingReads(store if cold is None else cold.store)
-        self.indexes = ObjectIndexCache(self.counted, namespace)
-        self.blocks = DataBlockCache(self.counted, namespace, block_cache_bytes, limiter=limiter)
+        self.shaped = ShapedObjectStore(self.counted, shaping, owns_store=False)
+        self.indexes = ObjectIndexCache(self.shaped, namespace)
+        self.blocks = DataBlockCache(self.shaped, namespace, block_cache_bytes, limiter=limiter)
         self.readers = StreamReaders(image, self.indexes, self.blocks)
 
     async def read(
@@ -184,6 +192,7 @@ class ObjectReads:
             await self.readers.close()
             await self.indexes.close()
             await self.blocks.close()
+            await self.shaped.close()
 
         if self._cold is None:
             await close_caches()

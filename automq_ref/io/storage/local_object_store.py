@@ -19,7 +19,8 @@
 - Leftovers of a crash during a put stay in the staging directory, which ``list`` never shows.
 - Limitation: a name cannot be both an object and a directory, so ``a`` and ``a/b`` cannot coexist
   (S3 allows it). Writing the second raises :class:`InvalidKey`. AutoMQ's keys never collide so.
-- Blocking file I/O runs in a small dedicated thread pool, never on the event loop. On the machine
+- Blocking file I/O runs in small dedicated thread pools (one for reads, one for writes, each of
+  ``io_threads``, so queued reads never delay a put), never on the event loop. On the machine
   this was written on, the hop costs about 0.15 ms per call: a 4 KiB read takes 9 us inline and
   about 190 us through the pool, a fsynced 4 KiB put 0.7 ms inline and 1.0 ms through the pool.
   That price is paid because a read that misses the page cache or an fsync can stall for
@@ -66,6 +67,8 @@ T = TypeVar("T")
 ETAG_XATTR_NAME = "user.automq_ref.etag"
 
 _PUBLISH_ATTEMPTS = 8
+# The operations that run on the write pool; the others run on the read pool.
+_WRITES = frozenset({"put", "put_if_absent", "delete", "delete_many"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,7 +90,12 @@ class LocalDirectoryObjectStore(ObjectStore):
             raise ObjectStoreError(
                 f"cannot create object store at {self._root}: {error}"
             ) from error
-        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="object-store")
+        # Reads and writes on pools of their own: a burst of reads queued in one pool cannot
+        # hold up a put (shaped_store.py keeps each side's requests in flight bounded).
+        self._executor = ThreadPoolExecutor(io_threads, thread_name_prefix="object-store-read")
+        self._write_executor = ThreadPoolExecutor(
+            io_threads, thread_name_prefix="object-store-write"
+        )
         self._closed = False
 
     def __repr__(self) -> str:
@@ -140,6 +148,7 @@ class LocalDirectoryObjectStore(ObjectStore):
         self._closed = True
         # Waits for operations already handed to the pool; off the loop because it blocks.
         await asyncio.to_thread(self._executor.shutdown, True)
+        await asyncio.to_thread(self._write_executor.shutdown, True)
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -150,7 +159,8 @@ class LocalDirectoryObjectStore(ObjectStore):
             raise ObjectStoreError(f"{operation}: {self!r} is closed", key=key)
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(function, *args))
+            executor = self._write_executor if operation in _WRITES else self._executor
+            return await loop.run_in_executor(executor, functools.partial(function, *args))
         except ObjectStoreError:
             raise
         except OSError as error:

@@ -2,15 +2,16 @@
 
 This module is the one door the shell uses: it re-exports the contract
 (``object_store_contract.py``: :class:`ObjectStore`, its errors and values, the key rules) and
-both backends (``local_object_store.py``, ``s3_object_store.py``), and builds a store from a URI.
-Each of those modules' docstrings states its half of the contract.
+both backends (``local_object_store.py``, ``s3_object_store.py``) and the request shaping over
+either (``shaped_store.py``: merged ranged reads, read/write isolation, the read timeout), and
+builds a store from a URI. Each of those modules' docstrings states its part of the contract.
 
 :class:`CountingReads` wraps a store and counts the GETs made through it and the bytes they
-returned, whichever the backend: the storage reads objects through one, so that the bytes a
-catch-up fetches from the store can be set beside the bytes it delivers (the node logs them).
-:class:`ThrottledStore` puts a store's GETs and PUTs through the network bandwidth limiter
-(:mod:`automq_ref.io.network_limiter`) at one priority: the object WAL's and object
-compaction's stores are wrapped in one.
+returned, whichever the backend: the storage reads objects through one, under its shaped store,
+so that the GETs the store really sees and the bytes a catch-up fetches from it can be set beside
+the bytes it delivers (the node logs them). :class:`ThrottledStore` puts a store's GETs and PUTs
+through the network bandwidth limiter (:mod:`automq_ref.io.network_limiter`) at one priority:
+the object WAL's and object compaction's stores are wrapped in one.
 
 :func:`open_object_store` builds a store from a URI: ``file:///path`` or
 ``s3://bucket?region=...&endpoint=...&pathStyle=true``, optionally with AutoMQ's ``<id>@`` bucket
@@ -46,6 +47,7 @@ from automq_ref.io.storage.object_store_contract import (
     validate_prefix,
 )
 from automq_ref.io.storage.s3_object_store import S3ObjectStore, backoff_delay_ms
+from automq_ref.io.storage.shaped_store import RequestShaping, ShapedObjectStore
 from automq_ref.state_machines.network_limiter import Priority
 
 __all__ = [
@@ -64,7 +66,9 @@ __all__ = [
     "Payload",
     "PreconditionFailed",
     "RangeNotSatisfiable",
+    "RequestShaping",
     "S3ObjectStore",
+    "ShapedObjectStore",
     "ThrottledStore",
     "backoff_delay_ms",
     "open_object_store",

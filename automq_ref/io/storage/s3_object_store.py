@@ -68,6 +68,7 @@ from automq_ref.io.storage.object_store_contract import (
     validate_key,
     validate_prefix,
 )
+from automq_ref.io.storage.shaped_store import default_requests_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class S3ObjectStore(ObjectStore):
         backoff_jitter_ms: int = 1000,
         connect_timeout_ms: int = 10_000,
         read_timeout_ms: int = 60_000,
-        max_pool_connections: int = 64,
+        max_pool_connections: int | None = None,
         list_page_size: int = S3_LIST_PAGE_LIMIT,
         delete_batch_size: int = S3_DELETE_BATCH_LIMIT,
         random_unit: Callable[[], float] = random.random,
@@ -205,8 +206,10 @@ class S3ObjectStore(ObjectStore):
         client: Any = None,
     ) -> None:
         """``client``: an already open S3 client to use instead of creating one (the store
-        does not close it); tests pass fakes here. ``random_unit`` draws the jitter in [0, 1);
-        ``sleep`` waits that many seconds."""
+        does not close it); tests pass fakes here. ``max_pool_connections`` by default holds
+        both in-flight limits of a shaped store over this one (``shaped_store.py``), so reads
+        in flight never leave a PUT waiting for a connection. ``random_unit`` draws the
+        jitter in [0, 1); ``sleep`` waits that many seconds."""
         if not bucket:
             raise ValueError("bucket must not be empty")
         if max_attempts < 1:
@@ -230,7 +233,7 @@ class S3ObjectStore(ObjectStore):
         self._backoff_jitter_ms = backoff_jitter_ms
         self._connect_timeout_ms = connect_timeout_ms
         self._read_timeout_ms = read_timeout_ms
-        self._max_pool_connections = max_pool_connections
+        self._max_pool_connections = max_pool_connections or 2 * default_requests_in_flight()
         self._list_page_size = list_page_size
         self._delete_batch_size = delete_batch_size
         self._random_unit = random_unit

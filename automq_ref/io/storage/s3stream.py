@@ -1,15 +1,14 @@
 """S3Storage: durable, readable streams over a WAL, LogCache, objects and controller.
 
-The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object
-WAL; the node picks one). Append: the stream's next offset is assigned first, the
-StreamRecordBatch goes to the WAL, and once the WAL has made it durable the record enters the
-LogCache machine (in WAL completion order) and the stream's confirm offset moves; only then does
-the caller get its offset. Reads never pass the confirm offset: they take the LogCache's
-contiguous run when it holds the start, else read objects (found through the metadata view's
-image, through the stream readers of :mod:`automq_ref.io.storage.block_cache`) up to where the
-cache takes over. Given :class:`~automq_ref.io.storage.cold_reads.ColdReads` (the node gives
-them), the readers, their caches and their store live on the cold-read loop, and a read from
-objects is handed there and awaited; the storage closes them with the readers.
+The WAL is any :class:`~automq_ref.io.storage.wal.WriteAheadLog` (the block WAL or the object WAL;
+the node picks one). Append: the stream's next offset is assigned first, the StreamRecordBatch goes
+to the WAL, and once the WAL has made it durable the record enters the LogCache machine (in WAL
+completion order) and the stream's confirm offset moves; only then does the caller get its offset.
+Reads never pass the confirm offset: they take the LogCache's contiguous run when it holds the
+start, else read objects (found through the metadata view's image, through the stream readers of
+:mod:`automq_ref.io.storage.block_cache`) up to where the cache takes over, on the cold-read
+loop when given one (:mod:`automq_ref.io.storage.cold_reads`). Objects are read and uploaded
+through :mod:`automq_ref.io.storage.shaped_store` (GETs merged, reads and writes apart).
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -92,6 +91,8 @@ from automq_ref.io.storage.object_store import (
     ObjectStore,
     ObjectStoreError,
     ObjectStoreUnavailable,
+    RequestShaping,
+    ShapedObjectStore,
     ThrottledStore,
 )
 from automq_ref.io.storage.stream_objects import (
@@ -224,13 +225,16 @@ class S3Storage:
         runs_lifecycle: Callable[[], bool] = lambda: True,
         cold_reads: ColdReads | None = None,
         limiters: NetworkLimiters | None = None,
+        request_shaping: RequestShaping | None = None,
     ) -> None:
         self._wal = wal
-        self._store = store
+        self._objects = ShapedObjectStore(store, request_shaping, owns_store=False)
         # Uploads' PUTs take their bytes from the outbound bucket at BYPASS: never waiting, the
         # debt theirs to run into (reads from objects consume inbound, in the block cache).
         self._upload_store = (
-            store if limiters is None else ThrottledStore(store, limiters, Priority.BYPASS)
+            self._objects
+            if limiters is None
+            else ThrottledStore(self._objects, limiters, Priority.BYPASS)
         )
         self._client = client
         self._view = view
@@ -256,9 +260,9 @@ class S3Storage:
             },
         )
         self._streams: dict[int, _OpenStream] = {}
-        # Reads from objects, counted (the node logs them beside the cache's size), the block
-        # GETs through the limiter's inbound bucket; on the cold reads' loop and store when
-        # given, which this storage then owns and closes.
+        # Reads from objects, counted under their own shaping (the GETs the store sees, which
+        # the node logs beside the cache's size), the block GETs through the limiter's inbound
+        # bucket; on the cold reads' loop and store when given, which this storage then owns.
         self._object_reads = ObjectReads(
             store,
             namespace,
@@ -266,6 +270,7 @@ class S3Storage:
             lambda: self._view.image,
             cold_reads,
             limiter=None if limiters is None else limiters.inbound,
+            shaping=request_shaping,
         )
         self.reads = self._object_reads.counted
         self._committed: dict[int, asyncio.Event] = {}
@@ -277,8 +282,7 @@ class S3Storage:
         self.failed = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self._sizes: dict[int, dict[int, int]] = {}
-        # During recovery the WAL is being replayed, not appended: it is reset afterwards, and
-        # cannot be trimmed before that.
+        # During recovery the WAL is replayed, not appended: reset after it, never trimmed before.
         self._recovering = False
         # Set when shutdown begins: an upload that runs out of retries then fails the storage.
         self._shutting_down = asyncio.Event()
@@ -313,6 +317,7 @@ class S3Storage:
         link_resolver: LinkResolver | None = None,
         cold_reads: ColdReads | None = None,
         limiters: NetworkLimiters | None = None,
+        request_shaping: RequestShaping | None = None,
     ) -> S3Storage:
         """Recover the WAL (opened at the registration's epoch) into objects, reset it, close
         the recovered streams (unless ``close_recovered`` is off: a failover target closes
@@ -335,6 +340,7 @@ class S3Storage:
             runs_lifecycle=runs_lifecycle,
             cold_reads=cold_reads,
             limiters=limiters,
+            request_shaping=request_shaping,
         )
         storage._recovering = True
         recovering = {s.stream_id: s for s in registration.opening_streams}
@@ -773,6 +779,7 @@ class S3Storage:
         for task in list(self._tasks):
             await task
         await self._object_reads.close()
+        await self._objects.close()
         await self._wal.close()
 
     async def _cancel_tasks(self) -> None:
@@ -782,6 +789,7 @@ class S3Storage:
             with contextlib.suppress(BaseException):
                 await task
         await self._object_reads.close()
+        await self._objects.close()
 
     async def abandon(self) -> None:
         """Stop without uploading: this broker was fenced (its node epoch bumped), so nothing
@@ -955,10 +963,7 @@ class S3Storage:
         self._committed_event(effect.block_id).set()
 
     def _committed_event(self, block_id: int) -> asyncio.Event:
-        event = self._committed.get(block_id)
-        if event is None:
-            event = self._committed[block_id] = asyncio.Event()
-        return event
+        return self._committed.setdefault(block_id, asyncio.Event())
 
     async def _tick_forever(self) -> None:
         while True:
@@ -972,10 +977,9 @@ class S3Storage:
                 log.warning("object lifecycle round failed: %s", error)
 
     async def run_object_lifecycle(self) -> tuple[int, int]:
-        """One lifecycle round now (the ticker runs one a second): orphans expire, destroyed
-        objects are deleted. Returns (expired, removed)."""
+        """One lifecycle round now (the ticker's are a second apart); (expired, removed)."""
         return await run_object_lifecycle(
-            self._client, self._view, self._store, self._namespace, self._clock.now_ms()
+            self._client, self._view, self._objects, self._namespace, self._clock.now_ms()
         )
 
     def _check(self, response: sm.Response, what: str) -> None:
