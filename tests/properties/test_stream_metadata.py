@@ -59,6 +59,28 @@ TTL_MS = 1000
 deltas = st.sampled_from([-1, 0, 0, 0, 0, 0, 0, 1])
 
 
+def live_runs(
+    image: StreamMetadataImage, sources: list[sm.StreamSetObject]
+) -> list[tuple[int, int, int]]:
+    """(stream, start, end) of the merged offsets of ``sources`` that are still live: their
+    stream exists and they lie at or above its start. What a compaction of ``sources`` must
+    write again (the reference the compaction rules plan their outputs by)."""
+    pieces = sorted(
+        (r.stream_id, max(r.start_offset, stream.start_offset), r.end_offset)
+        for source in sources
+        for r in source.ranges
+        if (stream := image.streams.get(r.stream_id)) is not None
+        and r.end_offset > stream.start_offset
+    )
+    runs: list[tuple[int, int, int]] = []
+    for stream_id, start, end in pieces:
+        if runs and runs[-1][0] == stream_id and runs[-1][2] == start:
+            runs[-1] = (stream_id, runs[-1][1], end)
+        else:
+            runs.append((stream_id, start, end))
+    return runs
+
+
 class StreamMetadataMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -379,23 +401,6 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             assert response.error is StreamErrorCode.NONE, response
             assert self.image.streams[stream.stream_id].end_offset == start + length
 
-    def live_runs(self, ranges: list[sm.StreamOffsetRange]) -> list[tuple[int, int, int]]:
-        """(stream, start, end) of the merged offsets of ``ranges`` that are still live: the
-        stream exists and the offsets are at or above its start."""
-        pieces = sorted(
-            (r.stream_id, max(r.start_offset, stream.start_offset), r.end_offset)
-            for r in ranges
-            if (stream := self.image.streams.get(r.stream_id)) is not None
-            and r.end_offset > stream.start_offset
-        )
-        runs: list[tuple[int, int, int]] = []
-        for stream_id, start, end in pieces:
-            if runs and runs[-1][0] == stream_id and runs[-1][2] == start:
-                runs[-1] = (stream_id, runs[-1][1], end)
-            else:
-                runs.append((stream_id, start, end))
-        return runs
-
     @precondition(
         lambda self: any(len(node.stream_set_objects) >= 1 for node in self.image.nodes.values())
     )
@@ -417,7 +422,7 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             st.sampled_from([n for n in self.image.nodes.values() if n.stream_set_objects])
         )
         sources = sorted(node.stream_set_objects.values(), key=lambda o: o.order_id)[:take]
-        runs = self.live_runs([r for source in sources for r in source.ranges])
+        runs = live_runs(self.image, sources)
         compacted = [source.object_id for source in sources]
         if fault == "foreign_source":
             others = [o for o in self.image.objects if o not in node.stream_set_objects]
@@ -447,11 +452,10 @@ class StreamMetadataMachine(RuleBasedStateMachine):
         else:
             set_object_id, ranges = NO_OBJECT, ()
             entries = tuple(
-                CommitStreamObjectEntry(first + i, s, a, b, 10)
-                for i, (s, a, b) in enumerate(runs)
+                CommitStreamObjectEntry(first + i, s, a, b, 10) for i, (s, a, b) in enumerate(runs)
             )
         before = self.image
-        live = self.live_runs([r for source in sources for r in source.ranges])
+        live = live_runs(self.image, sources)
         response = self.apply(
             CommitStreamSetObject(
                 node.node_id,

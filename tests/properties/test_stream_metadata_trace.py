@@ -57,13 +57,14 @@ from automq_ref.state_machines.stream_metadata import (
     StreamMetadataImage,
     StreamMetadataParams,
     StreamOffsetRange,
-    StreamSetObject,
     StreamState,
     TrimStream,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
+
+from tests.properties.test_stream_metadata import live_runs
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
 
@@ -592,23 +593,6 @@ class StreamMetadataTraceMachine(RuleBasedStateMachine):
             )
         )
 
-    def live_runs(self, sources: list[StreamSetObject]) -> list[tuple[int, int, int]]:
-        """(stream, start, end) of the merged offsets of ``sources`` still live."""
-        pieces = sorted(
-            (r.stream_id, max(r.start_offset, stream.start_offset), r.end_offset)
-            for source in sources
-            for r in source.ranges
-            if (stream := self.image.streams.get(r.stream_id)) is not None
-            and r.end_offset > stream.start_offset
-        )
-        runs: list[tuple[int, int, int]] = []
-        for stream_id, start, end in pieces:
-            if runs and runs[-1][0] == stream_id and runs[-1][2] == start:
-                runs[-1] = (stream_id, runs[-1][1], end)
-            else:
-                runs.append((stream_id, start, end))
-        return runs
-
     @precondition(
         lambda self: (
             self.image.next_object_id > 0
@@ -636,7 +620,7 @@ class StreamMetadataTraceMachine(RuleBasedStateMachine):
         ordered = sorted(node.stream_set_objects.values(), key=lambda o: o.order_id)
         first = data.draw(st.integers(0, len(ordered) - 1))
         sources = ordered[first : first + take]
-        runs = [] if shape == "cleanup" else self.live_runs(sources)
+        runs = [] if shape == "cleanup" else live_runs(self.image, sources)
         if len(runs) > 1 or (shape != "cleanup" and not runs):
             return  # outputs of several runs, or of none: outside the spec's fragment
         cut = None
@@ -648,7 +632,9 @@ class StreamMetadataTraceMachine(RuleBasedStateMachine):
         needed = 0 if not runs else 2 if cut is not None else 1
         if stale:
             compacted = tuple(
-                sorted(data.draw(st.sets(st.integers(0, self.image.next_object_id - 1), min_size=1)))
+                sorted(
+                    data.draw(st.sets(st.integers(0, self.image.next_object_id - 1), min_size=1))
+                )
             )
             objects = [self.object_id(data) for _ in range(needed)]
             node_epoch = self.node_epoch(data, node.node_id)
