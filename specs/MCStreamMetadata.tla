@@ -42,4 +42,17 @@ NoCommitAcrossTrimPoint ==
         /\ Live(c.stream)
         /\ c.start < streamStart[c.stream]
         /\ c.end > streamStart[c.stream]
+
+\* ReachMerge (an action property, exit 13): a node's stream set objects are merged, two or
+\* more of them replaced by one new stream set object in one step (three objects needed).
+NoStreamSetObjectsMerged ==
+    [][~(/\ Cardinality(streamSetObjects \ streamSetObjects') >= 2
+         /\ streamSetObjects' \ streamSetObjects # {})]_vars
+
+\* ReachCleanup (an action property, exit 13): a pure cleanup, stream set object records go and
+\* no object and no record takes their place (objectId -1, no stream objects).
+NoPureCleanup ==
+    [][~(/\ streamSetObjects' \subseteq streamSetObjects /\ streamSetObjects' # streamSetObjects
+         /\ streamObjects' \subseteq streamObjects
+         /\ \A x \in Objects : objectState'[x] = "COMMITTED" => objectState[x] = "COMMITTED")]_vars
 =============================================================================

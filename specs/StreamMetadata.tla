@@ -35,9 +35,10 @@
 (* current range at the stream's end offset and starts a new range there,  *)
 (* owned by the opener; closed; trimmed (also past the end); deleted.      *)
 (* Objects: ids handed out in order, PREPARED, then COMMITTED by a stream  *)
-(* set object commit (a WAL upload) or a stream object commit              *)
-(* (compaction), or MARK_DESTROYED when their TTL passes, then REMOVED     *)
-(* after the retention.  Nodes: a node epoch per node (a restart is        *)
+(* set object commit (a WAL upload, or the output of a compaction) or a    *)
+(* stream object commit (compaction), or MARK_DESTROYED when their TTL     *)
+(* passes or a compaction replaces them, then REMOVED after the            *)
+(* retention.  Nodes: a node epoch per node (a restart is                  *)
 (* granted a higher one), and a failover mode set when a survivor takes    *)
 (* the node over.                                                          *)
 (*                                                                         *)
@@ -49,21 +50,44 @@
 (*   happen at any time before the close.                                  *)
 (* - Huge-cluster mode (SSO records without ranges, S3StreamEndOffsets):   *)
 (*   an encoding choice; the spec keeps the ranges in the record.          *)
-(* - A stream set object holds ONE stream range here (AutoMQ: many).  The  *)
-(*   controller checks each range of a commit independently and applies    *)
-(*   them atomically, so one range per object loses only the "several      *)
-(*   streams in one object" bookkeeping.  Stream objects split off at      *)
-(*   upload time are not modelled separately: an upload is always a stream *)
-(*   set object here.                                                      *)
-(* - Compaction: CommitStreamObject merges the objects holding [start,     *)
-(*   end) of one stream into one stream object and destroys the sources.   *)
-(*   It stands for both AutoMQ's stream-object compaction                  *)
-(*   (commitStreamObject) and the split of a (one-range) stream set object *)
-(*   into a stream object.  The sources are the objects the controller     *)
-(*   holds for that interval when the request arrives (the compactor's     *)
-(*   view is never stale here; a stale one gets COMPACTED_OBJECTS_NOT_FOUND*)
-(*   in AutoMQ).  SSO-to-SSO compaction, orderIds, dataTime, attributes    *)
-(*   and the pure-cleanup request (objectId -1) are left out.              *)
+(* - A stream set object holds ONE stream range here (AutoMQ: many, one    *)
+(*   per stream). The controller checks each range of a commit             *)
+(*   independently and applies them atomically, so one range per object    *)
+(*   loses only the "several streams in one object" bookkeeping. Stream    *)
+(*   objects split off at upload time are not modelled separately: an      *)
+(*   upload is always a stream set object here. A compaction's new stream  *)
+(*   set object holds one run too; the models have one stream, where       *)
+(*   AutoMQ's would hold one range as well, and letting an output hold a   *)
+(*   set of runs would make TLC enumerate sets of runs for every request,  *)
+(*   beyond the models' time budget.                                       *)
+(* - Compaction, in two requests. CommitStreamObject (commitStreamObject)  *)
+(*   merges the stream objects holding [start, end) of one stream into one *)
+(*   stream object; its sources are the stream objects the controller      *)
+(*   holds for that interval (that compactor's view is never stale here);  *)
+(*   its pure cleanup (objectId -1) is left out.                           *)
+(*   CommitStreamSetObjectCompaction (commitStreamSetObject naming         *)
+(*   compactedObjectIds) replaces stream set objects of one node by at     *)
+(*   most one new stream set object (the merged run) and at most one       *)
+(*   stream object (a split run), or by nothing: the pure cleanup          *)
+(*   (objectId -1) of sources that held only a deleted stream's data or    *)
+(*   data below the start. The request may name any sources and outputs (a *)
+(*   stale compactor names objects already gone, a confused one another    *)
+(*   node's, or outputs that lose a run); the controller refuses sources   *)
+(*   that are not COMMITTED stream set objects of the node                 *)
+(*   (COMPACTED_OBJECTS_NOT_FOUND) and outputs that do not hold exactly    *)
+(*   the sources' live offsets (OFFSET_NOT_MATCHED), as the Python machine *)
+(*   does. AutoMQ's controller trusts the compactor for the second         *)
+(*   (MCStreamMetadataNoCoverageCheck.cfg shows what that trust must       *)
+(*   cover). Compaction requests are never in failover mode.               *)
+(* - OrderIds, dataTime and attributes. The new stream set object takes    *)
+(*   the smallest orderId and dataTime of its sources (the Python machine  *)
+(*   does; its property test checks it), so that AutoMQ's lookup, which    *)
+(*   scans the range owner's objects in orderId order, meets a stream's    *)
+(*   offsets in order. The spec has no such lookup (nor has the Python     *)
+(*   machine: get_objects walks every candidate), so no invariant here     *)
+(*   reads orderIds; stating one would also need nodes that commit their   *)
+(*   uploads in object-id order, which the environment here (any node      *)
+(*   commits any prepared object) does not promise.                        *)
 (* - Time: TTLs and retention are "may happen at any time" (ExpireObject   *)
 (*   any time before commit, RemoveObject any time after destroy).         *)
 (* - The KV store (putKV/deleteKV, with put-if-absent, compare-and-set     *)
@@ -119,7 +143,9 @@ CONSTANTS
     CheckContinuity,  \* a commit must start exactly at the stream's end offset
     CheckOpenFence,   \* open refuses a stream epoch below the stored one
     CheckExpireState, \* the TTL task expires an object only while it is still PREPARED
-    TrimMovesEnd      \* a trim past the end moves the current range's and stream's end
+    TrimMovesEnd,     \* a trim past the end moves the current range's and stream's end
+    CheckCompactedObjects,   \* a compaction's sources must be the requester's committed SSOs
+    CheckCompactionCoverage  \* ... and its outputs hold exactly their live offsets
 
 ASSUME
     /\ Nodes # {}
@@ -128,11 +154,13 @@ ASSUME
     /\ MaxNodeEpoch \in Nat /\ MaxStreamEpoch \in Nat /\ MaxOffset \in Nat \ {0}
     /\ MaxPerturbedNodes \in Nat
     /\ {CheckRangeOwner, CheckStreamEpoch, CheckObjectState, CheckContinuity, CheckOpenFence,
-        CheckExpireState, TrimMovesEnd} \subseteq BOOLEAN
+        CheckExpireState, TrimMovesEnd, CheckCompactedObjects, CheckCompactionCoverage}
+           \subseteq BOOLEAN
 
 NoEpoch == -1          \* the epoch of a stream that was never opened
 NoRange == -1          \* its range index
 AnyStreamEpoch == -1   \* a compaction request that claims no stream epoch (AutoMQ sends -1)
+NoObject == -1         \* objectId -1: a compaction that writes no new stream set object
 NodeEpochs == 0..MaxNodeEpoch
 StreamEpochs == 0..MaxStreamEpoch
 Offsets == 0..MaxOffset
@@ -301,8 +329,12 @@ CommitStreamSetObjectError(n, e, o, s, se, start, end, failover) ==
        ELSE IF oc # "NONE" THEN oc
        ELSE ContinuityCheck(n, s, se, start, end)
 
-\* The objects a compaction of [start, end) of stream s replaces.
-CompactionSources(s, start, end) == {r \in DataRefs(s) : start <= r.start /\ r.end <= end}
+\* The objects a stream object compaction of [start, end) of stream s replaces: the stream's
+\* stream objects inside the interval.  (Stream set objects are replaced by the compaction form
+\* of commitStreamSetObject, CommitStreamSetObjectCompaction.)
+CompactionSources(s, start, end) ==
+    {[object |-> r.object, start |-> r.start, end |-> r.end] :
+        r \in {x \in streamObjects : x.stream = s /\ start <= x.start /\ x.end <= end}}
 
 \* The sources tile [start, end): every offset lies in exactly one of them.  A compactor only
 \* asks for such a merge; AutoMQ's controller trusts it to (the spec makes it a precondition).
@@ -322,6 +354,55 @@ CommitStreamObjectError(n, e, o, s, se, start, end) ==
        ELSE IF \E r \in CompactionSources(s, start, end) : objectState[r.object] # "COMMITTED"
             THEN "COMPACTED_OBJECTS_NOT_FOUND"
        ELSE "NONE"
+
+\* The compaction form of commitStreamSetObject.  The request names the stream set objects it
+\* replaces (compactedObjectIds) and its outputs: at most one new stream set object o holding
+\* one run (streamRanges) and at most one stream object so holding one run (streamObjects);
+\* NoObject for an absent output, both absent for a pure cleanup.  A run is [start, end) of a
+\* stream; NoRun stands in for the run of an absent output.
+Runs == {r \in [stream : Streams, start : Offsets, end : Offsets] : r.start < r.end}
+NoRun == [stream |-> -1, start |-> 0, end |-> 0]
+
+\* The runs an output object may be given: any run of a stream that was created (a compactor
+\* only names streams it read from its sources, as an upload only names created streams).
+OutputRuns(x) == IF x = NoObject THEN {NoRun} ELSE {r \in Runs : streamState[r.stream] # "NONE"}
+
+Holds(r, t, x) == r.stream = t /\ r.start <= x /\ x < r.end
+LiveOffset(t, x) == Live(t) /\ streamStart[t] <= x
+
+\* The ids of n's stream set objects (its NodeRuntimeMetadata.streamSetObjects).
+NodeSsoIds(n) == {r.object : r \in {x \in streamSetObjects : x.node = n}}
+
+\* The records the controller finds for the sources: n's own (with CheckCompactedObjects =
+\* FALSE, the mutation, any node's).
+CompactionInputs(n, compacted) ==
+    {r \in streamSetObjects : r.object \in compacted /\ (CheckCompactedObjects => r.node = n)}
+
+\* Every source is a COMMITTED stream set object of n.
+CompactedFound(n, compacted) ==
+    \A x \in compacted : objectState[x] = "COMMITTED" /\ x \in NodeSsoIds(n)
+
+\* The outputs hold exactly the live offsets of the inputs, each in one output: per live offset,
+\* as many outputs hold it as inputs do (zero or one; committed objects never overlap).  Dead
+\* offsets (a deleted stream's, or below the start) may be kept or dropped.
+CoverageMatches(inputs, o, ssoRun, so, soRun) ==
+    \A t \in Streams, x \in Offsets : LiveOffset(t, x) =>
+        (IF o # NoObject /\ Holds(ssoRun, t, x) THEN 1 ELSE 0)
+            + (IF so # NoObject /\ Holds(soRun, t, x) THEN 1 ELSE 0)
+        = (IF \E r \in inputs : Holds(r, t, x) THEN 1 ELSE 0)
+
+CommitStreamSetObjectCompactionError(n, e, compacted, o, ssoRun, so, soRun) ==
+    LET nc == NodeCheck(n, e, TRUE)
+        oc == IF o = NoObject THEN "NONE" ELSE ObjectCommitCheck(o)
+        sc == IF so = NoObject THEN "NONE" ELSE ObjectCommitCheck(so)
+    IN IF nc # "NONE" THEN nc
+       ELSE IF oc # "NONE" THEN oc
+       ELSE IF CheckCompactedObjects /\ ~CompactedFound(n, compacted)
+            THEN "COMPACTED_OBJECTS_NOT_FOUND"
+       ELSE IF CheckCompactionCoverage
+               /\ ~CoverageMatches(CompactionInputs(n, compacted), o, ssoRun, so, soRun)
+            THEN "OFFSET_NOT_MATCHED"
+       ELSE sc
 
 -----------------------------------------------------------------------------
 (* Initial state: every node registered at epoch 0, nothing else. *)
@@ -449,7 +530,7 @@ TrimStream(n, e, s, se, newStart) ==
 \* ACTION: DeleteStream(s) mirrors deleteStream.  Errors: STREAM_NOT_CLOSED (OPENED); a missing
 \* stream is a success that writes nothing.  RemoveS3StreamRecord; the stream's stream objects
 \* are MARK_DESTROYED (DEEP_DELETE) with their records; its ranges inside stream set objects stay
-\* until SSO compaction drops them (not modelled), so those objects stay COMMITTED.
+\* COMMITTED until a compaction drops them (CommitStreamSetObjectCompaction, a pure cleanup).
 DeleteStream(s) ==
     /\ DeleteStreamError(s) = "NONE"
     /\ Live(s)
@@ -539,6 +620,45 @@ CommitStreamObject(n, e, o, s, se, start, end) ==
               {[object |-> o, stream |-> s, start |-> start, end |-> end]}
     /\ UNCHANGED <<nodeVars, streamVars, nextObjectId, historyVars>>
 
+\* ACTION: CommitStreamSetObjectCompaction(n, e, compacted, o, so) mirrors the compaction form
+\* of commitStreamSetObject (compactedObjectIds not empty), sent by n's stream set object
+\* compactor: the sources `compacted` are MARK_DESTROYED (DELETE) and their records removed
+\* (RemoveStreamSetObjectRecord); the new stream set object o (objectId, or NoObject) holds one
+\* merged run, the stream object so (or NoObject) one split run; with neither it is a pure
+\* cleanup of sources that held only a deleted stream's data or data below the start.  No
+\* ownership, stream epoch or continuity check: the data moves between objects, the stream does
+\* not change.  A stream object of a deleted stream is MARK_DESTROYED at once, with no record.
+\* Errors: NODE_EPOCH_EXPIRED, NODE_FENCED (a compactor never sends failoverMode), OBJECT_NOT_EXIST
+\* (o or so not PREPARED), REDUNDANT_OPERATION (already COMMITTED: a success that writes
+\* nothing), COMPACTED_OBJECTS_NOT_FOUND (a source is not a COMMITTED stream set object of n: a
+\* stale view, another node's object), OFFSET_NOT_MATCHED (the outputs lose, add or duplicate a
+\* live offset of the sources).  The new object's orderId and dataTime (the smallest of the
+\* sources') are not modelled; see the header.
+CommitStreamSetObjectCompaction(n, e, compacted, o, so) ==
+    /\ compacted # {}
+    /\ CheckCompactedObjects => compacted \subseteq NodeSsoIds(n)   \* implied by the error check
+    \* (IF, not \/: TLC explores both sides of a disjunction in an action.)
+    /\ IF o = NoObject THEN TRUE ELSE objectState[o] \in CommittableStates   \* likewise
+    /\ IF so = NoObject THEN TRUE ELSE so # o /\ objectState[so] \in CommittableStates
+    /\ HeldNodeEpoch(n, e)
+    /\ \E ssoRun \in OutputRuns(o), soRun \in OutputRuns(so) :
+          LET inputs == CompactionInputs(n, compacted) IN
+          /\ CommitStreamSetObjectCompactionError(n, e, compacted, o, ssoRun, so, soRun) = "NONE"
+          /\ objectState' = [x \in Objects |->
+                 IF x = o THEN "COMMITTED"
+                 ELSE IF x = so THEN IF Live(soRun.stream) THEN "COMMITTED" ELSE "MARK_DESTROYED"
+                 ELSE IF x \in compacted THEN "MARK_DESTROYED"
+                 ELSE objectState[x]]
+          /\ streamSetObjects' = (streamSetObjects \ inputs) \cup
+                 (IF o = NoObject THEN {}
+                  ELSE {[object |-> o, node |-> n, stream |-> ssoRun.stream,
+                         start |-> ssoRun.start, end |-> ssoRun.end]})
+          /\ streamObjects' = streamObjects \cup
+                 (IF so = NoObject \/ ~Live(soRun.stream) THEN {}
+                  ELSE {[object |-> so, stream |-> soRun.stream, start |-> soRun.start,
+                         end |-> soRun.end]})
+    /\ UNCHANGED <<nodeVars, streamVars, nextObjectId, historyVars>>
+
 \* ACTION: RemoveObject(o) mirrors the physical delete of a MARK_DESTROYED object after the
 \* retention, then RemoveS3ObjectRecord.  The retention is abstracted: any time later.
 RemoveObject(o) ==
@@ -571,6 +691,9 @@ Next ==
           se \in StreamEpochs \cup {AnyStreamEpoch}, start \in Offsets :
           \E end \in (start + 1)..MaxOffset :
           CommitStreamObject(n, e, o, s, se, start, end)
+    \/ \E n \in Nodes, e \in NodeEpochs, compacted \in SUBSET Objects,
+          o \in Objects \cup {NoObject}, so \in Objects \cup {NoObject} :
+          CommitStreamSetObjectCompaction(n, e, compacted, o, so)
     \/ \E o \in Objects : RemoveObject(o)
 
 Spec == Init /\ [][Next]_vars
@@ -630,10 +753,15 @@ ObjectsCoverStream ==
 \* non-owner never becomes readable.  (Offsets whose range was dropped because stream objects
 \* cover them are not constrained.)
 NoFencedCommitVisible ==
-    \A c \in commits : Live(c.stream) =>
-        \A x \in Max(c.start, streamStart[c.stream])..(Min(c.end, streamEnd[c.stream]) - 1) :
-            \A r \in ranges[c.stream] :
-                (r.start <= x /\ x < r.end) => (r.node = c.node /\ r.epoch = c.streamEpoch)
+    /\ \A c \in commits : Live(c.stream) =>
+          \A x \in Max(c.start, streamStart[c.stream])..(Min(c.end, streamEnd[c.stream]) - 1) :
+              \A r \in ranges[c.stream] :
+                  (r.start <= x /\ x < r.end) => (r.node = c.node /\ r.epoch = c.streamEpoch)
+    \* ... and a node's stream set objects (compaction outputs too) hold live offsets only of
+    \* ranges that node owned: where a reader looks for them (AutoMQ: the range owner's list).
+    /\ \A o \in streamSetObjects : Live(o.stream) =>
+          \A x \in Max(o.start, streamStart[o.stream])..(o.end - 1) :
+              \A r \in ranges[o.stream] : (r.start <= x /\ x < r.end) => r.node = o.node
 
 \* An object destroyed because its TTL passed is never COMMITTED.
 ExpiredNeverCommitted == \A o \in expired : objectState[o] # "COMMITTED"

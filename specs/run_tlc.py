@@ -65,7 +65,10 @@ class Model:
 
 # THE table. One row per model; add new specs' models here.
 MODELS: tuple[Model, ...] = (
-    Model("MCStreamMetadata.tla", "MCStreamMetadata.cfg", EXIT_OK, None, 240),
+    # About 2.7x the states since the compaction form of commitStreamSetObject: room for a
+    # loaded machine.
+    Model("MCStreamMetadata.tla", "MCStreamMetadata.cfg", EXIT_OK, None, 480),
+    Model("MCStreamMetadata.tla", "MCStreamMetadataCompaction.cfg", EXIT_OK, None, 240),
     Model(
         "MCStreamMetadata.tla",
         "MCStreamMetadataReach.cfg",
@@ -85,6 +88,20 @@ MODELS: tuple[Model, ...] = (
         "MCStreamMetadataReachCompaction.cfg",
         EXIT_SAFETY,
         "NoCommittedObjectRemoved",
+        120,
+    ),
+    Model(
+        "MCStreamMetadata.tla",
+        "MCStreamMetadataReachMerge.cfg",
+        EXIT_TEMPORAL,
+        "NoStreamSetObjectsMerged",
+        120,
+    ),
+    Model(
+        "MCStreamMetadata.tla",
+        "MCStreamMetadataReachCleanup.cfg",
+        EXIT_TEMPORAL,
+        "NoPureCleanup",
         120,
     ),
     Model(
@@ -148,6 +165,20 @@ MODELS: tuple[Model, ...] = (
         "MCStreamMetadataNoTrimEnd.cfg",
         EXIT_SAFETY,
         "RangesContiguous",
+        120,
+    ),
+    Model(
+        "MCStreamMetadata.tla",
+        "MCStreamMetadataNoCompactedCheck.cfg",
+        EXIT_SAFETY,
+        "NoFencedCommitVisible",
+        120,
+    ),
+    Model(
+        "MCStreamMetadata.tla",
+        "MCStreamMetadataNoCoverageCheck.cfg",
+        EXIT_SAFETY,
+        "ObjectsCoverStream",
         120,
     ),
     Model(

@@ -828,6 +828,8 @@ def _stream_metadata_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
         "CheckOpenFence",
         "CheckExpireState",
         "TrimMovesEnd",
+        "CheckCompactedObjects",
+        "CheckCompactionCoverage",
     )
     return {
         "Nodes": {"set": nodes},

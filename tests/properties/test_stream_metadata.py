@@ -59,6 +59,28 @@ TTL_MS = 1000
 deltas = st.sampled_from([-1, 0, 0, 0, 0, 0, 0, 1])
 
 
+def live_runs(
+    image: StreamMetadataImage, sources: list[sm.StreamSetObject]
+) -> list[tuple[int, int, int]]:
+    """(stream, start, end) of the merged offsets of ``sources`` that are still live: their
+    stream exists and they lie at or above its start. What a compaction of ``sources`` must
+    write again (the reference the compaction rules plan their outputs by)."""
+    pieces = sorted(
+        (r.stream_id, max(r.start_offset, stream.start_offset), r.end_offset)
+        for source in sources
+        for r in source.ranges
+        if (stream := image.streams.get(r.stream_id)) is not None
+        and r.end_offset > stream.start_offset
+    )
+    runs: list[tuple[int, int, int]] = []
+    for stream_id, start, end in pieces:
+        if runs and runs[-1][0] == stream_id and runs[-1][2] == start:
+            runs[-1] = (stream_id, runs[-1][1], end)
+        else:
+            runs.append((stream_id, start, end))
+    return runs
+
+
 class StreamMetadataMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -382,41 +404,97 @@ class StreamMetadataMachine(RuleBasedStateMachine):
     @precondition(
         lambda self: any(len(node.stream_set_objects) >= 1 for node in self.image.nodes.values())
     )
-    @rule(data=st.data(), take=st.integers(min_value=1, max_value=3), drop_one=st.booleans())
-    def compact_stream_set_objects(self, data: st.DataObject, take: int, drop_one: bool) -> None:
-        """CommitStreamSetObject in its compaction form: a node merges some of its stream set
-        objects into one. With ``drop_one`` the output loses a range, which must be refused."""
+    @rule(
+        data=st.data(),
+        take=st.integers(min_value=1, max_value=3),
+        shape=st.sampled_from(["merge", "merge", "split", "cleanup"]),
+        fault=st.sampled_from([None, None, None, "drop_one", "foreign_source"]),
+    )
+    def commit_stream_set_object_compaction(
+        self, data: st.DataObject, take: int, shape: str, fault: str | None
+    ) -> None:
+        """CommitStreamSetObjectCompaction: a node replaces some of its stream set objects by a
+        new one holding their live runs (``merge``), by one stream object per live run
+        (``split``) or by nothing (``cleanup``, right only when nothing in them is live). The
+        faults must be refused: an output that loses a run (``drop_one``), a source that is not
+        a committed stream set object of this node (``foreign_source``)."""
         node = data.draw(
             st.sampled_from([n for n in self.image.nodes.values() if n.stream_set_objects])
         )
         sources = sorted(node.stream_set_objects.values(), key=lambda o: o.order_id)[:take]
-        ranges = [r for source in sources for r in source.ranges]
-        if drop_one and len(ranges) > 1:
-            ranges = ranges[1:]
-        prepared = self.apply(PrepareObject(node.node_id, node.node_epoch, 1, TTL_MS, self.tick(1)))
-        if not prepared.ok:
-            return
-        assert prepared.first_object_id is not None
+        runs = live_runs(self.image, sources)
+        compacted = [source.object_id for source in sources]
+        if fault == "foreign_source":
+            others = [o for o in self.image.objects if o not in node.stream_set_objects]
+            if not others:
+                return
+            compacted.append(data.draw(st.sampled_from(sorted(others))))
+        elif fault == "drop_one" and shape != "cleanup":
+            if not runs:
+                return
+            runs = runs[1:]
+        if shape == "cleanup":
+            runs = []
+        outputs = {"merge": 1, "split": len(runs), "cleanup": 0}[shape]
+        first = NO_OBJECT
+        if outputs:
+            prepared = self.apply(
+                PrepareObject(node.node_id, node.node_epoch, outputs, TTL_MS, self.tick(1))
+            )
+            if not prepared.ok:
+                return
+            assert prepared.first_object_id is not None
+            first = prepared.first_object_id
+        if shape == "merge":
+            set_object_id = first
+            ranges = tuple(CommitRange(s, ANY_STREAM_EPOCH, a, b) for s, a, b in runs)
+            entries: tuple[CommitStreamObjectEntry, ...] = ()
+        else:
+            set_object_id, ranges = NO_OBJECT, ()
+            entries = tuple(
+                CommitStreamObjectEntry(first + i, s, a, b, 10) for i, (s, a, b) in enumerate(runs)
+            )
+        before = self.image
+        live = live_runs(self.image, sources)
         response = self.apply(
             CommitStreamSetObject(
                 node.node_id,
                 node.node_epoch,
-                prepared.first_object_id,
+                set_object_id,
                 NO_OBJECT,
                 10,
-                tuple(
-                    CommitRange(r.stream_id, ANY_STREAM_EPOCH, r.start_offset, r.end_offset)
-                    for r in ranges
-                ),
-                (),
-                tuple(source.object_id for source in sources),
+                ranges,
+                entries,
+                tuple(compacted),
                 False,
                 self.tick(1),
             )
         )
-        if response.ok:
-            new_object = self.image.nodes[node.node_id].stream_set_objects[prepared.first_object_id]
+        if node.failover_mode:
+            assert response.error is StreamErrorCode.NODE_FENCED, response
+            return
+        if fault == "foreign_source":
+            assert response.error is StreamErrorCode.COMPACTED_OBJECTS_NOT_FOUND, response
+            return
+        if (fault == "drop_one" and shape != "cleanup") or (shape == "cleanup" and live):
+            assert response.error is StreamErrorCode.OFFSET_NOT_MATCHED, response
+            return
+        assert response.ok, response
+        after = self.image.nodes[node.node_id].stream_set_objects
+        for source in sources:
+            assert source.object_id not in after
+            assert self.image.objects[source.object_id].state is S3ObjectState.MARK_DESTROYED
+        if shape == "merge":
+            new_object = after[set_object_id]
             assert new_object.order_id == min(source.order_id for source in sources)
+            assert new_object.data_time_ms == min(source.data_time_ms for source in sources)
+        for entry in entries:
+            assert self.image.streams[entry.stream_id].stream_objects[entry.object_id] == (
+                sm.StreamOffsetRange(entry.stream_id, entry.start_offset, entry.end_offset)
+            )
+        assert {s: v.end_offset for s, v in self.image.streams.items()} == {
+            s: v.end_offset for s, v in before.streams.items()
+        }
 
     @precondition(lambda self: bool(self.image.objects))
     @rule(data=st.data(), elapsed_ms=st.sampled_from([0, TTL_MS // 2, TTL_MS + 1]))

@@ -49,6 +49,7 @@ from automq_ref.state_machines.stream_metadata import (
     PutKV,
     RegisterNode,
     RemoveObject,
+    RemoveStreamSetObjectRecord,
     S3ObjectRecord,
     S3ObjectState,
     S3StreamSetObjectRecord,
@@ -62,6 +63,8 @@ from automq_ref.state_machines.stream_metadata import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
+
+from tests.properties.test_stream_metadata import live_runs
 
 pytestmark = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
 
@@ -168,7 +171,7 @@ def handoff(*, forge_stale_commit: bool = False) -> list[tv.TraceLine]:
             False,
             r.tick(),
         )
-        assert sm.tla_action(split) == "CommitStreamObject"
+        assert sm.tla_action(split) == "CommitStreamSetObjectCompaction"
         r.ok(split)
     r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))  # object 4: stream objects 2 and 3 merged
     r.ok(CommitStreamObject(0, 0, 0, ANY_STREAM_EPOCH, 4, 0, 3, 10, (2, 3), r.tick()))
@@ -229,12 +232,81 @@ def failover() -> list[tv.TraceLine]:
     return r.lines
 
 
+def compaction(
+    node_id: int,
+    node_epoch: int,
+    object_id: int,
+    runs: tuple[tuple[int, int], ...],
+    stream_objects: tuple[tuple[int, int, int], ...],
+    compacted: tuple[int, ...],
+    now_ms: int,
+) -> CommitStreamSetObject:
+    """The compaction form: ``compacted`` replaced by stream set object ``object_id`` holding
+    ``runs`` of stream 0 and by the stream objects ``(object, start, end)`` of stream 0."""
+    return CommitStreamSetObject(
+        node_id,
+        node_epoch,
+        object_id,
+        NO_OBJECT,
+        10,
+        tuple(CommitRange(0, ANY_STREAM_EPOCH, start, end) for start, end in runs),
+        tuple(CommitStreamObjectEntry(o, 0, start, end, 10) for o, start, end in stream_objects),
+        compacted,
+        False,
+        now_ms,
+    )
+
+
+def compactions(*, forge_lossy_compaction: bool = False) -> list[tv.TraceLine]:
+    """Node 0 merges two stream set objects into one, then splits two into a stream set object
+    and a stream object, and cleans up an object left wholly below a trim; the stale, foreign
+    and lossy compactions in between are refused (stutters). With ``forge_lossy_compaction``
+    the lossy one is accepted instead, as by a controller that does not check that the outputs
+    hold the sources' live offsets (and the trace stops there)."""
+    r = TraceRecorder()
+    r.ok(CreateStream(0, 0))
+    r.ok(OpenStream(0, 0, 0, 0))
+    for object_id, start in ((0, 0), (1, 1)):
+        r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))
+        r.ok(commit(0, object_id, 0, start, start + 1, r.tick()))
+    r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))  # object 2
+    merge = compaction(0, 0, 2, ((0, 2),), (), (0, 1), r.tick())
+    assert sm.tla_action(merge) == "CommitStreamSetObjectCompaction"
+    r.ok(merge)
+    r.answers(merge, E.REDUNDANT_OPERATION)  # a retry: stutter
+    r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))  # object 3
+    stale = compaction(0, 0, 3, ((0, 2),), (), (0, 1), r.tick())
+    r.answers(stale, E.COMPACTED_OBJECTS_NOT_FOUND)  # its sources are gone
+    r.answers(compaction(1, 0, 3, ((0, 2),), (), (2,), r.tick()), E.COMPACTED_OBJECTS_NOT_FOUND)
+    r.ok(commit(0, 3, 0, 2, 3, r.tick()))
+    r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))  # object 4
+    r.ok(PrepareObject(0, 0, 1, TTL_MS, r.tick()))  # object 5
+    lossy = compaction(0, 0, 4, ((0, 2),), (), (2, 3), r.tick())
+    if forge_lossy_compaction:
+        r.forge(
+            "CommitStreamSetObjectCompaction",
+            [
+                S3ObjectRecord(4, 10, S3ObjectState.COMMITTED, r.now_ms),
+                S3StreamSetObjectRecord(0, 4, 2, (StreamOffsetRange(0, 0, 2),), r.now_ms),
+                *(S3ObjectRecord(o, 10, S3ObjectState.MARK_DESTROYED, r.now_ms) for o in (2, 3)),
+                *(RemoveStreamSetObjectRecord(0, o) for o in (2, 3)),
+            ],
+        )
+        return r.lines
+    r.answers(lossy, E.OFFSET_NOT_MATCHED)  # [2, 3) would be lost
+    r.ok(compaction(0, 0, 4, ((0, 1),), ((5, 1, 3),), (2, 3), r.tick()))
+    r.ok(TrimStream(0, 0, 0, 0, 1))
+    r.ok(compaction(0, 0, NO_OBJECT, (), (), (4,), r.tick()))  # a cleanup: [0, 1) is dead
+    r.ok(RemoveObject(0, r.tick(60)))
+    return r.lines
+
+
 def stutters(lines: list[tv.TraceLine]) -> int:
     return sum(a.state == b.state for a, b in itertools.pairwise(lines))
 
 
 def test_scenarios_are_behaviours_of_the_spec() -> None:
-    traces = [handoff(), failover()]
+    traces = [handoff(), failover(), compactions()]
     assert all(stutters(lines) >= 4 for lines in traces)
     for verdict, lines in zip(tv.validate_many(traces, SPEC), traces, strict=True):
         assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{ndjson(lines)}"
@@ -279,6 +351,7 @@ def test_broken_traces_are_rejected_where_they_break() -> None:
     first_commit = line_of(good, "CommitStreamSetObject")
     handover = line_of(good, "OpenStream", 2)
     forged = handoff(forge_stale_commit=True)
+    lossy = compactions(forge_lossy_compaction=True)
     cases = {
         # The first commit moves the end to 3 instead of 2.
         "offset": (changed(good, first_commit, "streamEnd", {"fn": [[0, 3]]}), first_commit),
@@ -286,6 +359,8 @@ def test_broken_traces_are_rejected_where_they_break() -> None:
         "label": (relabelled(good, handover, "CloseStream"), handover),
         # Node 0's stale commit accepted after node 1 took the stream over.
         "stale commit": (forged, len(forged)),
+        # A compaction that loses [2, 3) of a live stream accepted.
+        "lossy compaction": (lossy, len(lossy)),
     }
     traces = [lines for lines, _ in cases.values()]
     for (name, (_, broken_at)), verdict in zip(
@@ -305,6 +380,16 @@ def test_the_forged_commit_is_a_step_of_the_mutated_spec_that_breaks_an_invarian
     assert not verdict.accepted
     assert verdict.violated == "NoFencedCommitVisible", f"{verdict}\n{verdict.log_tail}"
     assert verdict.matched == len(forged)
+
+
+def test_the_lossy_compaction_is_a_step_of_the_mutated_spec_that_breaks_an_invariant() -> None:
+    """Without the coverage check (MCStreamMetadataNoCoverageCheck.cfg) the spec takes the
+    forged compaction, and the live offset it dropped leaves ObjectsCoverStream false."""
+    lossy = compactions(forge_lossy_compaction=True)
+    verdict = tv.validate(lossy, SPEC, overrides={"CheckCompactionCoverage": "FALSE"})
+    assert not verdict.accepted
+    assert verdict.violated == "ObjectsCoverStream", f"{verdict}\n{verdict.log_tail}"
+    assert verdict.matched == len(lossy)
 
 
 # ========================================================================== generated runs
@@ -514,33 +599,84 @@ class StreamMetadataTraceMachine(RuleBasedStateMachine):
             and any(node.stream_set_objects for node in self.image.nodes.values())
         )
     )
-    @rule(data=st.data())
-    def split_stream_set_object(self, data: st.DataObject) -> None:
-        """CommitStreamObject in the spec: a stream set object of a live stream becomes a stream
-        object (Python: CommitStreamSetObject with compacted objects and stream objects only)."""
-        candidates = [
-            (node.node_id, sso)
-            for node in self.image.nodes.values()
-            for sso in node.stream_set_objects.values()
-            if sso.ranges[0].stream_id in self.image.streams
-        ]
-        if not candidates:
-            return
-        node_id, sso = data.draw(st.sampled_from(candidates))
-        offsets = sso.ranges[0]
-        entry = CommitStreamObjectEntry(
-            self.object_id(data), offsets.stream_id, offsets.start_offset, offsets.end_offset, 10
+    @rule(
+        data=st.data(),
+        take=st.integers(1, 2),
+        shape=st.sampled_from(["merge", "split", "both", "cleanup"]),
+        stale=st.booleans(),
+    )
+    def commit_stream_set_object_compaction(
+        self, data: st.DataObject, take: int, shape: str, stale: bool
+    ) -> None:
+        """CommitStreamSetObjectCompaction: a node replaces some of its stream set objects by
+        one holding their live run (``merge``), a stream object (``split``), both with the run
+        cut in two (``both``), or nothing (``cleanup``), preparing the objects it writes, as a
+        compactor does. With ``stale`` the request is one a stale or confused compactor could
+        send: any sources (gone, another node's), any objects, an old node epoch. Within the
+        spec's fragment: one run per output."""
+        node = data.draw(
+            st.sampled_from([n for n in self.image.nodes.values() if n.stream_set_objects])
         )
+        ordered = sorted(node.stream_set_objects.values(), key=lambda o: o.order_id)
+        first = data.draw(st.integers(0, len(ordered) - 1))
+        sources = ordered[first : first + take]
+        runs = [] if shape == "cleanup" else live_runs(self.image, sources)
+        if len(runs) > 1 or (shape != "cleanup" and not runs):
+            return  # outputs of several runs, or of none: outside the spec's fragment
+        cut = None
+        if runs and shape == "both":
+            ((_, start, end),) = runs
+            if end - start < 2:
+                return
+            cut = data.draw(st.integers(start + 1, end - 1))
+        needed = 0 if not runs else 2 if cut is not None else 1
+        if stale:
+            compacted = tuple(
+                sorted(
+                    data.draw(st.sets(st.integers(0, self.image.next_object_id - 1), min_size=1))
+                )
+            )
+            objects = [self.object_id(data) for _ in range(needed)]
+            node_epoch = self.node_epoch(data, node.node_id)
+        else:
+            compacted = tuple(source.object_id for source in sources)
+            if self.image.next_object_id + needed > MAX_OBJECTS:
+                return
+            objects = []
+            for _ in range(needed):
+                prepared = self.recorder.apply(
+                    PrepareObject(node.node_id, node.node_epoch, 1, TTL_MS, self.recorder.tick())
+                )
+                if prepared.first_object_id is None:
+                    return
+                objects.append(prepared.first_object_id)
+            node_epoch = node.node_epoch
+        if len(set(objects)) < len(objects):
+            return  # one object as both outputs: not a request the spec has
+        set_object_id = NO_OBJECT
+        ranges: tuple[CommitRange, ...] = ()
+        entries: tuple[CommitStreamObjectEntry, ...] = ()
+        if runs:
+            ((stream_id, start, end),) = runs
+            if cut is not None:
+                set_object_id, stream_object_id = objects
+                ranges = (CommitRange(stream_id, ANY_STREAM_EPOCH, start, cut),)
+                entries = (CommitStreamObjectEntry(stream_object_id, stream_id, cut, end, 10),)
+            elif shape == "split":
+                entries = (CommitStreamObjectEntry(objects[0], stream_id, start, end, 10),)
+            else:
+                set_object_id = objects[0]
+                ranges = (CommitRange(stream_id, ANY_STREAM_EPOCH, start, end),)
         self.recorder.apply(
             CommitStreamSetObject(
-                node_id,
-                self.node_epoch(data, node_id),
+                node.node_id,
+                node_epoch,
+                set_object_id,
                 NO_OBJECT,
-                NO_OBJECT,
-                0,
-                (),
-                (entry,),
-                (sso.object_id,),
+                10,
+                ranges,
+                entries,
+                compacted,
                 False,
                 self.recorder.tick(),
             )
@@ -638,7 +774,7 @@ def test_every_action_of_next_is_found() -> None:
     assert {"OpenStream", "CommitStreamSetObject", "CommitStreamObject", "RemoveObject"} <= set(
         actions
     )
-    assert len(actions) == 12
+    assert len(actions) == 13
     assert (
         "CommitStreamSetObject(n, e, o, s, se, start, end, failover)"
         in actions["CommitStreamSetObject"]

@@ -100,7 +100,9 @@ def test_action_table_matches_spec_machine_and_rules(trio: Trio) -> None:
     definitions = spec_definitions(trio)
     for action, event, handler_cell, rule in rows:
         if action != "-":
-            assert action == event, f"{action} and {event} must share one name"
+            # One name; a second form of one request is an action named after the request
+            # and the form (CommitStreamSetObjectCompaction is CommitStreamSetObject's).
+            assert action.startswith(event), f"{action} and {event} must share one name"
             assert action in definitions, f"{action} is not defined in {trio.spec.name}"
         assert isinstance(getattr(machine, event), type), event
         assert callable(handler(trio.module, handler_cell)), handler_cell

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from automq_ref.state_machines.stream_metadata.events import (
-    NO_OBJECT,
     CommitStreamSetObject,
     CreatePartitions,
     StreamMetadataEvent,
@@ -125,16 +124,11 @@ def tla_state(image: StreamMetadataImage) -> dict[str, object]:
 
 
 def tla_action(event: StreamMetadataEvent) -> str:
-    """The TLA+ action an event stands for in a trace: its class name, except the split of
-    stream set objects into stream objects (a ``CommitStreamSetObject`` with compacted objects
-    and stream objects only), which the spec models as ``CommitStreamObject``."""
-    if (
-        isinstance(event, CommitStreamSetObject)
-        and event.compacted_object_ids
-        and event.object_id == NO_OBJECT
-        and event.stream_objects
-    ):
-        return "CommitStreamObject"
+    """The TLA+ action an event stands for in a trace: its class name, except the compaction
+    form of ``CommitStreamSetObject`` (compacted objects named: a merge, a split or a pure
+    cleanup), which the spec models as ``CommitStreamSetObjectCompaction``."""
+    if isinstance(event, CommitStreamSetObject) and event.compacted_object_ids:
+        return "CommitStreamSetObjectCompaction"
     return type(event).__name__
 
 
