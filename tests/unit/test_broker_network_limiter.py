@@ -15,8 +15,8 @@ from typing import Any
 from kio.schema.types import TopicName
 
 from automq_ref.config import BrokerConfig
-from automq_ref.io.network_limiter import NetworkBandwidthLimiter
 from automq_ref.formats.record_batch_builder import build_record_batch
+from automq_ref.io.network_limiter import NetworkBandwidthLimiter
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines.network_limiter import Priority
 from tests.unit.test_broker_fetch import BATCH, PEER, fetch_records, produce
