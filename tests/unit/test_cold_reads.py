@@ -17,6 +17,7 @@ from automq_ref.io.storage.object_store import (
 )
 from tests.storage_fixtures import start_storage
 from tests.unit.test_s3stream import PARAMS, WalMedium, payload
+from tests.waiting import PATIENCE_S
 
 
 def _thread() -> str:
@@ -98,11 +99,11 @@ async def test_cancelling_the_caller_cancels_the_read_over_there(tmp_path: Path)
 
     try:
         waiting = asyncio.ensure_future(cold.run(forever()))
-        await asyncio.to_thread(started.wait, 10)
+        assert await asyncio.to_thread(started.wait, PATIENCE_S)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
-        assert await asyncio.to_thread(cancelled.wait, 10)
+        assert await asyncio.to_thread(cancelled.wait, PATIENCE_S)
     finally:
         await cold.close()
 
