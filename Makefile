@@ -37,8 +37,11 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
+# Two workers (2 cores here); each takes whole test modules (--dist loadfile), so a module's
+# shared broker or cluster lives in one worker. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 pytest: $(STAMP) kcat java etcd iproute2
-	HYPOTHESIS_PROFILE=ci $(BIN)/pytest
+	HYPOTHESIS_PROFILE=ci $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The end-to-end tests drive the broker with kcat too (Debian's package).
 kcat:

@@ -73,7 +73,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.topic_record import Topic, topics_in
 from automq_ref.io.logfmt import fields
-from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import PlacementRefusedError, S3Storage, StorageError
 from automq_ref.kafka.partition import Partition, PartitionExistsError
@@ -539,7 +539,7 @@ class TopicRegistry:
             if validate_only:
                 return topic
             encoded = topic.encode()
-            created = await self._client.submit(
+            created = await self._decide(
                 sm.CreateTopic(name, encoded, assignments=tuple(assignments))
             )
             if not created.ok:
@@ -570,9 +570,7 @@ class TopicRegistry:
         async with self._lock:
             for _ in range(CHANGE_ATTEMPTS):
                 topic = self._topic(name)
-                deleted = await self._client.submit(
-                    sm.DeleteTopic(name, expected=self._records[name])
-                )
+                deleted = await self._decide(sm.DeleteTopic(name, expected=self._records[name]))
                 if deleted.ok:
                     break
                 self._adopt(name, deleted)
@@ -674,6 +672,15 @@ class TopicRegistry:
                     return
             raise _kept_changing(name)
 
+    async def _decide(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        """The controller's answer to ``event``; no answer (the metadata quorum away, the
+        controller failed over with it in flight) is the request's error, not the
+        connection's."""
+        try:
+            return await self._client.submit(event)
+        except ControllerError as error:
+            raise _undecided(event, error) from error
+
     def _topic(self, name: str) -> Topic:
         topic = self.topics.get(name)
         if topic is None:
@@ -699,7 +706,7 @@ class TopicRegistry:
             if placing is None
             else sm.CreatePartitions(topic.name, encoded, expected=expected, assignments=placing)
         )
-        response = await self._client.submit(event)
+        response = await self._decide(event)
         if not response.ok:
             self._adopt(topic.name, response)
             return False
@@ -768,6 +775,16 @@ _PLACEMENT_ERRORS = {
     sm.StreamErrorCode.INVALID_REPLICATION_FACTOR: KafkaErrorCode.INVALID_REPLICATION_FACTOR,
     sm.StreamErrorCode.INVALID_PARTITIONS: KafkaErrorCode.INVALID_PARTITIONS,
 }
+
+
+def _undecided(event: sm.StreamMetadataEvent, error: ControllerError) -> TopicError:
+    """A topic change the controller gave no decision on: REQUEST_TIMED_OUT, as Kafka answers a
+    change its controller did not finish in time, naming that it may have been applied."""
+    return TopicError(
+        KafkaErrorCode.REQUEST_TIMED_OUT,
+        f"the controller gave {type(event).__name__} no decision (it may have been applied; "
+        f"describe the topic before trying again): {error}",
+    )
 
 
 def _refused(response: sm.Response) -> TopicError:

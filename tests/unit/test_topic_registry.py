@@ -16,7 +16,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.kv_integer import encode_kv_integer
 from automq_ref.formats.meta_stream import encode_leader_epochs, encode_log
 from automq_ref.formats.topic_record import Topic
-from automq_ref.io.metadata.client import ControllerClient
+from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.kafka.topic_configs import ConfigChange, ConfigOperation
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.kafka.topics import TopicError
@@ -176,3 +176,51 @@ async def test_a_topic_written_before_placement_is_placed_at_open(tmp_path: Path
         assert node.topics.topics["old"] == stored(node, "old")
     finally:
         await node.shutdown()
+
+
+class UndecidingClient:
+    """Passes requests through, but a topic change of type ``lost`` gets no decision (the
+    metadata quorum away, or the controller failed over with it in flight)."""
+
+    def __init__(self, client: ControllerClient, lost: type) -> None:
+        self._client = client
+        self._lost = lost
+
+    async def submit(self, event: sm.StreamMetadataEvent) -> sm.Response:
+        if isinstance(event, self._lost):
+            raise ControllerError(f"{type(event).__name__}: no answer (its outcome is unknown)")
+        return await self._client.submit(event)
+
+
+@pytest.mark.parametrize(
+    ("change", "lost"),
+    [
+        ("create", sm.CreateTopic),
+        ("delete", sm.DeleteTopic),
+        ("alter", sm.PutKV),
+        ("grow", sm.CreatePartitions),
+    ],
+)
+async def test_a_change_the_controller_gave_no_decision_is_request_timed_out(
+    node: Node, change: str, lost: type
+) -> None:
+    """Answered with an error the client can act on (the handlers answer TopicError per
+    topic), not raised past the handler, which would close the client's connection."""
+    await node.topics.create_topic("t", 1, {})
+    registry = TopicRegistry(
+        node.storage, UndecidingClient(node.client, lost), node.view, node.config
+    )
+    registry.topics, registry._records = dict(node.topics.topics), dict(node.topics._records)
+    with pytest.raises(TopicError) as undecided:
+        if change == "create":
+            await registry.create_topic("u", 1, {})
+        elif change == "delete":
+            await registry.delete_topic("t")
+        elif change == "alter":
+            changes = [ConfigChange("retention.ms", SET, "1")]
+            await registry.alter_configs("t", changes, validate_only=False)
+        else:
+            await registry.add_partitions("t", 2, validate_only=False)
+    assert undecided.value.code is KafkaErrorCode.REQUEST_TIMED_OUT
+    assert "no decision" in str(undecided.value) and "may have been applied" in str(undecided.value)
+    assert lost.__name__ in str(undecided.value)
