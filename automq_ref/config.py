@@ -460,6 +460,14 @@ class BrokerConfig(BaseModel):
     # collections), and thawed for one full collection every heap.thaw.interval.ms (0: never).
     heap_freeze_interval_ms: int = Field(5_000, alias="heap.freeze.interval.ms", ge=0)
     heap_thaw_interval_ms: int = Field(600_000, alias="heap.thaw.interval.ms", ge=0)
+    # How long a thread of the serving process may hold CPython's interpreter lock while
+    # another waits for it (sys.setswitchinterval; CPython's default is 5000). The WAL's I/O
+    # thread and the broker's loop give the lock up at each system call and wait that long for
+    # it back while the cold-read thread computes: a produce's fsync round trip meets several
+    # such waits (docs/broker.md, "The interpreter lock"). 0 leaves CPython's default.
+    interpreter_switch_interval_us: int = Field(
+        200, alias="interpreter.switch.interval.us", ge=0, le=1_000_000
+    )
     # Reads from objects (the stream readers, block cache and a store of their own) run on an
     # event loop of their own in a second thread (automq_ref/io/storage/cold_reads.py), so a
     # catch-up's object reads do not queue the broker loop's produces; false keeps them there.

@@ -52,6 +52,7 @@ import functools
 import logging
 import signal
 import socket
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -817,6 +818,9 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
     down gracefully at SIGINT or SIGTERM: the WAL's data is uploaded first, so the next start
     recovers nothing."""
     check_listener_free(config)
+    if config.interpreter_switch_interval_us:
+        # The process's threads hand the interpreter lock to a waiting one this often.
+        sys.setswitchinterval(config.interpreter_switch_interval_us / 1_000_000)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

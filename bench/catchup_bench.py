@@ -85,6 +85,7 @@ from bench.broker_bench import (
     create_topics,
     fmt,
     percentile,
+    wait_due,
 )
 
 MIB = 2**20
@@ -264,8 +265,7 @@ class PacedProducer:
         index = 0
         while not self._stop.is_set():
             due = began + index / self.rate
-            while (wait := due - time.perf_counter()) > 0:
-                self.producer.poll(wait)
+            wait_due(self.producer, due)
             callback = functools.partial(self._delivered, time.time())
             self.producer.produce(LATENCY_TOPIC, payload, partition=0, on_delivery=callback)
             self.producer.poll(0)

@@ -84,6 +84,7 @@ from bench.broker_bench import (
     create_topics,
     fmt,
     percentile,
+    wait_due,
 )
 
 SECTIONS = ("throughput", "moves")
@@ -520,8 +521,7 @@ class PacedProducer:
         started = time.perf_counter()
         while not self._stop.is_set():
             due = started + self.sent / self.rate
-            while (wait := due - time.perf_counter()) > 0:
-                self.producer.poll(wait)
+            wait_due(self.producer, due)
             self.producer.produce(self.topic, payload, partition=0, on_delivery=self.acks)
             self.sent += 1
             self.producer.poll(0)

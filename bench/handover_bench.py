@@ -55,7 +55,7 @@ from confluent_kafka.admin import AdminClient
 
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.launch import S3_CREDENTIALS
-from bench.broker_bench import MEGABYTE, RECORD_BYTES, create_topics, percentile
+from bench.broker_bench import MEGABYTE, RECORD_BYTES, create_topics, percentile, wait_due
 from bench.cluster_bench import FAST_CLIENT, Cluster, longest_gap, produce_timed
 
 SECTIONS = ("handover", "recovery")
@@ -160,8 +160,7 @@ class SteadyProducer:
         ticks = 0
         while not self._stop.is_set():
             due = started + ticks / self.rate
-            while (wait := due - time.perf_counter()) > 0:
-                self.producer.poll(wait)
+            wait_due(self.producer, due)
             for partition in range(self.partitions):
                 self.producer.produce(
                     self.topic, payload, partition=partition, on_delivery=self.acks

@@ -11,6 +11,7 @@ must find: get_objects over [start, end) returns a contiguous chain of objects.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -22,6 +23,7 @@ from hypothesis.stateful import (
 )
 
 from automq_ref.formats.kv_integer import decode_kv_integer
+from automq_ref.io.storage.block_cache import StreamSetIndexer
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import (
     ANY_STREAM_EPOCH,
@@ -85,6 +87,8 @@ class StreamMetadataMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.image: StreamMetadataImage = EMPTY_IMAGE
+        # The read path's index of stream set objects, kept up to date image after image.
+        self.indexer = StreamSetIndexer()
         self.records: list[sm.MetadataRecord] = []
         self.now_ms = 0
         self.node_epochs = dict.fromkeys(NODES, 0)
@@ -592,11 +596,29 @@ class StreamMetadataMachine(RuleBasedStateMachine):
 
     @invariant()
     def readers_find_every_committed_offset(self) -> None:
+        index = sm.stream_set_index(self.image)
+        kept = self.indexer.index(self.image)
+
+        def by_offset(slices: Iterable[sm.ObjectSlice]) -> list[sm.ObjectSlice]:
+            return sorted(slices, key=lambda s: (s.start_offset, s.end_offset, s.object_id))
+
+        assert set(kept) == set(index)
+        for stream_id, slices in index.items():
+            assert by_offset(kept[stream_id]) == by_offset(slices), stream_id
         for stream in self.image.streams.values():
             error, slices = sm.get_objects(
                 self.image, stream.stream_id, stream.start_offset, stream.end_offset, 1000
             )
             assert error is StreamErrorCode.NONE
+            # The precomputed index answers the same, for the whole range and from within it.
+            for start in {stream.start_offset, (stream.start_offset + stream.end_offset) // 2}:
+                unindexed = sm.get_objects(
+                    self.image, stream.stream_id, start, stream.end_offset, 3
+                )
+                indexed = sm.get_objects(
+                    self.image, stream.stream_id, start, stream.end_offset, 3, index=index
+                )
+                assert indexed == unindexed
             cursor = stream.start_offset
             for object_slice in slices:
                 assert object_slice.start_offset <= cursor < object_slice.end_offset

@@ -44,7 +44,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -215,9 +215,9 @@ class StreamReader:
             if self.closed or self._loaded_end >= end or len(self._window) >= MAX_WINDOW_BLOCKS:
                 return False
             cursor = self._loaded_end
-            image = self._readers.image()
+            image, index = self._readers.current()
             error, slices = sm.get_objects(
-                image, self.stream_id, cursor, end, limit=INDEX_OBJECTS_PER_LOAD
+                image, self.stream_id, cursor, end, limit=INDEX_OBJECTS_PER_LOAD, index=index
             )
             if error is not sm.StreamErrorCode.NONE:
                 raise StreamReadError(f"stream {self.stream_id} from {cursor}: {error.value}")
@@ -340,6 +340,73 @@ class StreamReader:
                 await asyncio.gather(self._readahead, return_exceptions=True)
 
 
+class _ByStream(Mapping[int, Collection[sm.ObjectSlice]]):
+    """A read-only view of :class:`StreamSetIndexer`'s slices, by stream."""
+
+    def __init__(self, by_stream: dict[int, dict[int, sm.ObjectSlice]]) -> None:
+        self._by_stream = by_stream
+
+    def __getitem__(self, stream_id: int) -> Collection[sm.ObjectSlice]:
+        return self._by_stream[stream_id].values()
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_stream)
+
+    def __len__(self) -> int:
+        return len(self._by_stream)
+
+
+class StreamSetIndexer:
+    """``sm.stream_set_index`` of the image asked about, kept up to date from one image to the
+    next by the stream set objects that came and went (committed, compacted away), not built
+    again: a catch-up looks up a thousand streams in each image, an image comes with each
+    commit, and a walk of every range of every stream set object for each lookup held the
+    read path's thread most of a catch-up. Answers the pure index's slices, in another order
+    within a stream (``get_objects`` sorts them by offset). Used from one thread."""
+
+    def __init__(self) -> None:
+        self._nodes: Mapping[int, sm.NodeMetadata] | None = None
+        self._objects: dict[int, sm.StreamSetObject] = {}
+        self._by_stream: dict[int, dict[int, sm.ObjectSlice]] = {}
+        self._view = _ByStream(self._by_stream)
+
+    def index(self, image: sm.StreamMetadataImage) -> sm.StreamSetIndex:
+        if image.nodes is not self._nodes:
+            current = {
+                object_id: stream_set_object
+                for node in image.nodes.values()
+                for object_id, stream_set_object in node.stream_set_objects.items()
+            }
+            for object_id, stream_set_object in self._objects.items():
+                if current.get(object_id) is not stream_set_object:
+                    self._forget(stream_set_object)
+            for object_id, stream_set_object in current.items():
+                if self._objects.get(object_id) is not stream_set_object:
+                    self._add(stream_set_object)
+            self._objects = current
+            self._nodes = image.nodes
+        return self._view
+
+    def _add(self, stream_set_object: sm.StreamSetObject) -> None:
+        for offset_range in stream_set_object.ranges:
+            self._by_stream.setdefault(offset_range.stream_id, {})[stream_set_object.object_id] = (
+                sm.ObjectSlice(
+                    stream_set_object.object_id,
+                    offset_range.start_offset,
+                    offset_range.end_offset,
+                    False,
+                )
+            )
+
+    def _forget(self, stream_set_object: sm.StreamSetObject) -> None:
+        for offset_range in stream_set_object.ranges:
+            slices = self._by_stream.get(offset_range.stream_id)
+            if slices is not None:
+                slices.pop(stream_set_object.object_id, None)
+                if not slices:
+                    del self._by_stream[offset_range.stream_id]
+
+
 class StreamReaders:
     """The stream readers of one broker's storage, keyed by (stream id, next offset)."""
 
@@ -370,7 +437,13 @@ class StreamReaders:
         self._readers: dict[tuple[int, int], StreamReader] = {}
         self._reading: set[StreamReader] = set()
         self._last_sweep_s = clock()
+        self._index = StreamSetIndexer()
         self._closing: set[StreamReader] = set()
+
+    def current(self) -> tuple[sm.StreamMetadataImage, sm.StreamSetIndex]:
+        """The current image and its stream set objects by stream (:class:`StreamSetIndexer`)."""
+        image = self.image()
+        return image, self._index.index(image)
 
     def __len__(self) -> int:
         """Readers open: waiting for their next read, or reading."""

@@ -151,6 +151,7 @@ from automq_ref.state_machines.stream_metadata.invariants import (
 )
 from automq_ref.state_machines.stream_metadata.queries import (
     ObjectSlice,
+    StreamSetIndex,
     assigned_broker,
     broker_partitions,
     expired_objects,
@@ -163,6 +164,7 @@ from automq_ref.state_machines.stream_metadata.queries import (
     placed_topic,
     removable_objects,
     stream_object_slices,
+    stream_set_index,
 )
 from automq_ref.state_machines.stream_metadata.step import (
     step,
@@ -292,6 +294,7 @@ __all__ = [
     "StreamMetadataTransition",
     "StreamOffsetRange",
     "StreamRange",
+    "StreamSetIndex",
     "StreamSetObject",
     "StreamState",
     "TopicPlacement",
@@ -328,6 +331,7 @@ __all__ = [
     "response_of",
     "step",
     "stream_object_slices",
+    "stream_set_index",
     "tla_action",
     "tla_node",
     "tla_placement_action",

@@ -6,6 +6,7 @@ some of them too.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from automq_ref.state_machines.stream_metadata.events import (
@@ -54,8 +55,35 @@ class ObjectSlice:
     is_stream_object: bool
 
 
-def stream_object_slices(image: StreamMetadataImage, stream_id: int) -> list[ObjectSlice]:
-    """Every committed object range of a stream, stream objects and stream set objects alike."""
+# Per stream id, the ranges the image's stream set objects hold of it (``stream_set_index``).
+StreamSetIndex = Mapping[int, Collection[ObjectSlice]]
+
+
+def stream_set_index(image: StreamMetadataImage) -> StreamSetIndex:
+    """Every stream set object range of ``image``, by stream: one walk of every node's stream
+    set objects, which ``stream_object_slices`` otherwise makes for each lookup. A reader that
+    looks up many streams in one image computes this once and passes it along."""
+    index: dict[int, list[ObjectSlice]] = {}
+    for node in image.nodes.values():
+        for stream_set_object in node.stream_set_objects.values():
+            for offset_range in stream_set_object.ranges:
+                index.setdefault(offset_range.stream_id, []).append(
+                    ObjectSlice(
+                        stream_set_object.object_id,
+                        offset_range.start_offset,
+                        offset_range.end_offset,
+                        False,
+                    )
+                )
+    return index
+
+
+def stream_object_slices(
+    image: StreamMetadataImage, stream_id: int, index: StreamSetIndex | None = None
+) -> list[ObjectSlice]:
+    """Every committed object range of a stream, stream objects and stream set objects alike.
+    ``index``, if given, is ``stream_set_index(image)`` of this same image: the answer is the
+    same, without walking every stream set object."""
     slices: list[ObjectSlice] = []
     stream = image.streams.get(stream_id)
     if stream is None:
@@ -64,31 +92,27 @@ def stream_object_slices(image: StreamMetadataImage, stream_id: int) -> list[Obj
         slices.append(
             ObjectSlice(object_id, offset_range.start_offset, offset_range.end_offset, True)
         )
-    for node in image.nodes.values():
-        for stream_set_object in node.stream_set_objects.values():
-            for offset_range in stream_set_object.ranges:
-                if offset_range.stream_id == stream_id:
-                    slices.append(
-                        ObjectSlice(
-                            stream_set_object.object_id,
-                            offset_range.start_offset,
-                            offset_range.end_offset,
-                            False,
-                        )
-                    )
+    if index is None:
+        index = stream_set_index(image)
+    slices.extend(index.get(stream_id, ()))
     slices.sort(key=lambda s: (s.start_offset, s.end_offset))
     return slices
 
 
 def get_objects(
-    image: StreamMetadataImage, stream_id: int, start_offset: int, end_offset: int, limit: int
+    image: StreamMetadataImage,
+    stream_id: int,
+    start_offset: int,
+    end_offset: int,
+    limit: int,
+    index: StreamSetIndex | None = None,
 ) -> tuple[StreamErrorCode, tuple[ObjectSlice, ...]]:
     """The objects that hold ``[start_offset, end_offset)``, in offset order, up to ``limit``.
 
     The walk stops at the first gap: if the result does not reach ``end_offset``, the image has
     not caught up with a commit yet (the reader retries on the next image). AutoMQ narrows the
     search with the owner of each range and the node's order ids; this walks every candidate,
-    which gives the same answer.
+    which gives the same answer. ``index``: as for ``stream_object_slices``.
     """
     stream = image.streams.get(stream_id)
     if stream is None:
@@ -97,7 +121,7 @@ def get_objects(
         return StreamErrorCode.OFFSET_NOT_MATCHED, ()
     found: list[ObjectSlice] = []
     cursor = start_offset
-    candidates = stream_object_slices(image, stream_id)
+    candidates = stream_object_slices(image, stream_id, index)
     while cursor < end_offset and len(found) < limit:
         following = [s for s in candidates if s.start_offset <= cursor < s.end_offset]
         exact = [s for s in following if s.start_offset == cursor]
