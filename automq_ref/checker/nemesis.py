@@ -10,9 +10,7 @@ router's and the snapshot reads'). With the ``zone-partition`` nemesis the clust
 zone router on (its channels beside the objects) and the clients declare zones
 (:meth:`Environment.client_zone`), each bootstrapped to its zone's broker.
 
-The nemesis thread deals the nemeses in rounds, each round a seeded shuffle of them (so every
-nemesis comes once before any comes twice, and a run of as many faults as nemeses meets each),
-calls ``inject``, waits the fault's
+The nemesis thread picks a nemesis at random (seeded), calls ``inject``, waits the fault's
 length, and calls the :class:`Injected` fault's ``heal``; the window between is recorded
 with what the fault hit (``target``: "broker 2 (active controller)", "etcd") and shaded in the
 plot.

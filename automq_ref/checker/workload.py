@@ -213,7 +213,6 @@ def _nemesis(
 ) -> None:
     rng = random.Random(settings.seed)
     deadline = time.monotonic() + settings.duration_s
-    deck: list[str] = []
     while True:
         wait = rng.uniform(0.5, 1.5) * settings.fault_interval_s
         enough = len(faults) >= settings.min_faults
@@ -223,10 +222,7 @@ def _nemesis(
             time.sleep(max(0.0, deadline - time.monotonic()))
             return
         time.sleep(wait)
-        if not deck:
-            deck = list(settings.nemeses)
-            rng.shuffle(deck)
-        nemesis = NEMESES[deck.pop()]
+        nemesis = NEMESES[rng.choice(settings.nemeses)]
         start = time.monotonic_ns()
         fault = nemesis.inject(env, rng)
         tally.faults += 1
