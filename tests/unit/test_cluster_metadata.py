@@ -29,6 +29,8 @@ from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 TTL_MS = 2000
+# A request lost across an election after an etcd outage is tried again this often at most.
+RESUME_TRIES = 3
 StartNode = Callable[..., Awaitable[ClusterMetadata]]
 
 
@@ -375,6 +377,17 @@ async def test_a_request_to_a_deposed_controller_ends_when_it_loses_the_election
     assert second.election is not None and second.election.is_leader
 
 
+async def create_stream_after_outage(node: ClusterMetadata) -> sm.Response:
+    """A CreateStream from ``node`` once etcd is back. The outage may have cost the controller
+    its lease, and a CreateStream in flight across the election that follows fails with its
+    outcome unknown (it is not resendable: it might create a second stream); that one is
+    tried again, up to :data:`RESUME_TRIES` times, as a broker would."""
+    for _ in range(RESUME_TRIES - 1):
+        with contextlib.suppress(ControllerError):
+            return await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+    return await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+
+
 async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: EtcdServer) -> None:
     """etcd stops for a moment and comes back (same data): one controller again, and every
     broker's requests are decided and seen in its image."""
@@ -384,7 +397,7 @@ async def test_decisions_resume_after_etcd_restarts(cluster: StartNode, etcd: Et
         assert (await node.client.submit(sm.RegisterNode(node.settings.node_id, 1))).ok
     await asyncio.to_thread(etcd.restart)
     for node in nodes:
-        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        created = await create_stream_after_outage(node)
         assert created.stream_id in node.view.image.streams
     await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
     await until(lambda: nodes[0].view.image == nodes[1].view.image)
@@ -407,7 +420,7 @@ async def test_decisions_resume_after_etcd_was_paused(cluster: StartNode, etcd: 
     with contextlib.suppress(ControllerError, MetadataLogError):
         await during
     for node in nodes:
-        created = await node.client.submit(sm.CreateStream(node.settings.node_id, 1))
+        created = await create_stream_after_outage(node)
         assert created.stream_id in node.view.image.streams
     await until(lambda: sum(bool(n.election and n.election.is_leader) for n in nodes) == 1)
     await until(lambda: nodes[0].view.image == nodes[1].view.image)
