@@ -388,15 +388,8 @@ class StreamSetIndexer:
         return self._view
 
     def _add(self, stream_set_object: sm.StreamSetObject) -> None:
-        for offset_range in stream_set_object.ranges:
-            self._by_stream.setdefault(offset_range.stream_id, {})[stream_set_object.object_id] = (
-                sm.ObjectSlice(
-                    stream_set_object.object_id,
-                    offset_range.start_offset,
-                    offset_range.end_offset,
-                    False,
-                )
-            )
+        for stream_id, object_slice in sm.stream_set_slices(stream_set_object):
+            self._by_stream.setdefault(stream_id, {})[object_slice.object_id] = object_slice
 
     def _forget(self, stream_set_object: sm.StreamSetObject) -> None:
         for offset_range in stream_set_object.ranges:

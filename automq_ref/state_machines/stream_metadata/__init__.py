@@ -165,6 +165,7 @@ from automq_ref.state_machines.stream_metadata.queries import (
     removable_objects,
     stream_object_slices,
     stream_set_index,
+    stream_set_slices,
 )
 from automq_ref.state_machines.stream_metadata.step import (
     step,
@@ -332,6 +333,7 @@ __all__ = [
     "step",
     "stream_object_slices",
     "stream_set_index",
+    "stream_set_slices",
     "tla_action",
     "tla_node",
     "tla_placement_action",

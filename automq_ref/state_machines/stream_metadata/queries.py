@@ -20,10 +20,12 @@ from automq_ref.state_machines.stream_metadata.image import (
     PartitionAssignment,
     StreamMetadata,
     StreamMetadataImage,
+    StreamSetObject,
     TopicPlacement,
 )
 from automq_ref.vocabulary.metadata_records import (
     S3ObjectState,
+    StreamOffsetRange,
     StreamState,
 )
 
@@ -59,6 +61,22 @@ class ObjectSlice:
 StreamSetIndex = Mapping[int, Collection[ObjectSlice]]
 
 
+def stream_set_slices(stream_set_object: StreamSetObject) -> list[tuple[int, ObjectSlice]]:
+    """Each range a stream set object holds, as (its stream id, the slice a reader fetches)."""
+    return [
+        (offset_range.stream_id, _stream_set_slice(stream_set_object, offset_range))
+        for offset_range in stream_set_object.ranges
+    ]
+
+
+def _stream_set_slice(
+    stream_set_object: StreamSetObject, offset_range: StreamOffsetRange
+) -> ObjectSlice:
+    return ObjectSlice(
+        stream_set_object.object_id, offset_range.start_offset, offset_range.end_offset, False
+    )
+
+
 def stream_set_index(image: StreamMetadataImage) -> StreamSetIndex:
     """Every stream set object range of ``image``, by stream: one walk of every node's stream
     set objects, which ``stream_object_slices`` otherwise makes for each lookup. A reader that
@@ -66,15 +84,8 @@ def stream_set_index(image: StreamMetadataImage) -> StreamSetIndex:
     index: dict[int, list[ObjectSlice]] = {}
     for node in image.nodes.values():
         for stream_set_object in node.stream_set_objects.values():
-            for offset_range in stream_set_object.ranges:
-                index.setdefault(offset_range.stream_id, []).append(
-                    ObjectSlice(
-                        stream_set_object.object_id,
-                        offset_range.start_offset,
-                        offset_range.end_offset,
-                        False,
-                    )
-                )
+            for stream_id, object_slice in stream_set_slices(stream_set_object):
+                index.setdefault(stream_id, []).append(object_slice)
     return index
 
 
@@ -92,9 +103,14 @@ def stream_object_slices(
         slices.append(
             ObjectSlice(object_id, offset_range.start_offset, offset_range.end_offset, True)
         )
-    if index is None:
-        index = stream_set_index(image)
-    slices.extend(index.get(stream_id, ()))
+    if index is not None:
+        slices.extend(index.get(stream_id, ()))
+    else:
+        for node in image.nodes.values():
+            for stream_set_object in node.stream_set_objects.values():
+                for offset_range in stream_set_object.ranges:
+                    if offset_range.stream_id == stream_id:
+                        slices.append(_stream_set_slice(stream_set_object, offset_range))
     slices.sort(key=lambda s: (s.start_offset, s.end_offset))
     return slices
 
