@@ -142,6 +142,8 @@ def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
 LOCAL_WRITE_MODES = ("router_channel", "direct")
 # How the network bandwidth limiter splits its buckets (s3.network.limiter.mode).
 NETWORK_LIMITER_MODES = ("separate", "shared")
+# Where reads from objects run (cold.read.mode): a child process, a second thread, the loop.
+COLD_READ_MODES = ("process", "thread", "loop")
 
 
 def _one_of(value: str, choices: tuple[str, ...]) -> str:
@@ -468,10 +470,15 @@ class BrokerConfig(BaseModel):
     interpreter_switch_interval_us: int = Field(
         200, alias="interpreter.switch.interval.us", ge=0, le=1_000_000
     )
-    # Reads from objects (the stream readers, block cache and a store of their own) run on an
-    # event loop of their own in a second thread (automq_ref/io/storage/cold_reads.py), so a
-    # catch-up's object reads do not queue the broker loop's produces; false keeps them there.
-    cold_read_loop_enable: bool = Field(True, alias="cold.read.loop.enable")
+    # Where reads from objects (the stream readers, block cache and a store of their own) run:
+    # "process", a child process started at the first read that misses the LogCache
+    # (automq_ref/io/storage/cold_read_process.py), so a catch-up's reading takes no time of the
+    # broker's interpreter; "thread", an event loop of their own in a second thread
+    # (automq_ref/io/storage/cold_reads.py); "loop", the broker's own event loop.
+    cold_read_mode: str = Field("process", alias="cold.read.mode")
+    # How much nicer than the broker the cold-read process runs (os.nice): when the machine is
+    # short of CPU, the kernel then runs the broker's produce path first.
+    cold_read_process_nice: int = Field(10, alias="cold.read.process.nice", ge=0, le=19)
     # The active controller's autobalancer (AutoMQ's names and defaults): a round every
     # anomaly.detect.interval.ms moves partitions off brokers above the mean by more than the
     # deviation, on the loads heartbeats reported within metrics.delay.ms.
@@ -543,6 +550,11 @@ class BrokerConfig(BaseModel):
     @classmethod
     def _network_limiter_mode(cls, value: str) -> str:
         return _one_of(value, NETWORK_LIMITER_MODES)
+
+    @field_validator("cold_read_mode")
+    @classmethod
+    def _cold_read_mode(cls, value: str) -> str:
+        return _one_of(value, COLD_READ_MODES)
 
     @field_validator("automq_zone_cidr_blocks")
     @classmethod

@@ -76,6 +76,7 @@ from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_ep
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.network_limiter import NetworkLimiters, network_limiters
+from automq_ref.io.storage.cold_read_process import InChildProcess
 from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
@@ -625,9 +626,16 @@ async def _start_on_wal(
     )
     # The zone router: link records in the WAL are resolved through the channels' buckets.
     zone_router = ZoneRouterParts(config) if config.zone_router_enabled else None
-    if config.cold_read_loop_enable:
-        opened.cold_reads = await ColdReads.start(
+    cold_reads: ColdReads | InChildProcess | None = None
+    if config.cold_read_mode == "thread":
+        cold_reads = opened.cold_reads = await ColdReads.start(
             lambda: open_object_store(config.object_store_uri), f"cold-reads-{config.node_id}"
+        )
+    elif config.cold_read_mode == "process":
+        cold_reads = InChildProcess(
+            config.object_store_uri,
+            f"cold-reads-{config.node_id}",
+            config.cold_read_process_nice,
         )
     storage = await S3Storage.start(
         link_resolver=None if zone_router is None else zone_router.link_resolver,
@@ -641,7 +649,7 @@ async def _start_on_wal(
         clock=seams.clock,
         block_cache_bytes=config.s3_block_cache_size,
         runs_lifecycle=metadata.is_active,
-        cold_reads=opened.cold_reads,
+        cold_reads=cold_reads,
         limiters=limiters,
         request_shaping=RequestShaping(merge_window_ms=config.s3_object_read_merge_window_ms),
     )

@@ -13,7 +13,9 @@ default ours on both and, with the script, the peer in memory and on S3, in memo
 ``--quick``). Against each, in order:
 
 1. fill: a backlog topic of ``--partitions`` partitions gets ``--backlog-mb`` MB of 1 KiB records
-   (acks=all, runs of 64 records per partition so that batches are full);
+   (acks=all, runs of 64 records per partition so that batches are full); before it, one
+   coordinator lookup has the broker create its group coordinator's topic, which a running
+   cluster has long had (the catch-up consumer has a group);
 2. settle: ours is restarted gracefully, so the whole backlog is in objects and the new process
    has nothing of it in its LogCache (``s3.block.cache.size`` is ``--cache-mb``, a fraction of the
    backlog, so the catch-up cannot be served from the cache), and the bench waits until it has
@@ -279,6 +281,18 @@ class PacedProducer:
             raise RuntimeError(f"paced produce: {len(self.errors)} failed ({self.errors[:1]})")
 
 
+def create_group_coordinator_topic(bootstrap: str) -> None:
+    """Have the broker create its group coordinator's topic (``__consumer_offsets``) now: the
+    catch-up consumer has a group, and on a running cluster that topic exists long before any
+    catch-up; created by the consumer's first coordinator lookup, it would open its partitions
+    inside the catch-up's first second."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"warm-{uuid.uuid4().hex}"})
+    try:
+        consumer.committed([TopicPartition(LATENCY_TOPIC, 0)], timeout=60)
+    finally:
+        consumer.close()
+
+
 def consume_backlog(
     bootstrap: str, partitions: int, records: int, timeout_s: float
 ) -> dict[str, float]:
@@ -408,6 +422,7 @@ def run_target(name: str, settings: Settings) -> Outcome:
     try:
         bootstrap = target.start()
         create_topics(bootstrap, {BACKLOG_TOPIC: settings.partitions, LATENCY_TOPIC: 1})
+        create_group_coordinator_topic(bootstrap)
         began = time.perf_counter()
         records = fill_backlog(bootstrap, settings.partitions, settings.backlog_bytes)
         figures["fill_s"] = time.perf_counter() - began

@@ -19,6 +19,7 @@ from automq_ref.io.metadata.client import ControllerClient, connect_in_process, 
 from automq_ref.io.metadata.controller import Controller
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.metadata.view import ImageView
+from automq_ref.io.storage.cold_read_process import InChildProcess
 from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.object_store import ObjectStore
 from automq_ref.io.storage.s3stream import LinkResolver, S3Storage
@@ -61,7 +62,7 @@ async def start_storage(
     block_cache_bytes: int | None = None,
     runs_lifecycle: Callable[[], bool] | None = None,
     link_resolver: LinkResolver | None = None,
-    cold_reads: ColdReads | None = None,
+    cold_reads: ColdReads | InChildProcess | None = None,
 ) -> RunningStorage:
     """Open ``<directory>/meta`` and its controller, register node ``NODE_ID`` proposing
     ``node_epoch`` (the tests' epochs grow, so that is the epoch granted), then start it over

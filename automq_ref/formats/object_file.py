@@ -142,7 +142,8 @@ class IndexLocation(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class WrittenObject:
-    """A finished object as chunks to gather (payloads are the batches' own buffers)."""
+    """A finished object as chunks to gather: one per data block, then the index and the
+    footer."""
 
     chunks: tuple[bytes | memoryview, ...]
     size_bytes: int
@@ -156,8 +157,13 @@ class WrittenObject:
 class ObjectWriter:
     """Builds one object from batches given in (stream id, offset) order.
 
-    The writer keeps references to the batches' payloads, not copies: they must stay unchanged
-    until the object has been uploaded.
+    The writer keeps references to the batches' payloads while a block is open and copies each
+    block into one chunk when it closes: an object of many small batches is then a few chunks,
+    not two per batch. Every later step walks the chunk list on the event loop (sizing it,
+    viewing it, handing it to ``writev``), and at two chunks per batch that walk took tens of
+    milliseconds for an object of a producer's small batches (docs/benchmarks.md, "Catch-up
+    reads beside producers"); the copy of a block is far cheaper and happens where the object
+    is built (an upload builds it in a thread).
     """
 
     def __init__(
@@ -278,15 +284,13 @@ class ObjectWriter:
 
     def _close_block(self) -> None:
         block_size_bytes = DATA_BLOCK_HEADER_SIZE_BYTES + self._block_data_length_bytes
-        self._chunks.append(
-            _DATA_BLOCK_HEADER.pack(
-                DATA_BLOCK_MAGIC,
-                DATA_BLOCK_FLAG,
-                self._block_record_count,
-                self._block_data_length_bytes,
-            )
+        header = _DATA_BLOCK_HEADER.pack(
+            DATA_BLOCK_MAGIC,
+            DATA_BLOCK_FLAG,
+            self._block_record_count,
+            self._block_data_length_bytes,
         )
-        self._chunks.extend(self._block_chunks)
+        self._chunks.append(b"".join((header, *self._block_chunks)))
         self._indexes.append(
             DataBlockIndex(
                 stream_id=self._block_stream_id,

@@ -30,12 +30,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from automq_ref.state_machines import network_limiter as nl
 from automq_ref.state_machines.network_limiter import Priority
 from automq_ref.state_machines.transition import Transition
 
 REFILL_PERIOD_S = nl.REFILL_PERIOD_MS / 1000
+
+
+class BandwidthConsumer(Protocol):
+    """What a reader needs of a limiter: a wait for its bytes (a :class:`NetworkBandwidthLimiter`,
+    or one in another process asked over a connection: ``cold_read_child.py``)."""
+
+    async def consume(self, size_bytes: int, priority: Priority) -> None: ...
 
 
 class LimiterClosed(Exception):

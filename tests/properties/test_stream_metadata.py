@@ -11,6 +11,7 @@ must find: get_objects over [start, end) returns a contiguous chain of objects.
 from __future__ import annotations
 
 import itertools
+import pickle
 from collections.abc import Iterable
 
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from hypothesis.stateful import (
 
 from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.io.storage.block_cache import StreamSetIndexer
+from automq_ref.io.storage.read_image import ReadImageMirror, ReadImageSender
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.stream_metadata import (
     ANY_STREAM_EPOCH,
@@ -89,6 +91,9 @@ class StreamMetadataMachine(RuleBasedStateMachine):
         self.image: StreamMetadataImage = EMPTY_IMAGE
         # The read path's index of stream set objects, kept up to date image after image.
         self.indexer = StreamSetIndexer()
+        # A cold-read process's read image, brought up to date by the deltas a broker sends.
+        self.sender = ReadImageSender()
+        self.mirror = ReadImageMirror()
         self.records: list[sm.MetadataRecord] = []
         self.now_ms = 0
         self.node_epochs = dict.fromkeys(NODES, 0)
@@ -626,6 +631,34 @@ class StreamMetadataMachine(RuleBasedStateMachine):
             assert cursor == stream.end_offset or (
                 cursor == stream.start_offset == stream.end_offset
             )
+
+    @invariant()
+    def the_read_image_reads_as_the_image(self) -> None:
+        """The mirror, after the deltas (pickled, as they cross to the cold-read process),
+        answers every reader's question as the image does; the images it handed out before
+        stay as they were."""
+        before = self.mirror.image
+        streams_before, nodes_before = dict(before.streams), dict(before.nodes)
+        delta = self.sender.delta(self.image)
+        if delta is not None:
+            self.mirror.apply(pickle.loads(pickle.dumps(delta)))
+        assert dict(before.streams) == streams_before and dict(before.nodes) == nodes_before
+        mirrored = self.mirror.image
+        assert mirrored.streams.keys() == self.image.streams.keys()
+        for stream in self.image.streams.values():
+            assert mirrored.streams[stream.stream_id].start_offset == stream.start_offset
+            for start in {
+                stream.start_offset - 1,
+                stream.start_offset,
+                (stream.start_offset + stream.end_offset) // 2,
+            }:
+                end = stream.end_offset
+                expected = sm.get_objects(self.image, stream.stream_id, start, end, 99)
+                found = sm.get_objects(mirrored, stream.stream_id, start, end, 99)
+                assert found == expected, (stream.stream_id, start)
+                for object_slice in found[1]:
+                    size = mirrored.objects[object_slice.object_id].object_size
+                    assert size == self.image.objects[object_slice.object_id].object_size
 
     @invariant()
     def producer_id_blocks_never_overlap(self) -> None:

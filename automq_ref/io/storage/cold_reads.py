@@ -30,11 +30,16 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.network_limiter import NetworkBandwidthLimiter
-from automq_ref.io.storage.block_cache import StreamReaders
+from automq_ref.io.network_limiter import BandwidthConsumer, NetworkBandwidthLimiter
+from automq_ref.io.storage.block_cache import BlockCacheStats, StreamReaders
+from automq_ref.io.storage.cold_read_process import (
+    ColdReadProcess,
+    ColdReadSettings,
+    InChildProcess,
+)
 from automq_ref.io.storage.object_store import (
     CountingReads,
     ObjectStore,
@@ -149,6 +154,58 @@ async def _cancel_others() -> None:
     await asyncio.gather(*others, return_exceptions=True)
 
 
+class ReadCounts(Protocol):
+    """The GETs and bytes the read path's store returned since the last :meth:`take`."""
+
+    gets: int
+    get_bytes: int
+
+    def take(self) -> tuple[int, int]: ...
+
+
+class ObjectReadPath(Protocol):
+    """The read path from objects as the storage uses it: :class:`ObjectReads` (on the caller's
+    loop, or a cold-read loop) or :class:`ColdReadProcess` (in a child process)."""
+
+    @property
+    def counts(self) -> ReadCounts: ...
+
+    async def read(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch]: ...
+
+    def stats(self) -> BlockCacheStats: ...
+
+    async def close(self) -> None: ...
+
+
+def object_read_path(
+    store: ObjectStore,
+    namespace: str,
+    block_cache_bytes: int,
+    image: Callable[[], sm.StreamMetadataImage],
+    where: ColdReads | InChildProcess | None,
+    *,
+    limiter: NetworkBandwidthLimiter | None = None,
+    shaping: RequestShaping | None = None,
+) -> ObjectReadPath:
+    """The read path from objects over ``store`` (or, in a child process, over the store its
+    URI names), where ``where`` says: on the caller's loop (None), a cold-read loop, a child."""
+    if isinstance(where, InChildProcess):
+        settings = ColdReadSettings(
+            where.store_uri,
+            namespace,
+            block_cache_bytes,
+            shaping=shaping or RequestShaping(),
+            name=where.name,
+            niceness=where.niceness,
+        )
+        return ColdReadProcess(settings, image, limiter)
+    return ObjectReads(
+        store, namespace, block_cache_bytes, image, where, limiter=limiter, shaping=shaping
+    )
+
+
 class ObjectReads:
     """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`)
     and shaped over that (``shaping``: merged ranged reads, its own in-flight limit), the object
@@ -156,7 +213,7 @@ class ObjectReads:
     readers over ``image``, the block GETs through ``limiter`` (the inbound bucket of the
     network bandwidth limiter, safe from any loop). Given ``cold``, they are built over its
     store and used on its loop only; :meth:`close` closes them and then ``cold`` (which this
-    read path owns)."""
+    read path owns), and ``store`` too when it ``owns_store``."""
 
     def __init__(
         self,
@@ -166,15 +223,25 @@ class ObjectReads:
         image: Callable[[], sm.StreamMetadataImage],
         cold: ColdReads | None = None,
         *,
-        limiter: NetworkBandwidthLimiter | None = None,
+        limiter: BandwidthConsumer | None = None,
         shaping: RequestShaping | None = None,
+        owns_store: bool = False,
     ) -> None:
         self._cold = cold
         self.counted = CountingReads(store if cold is None else cold.store)
-        self.shaped = ShapedObjectStore(self.counted, shaping, owns_store=False)
+        self.shaped = ShapedObjectStore(self.counted, shaping, owns_store=owns_store)
         self.indexes = ObjectIndexCache(self.shaped, namespace)
         self.blocks = DataBlockCache(self.shaped, namespace, block_cache_bytes, limiter=limiter)
         self.readers = StreamReaders(image, self.indexes, self.blocks)
+
+    @property
+    def counts(self) -> CountingReads:
+        return self.counted
+
+    def stats(self) -> BlockCacheStats:
+        """The readers' and caches' :meth:`StreamReaders.stats` (with a cold-read loop, counters
+        another thread moves: a snapshot, not a transaction)."""
+        return self.readers.stats()
 
     async def read(
         self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int

@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from automq_ref.io.network_limiter import NetworkLimiters
@@ -46,7 +46,6 @@ from automq_ref.io.storage.object_store_contract import (
     validate_key,
     validate_prefix,
 )
-from automq_ref.io.storage.s3_object_store import S3ObjectStore, backoff_delay_ms
 from automq_ref.io.storage.shaped_store import RequestShaping, ShapedObjectStore
 from automq_ref.state_machines.network_limiter import Priority
 
@@ -76,7 +75,22 @@ __all__ = [
     "validate_prefix",
 ]
 
+if TYPE_CHECKING:
+    from automq_ref.io.storage.s3_object_store import S3ObjectStore, backoff_delay_ms
+
 _BUCKET_ID_PREFIX = re.compile(r"^\d+@")
+_S3_NAMES = ("S3ObjectStore", "backoff_delay_ms")
+
+
+def __getattr__(name: str) -> Any:
+    """The S3 backend's names, imported at their first use: its libraries (aiobotocore,
+    aiohttp) take a third of a second of CPU to import, which a process that only reads a
+    directory (the cold-read process of ``make run``) need not spend."""
+    if name in _S3_NAMES:
+        from automq_ref.io.storage import s3_object_store
+
+        return getattr(s3_object_store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_object_store(uri: str, **options: Any) -> ObjectStore:
@@ -112,6 +126,8 @@ def open_object_store(uri: str, **options: Any) -> ObjectStore:
         if "secretKey" in query:
             arguments["secret_access_key"] = query["secretKey"]
         arguments.update(options)
+        from automq_ref.io.storage.s3_object_store import S3ObjectStore
+
         return S3ObjectStore(parts.netloc, **arguments)
     raise ValueError(f"unsupported object store URI {uri!r}: expected file:// or s3://")
 
@@ -163,6 +179,9 @@ class CountingReads(ForwardingStore):
         super().__init__(store)
         self.gets = 0
         self.get_bytes = 0
+        # Since the store was built, never reset: what a cold-read process reports.
+        self.total_gets = 0
+        self.total_get_bytes = 0
         self._lock = threading.Lock()
 
     def take(self) -> tuple[int, int]:
@@ -176,6 +195,8 @@ class CountingReads(ForwardingStore):
         with self._lock:
             self.gets += 1
             self.get_bytes += len(data)
+            self.total_gets += 1
+            self.total_get_bytes += len(data)
 
     async def get(self, key: str) -> bytes:
         data = await self.store.get(key)

@@ -6,9 +6,9 @@ to the WAL, and once the WAL has made it durable the record enters the LogCache 
 completion order) and the stream's confirm offset moves; only then does the caller get its offset.
 Reads never pass the confirm offset: they take the LogCache's contiguous run when it holds the
 start, else read objects (found through the metadata view's image, through the stream readers of
-:mod:`automq_ref.io.storage.block_cache`) up to where the cache takes over, on the cold-read
-loop when given one (:mod:`automq_ref.io.storage.cold_reads`). Objects are read and uploaded
-through :mod:`automq_ref.io.storage.shaped_store` (GETs merged, reads and writes apart).
+:mod:`automq_ref.io.storage.block_cache`) up to where the cache takes over, on a cold-read loop
+or process when given one (``cold_reads.py``, ``cold_read_process.py``). Objects are read and
+uploaded through :mod:`automq_ref.io.storage.shaped_store` (GETs merged, reads and writes apart).
 
 The LogCache machine decides when blocks become objects; this shell executes its effects through
 the shell's one driver (:mod:`automq_ref.io.driver`): each executor spawns a task and returns, so
@@ -84,7 +84,8 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.network_limiter import NetworkLimiters
 from automq_ref.io.storage import storage_errors
 from automq_ref.io.storage.block_cache import BlockCacheStats
-from automq_ref.io.storage.cold_reads import ColdReads, ObjectReads
+from automq_ref.io.storage.cold_read_process import ColdReadsFailed, InChildProcess
+from automq_ref.io.storage.cold_reads import ColdReads, object_read_path
 from automq_ref.io.storage.compaction import retry_compacted_away
 from automq_ref.io.storage.object_lifecycle import run_object_lifecycle
 from automq_ref.io.storage.object_store import (
@@ -223,7 +224,7 @@ class S3Storage:
         clock: Clock | None = None,
         block_cache_bytes: int = DEFAULT_BLOCK_CACHE_BYTES,
         runs_lifecycle: Callable[[], bool] = lambda: True,
-        cold_reads: ColdReads | None = None,
+        cold_reads: ColdReads | InChildProcess | None = None,
         limiters: NetworkLimiters | None = None,
         request_shaping: RequestShaping | None = None,
     ) -> None:
@@ -262,8 +263,8 @@ class S3Storage:
         self._streams: dict[int, _OpenStream] = {}
         # Reads from objects, counted under their own shaping (the GETs the store sees, which
         # the node logs beside the cache's size), the block GETs through the limiter's inbound
-        # bucket; on the cold reads' loop and store when given, which this storage then owns.
-        self._object_reads = ObjectReads(
+        # bucket; on the cold reads' loop or process when given, which this storage then owns.
+        self._object_reads = object_read_path(
             store,
             namespace,
             block_cache_bytes,
@@ -272,7 +273,7 @@ class S3Storage:
             limiter=None if limiters is None else limiters.inbound,
             shaping=request_shaping,
         )
-        self.reads = self._object_reads.counted
+        self.reads = self._object_reads.counts
         self._committed: dict[int, asyncio.Event] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wal_backlog: collections.deque[_PendingAppend] = collections.deque()
@@ -315,7 +316,7 @@ class S3Storage:
         runs_lifecycle: Callable[[], bool] = lambda: True,
         close_recovered: bool = True,
         link_resolver: LinkResolver | None = None,
-        cold_reads: ColdReads | None = None,
+        cold_reads: ColdReads | InChildProcess | None = None,
         limiters: NetworkLimiters | None = None,
         request_shaping: RequestShaping | None = None,
     ) -> S3Storage:
@@ -676,7 +677,7 @@ class S3Storage:
 
                 try:  # read again from a fresh image if an object was compacted away meanwhile
                     batches = await retry_compacted_away(self._view, read)
-                except (ObjectStoreError, StreamReadError) as error:
+                except (ObjectStoreError, StreamReadError, ColdReadsFailed) as error:
                     raise StorageError(
                         f"stream {stream_id}: reading objects from {cursor} failed: {error}"
                     ) from error
@@ -688,9 +689,8 @@ class S3Storage:
         return found
 
     def block_cache_stats(self) -> BlockCacheStats:
-        """The read path's block cache: bytes held, readers open, GETs and bytes fetched. With
-        cold reads these are counters another thread moves: a snapshot, not a transaction."""
-        return self._object_reads.readers.stats()
+        """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
+        return self._object_reads.stats()
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0

@@ -54,7 +54,7 @@ from automq_ref.formats.object_file import (
     tail_read_size,
 )
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
-from automq_ref.io.network_limiter import NetworkBandwidthLimiter
+from automq_ref.io.network_limiter import BandwidthConsumer
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines.log_cache import CachedRecord, StreamRun, UploadLayout
@@ -276,7 +276,7 @@ class DataBlockCache:
         *,
         clock: Callable[[], float] = time.monotonic,
         ttl_s: float = BLOCK_TTL_S,
-        limiter: NetworkBandwidthLimiter | None = None,
+        limiter: BandwidthConsumer | None = None,
         priority: Priority = Priority.BYPASS,
     ) -> None:
         self._store = store
