@@ -14,6 +14,7 @@ from automq_ref.checker.object_faults import FaultyObjectStore
 from automq_ref.formats.object_file import DataBlockIndex
 from automq_ref.io.metadata.metadata_log import FileMetadataLog
 from automq_ref.io.storage.object_store import (
+    CountingReads,
     LocalDirectoryObjectStore,
     ObjectStore,
     ObjectStoreUnavailable,
@@ -114,6 +115,13 @@ async def start(
     return running.storage, running.metadata_log
 
 
+def store_of(storage: S3Storage) -> ObjectStore:
+    """The store a storage reads objects through (counted, on the storage's own loop)."""
+    reads = storage.reads
+    assert isinstance(reads, CountingReads)
+    return reads.store
+
+
 def payload(stream_id: int, offset: int) -> bytes:
     return f"{stream_id}:{offset}:".encode() * 20
 
@@ -143,7 +151,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     if storage._ticker is not None:
         storage._ticker.cancel()
     await metadata_log.close()
-    crashed_store = storage.reads.store
+    crashed_store = store_of(storage)
     await medium.crash()
     storage, metadata_log = await start(medium, tmp_path, 2, open_store)
     for stream_id in streams:
@@ -162,7 +170,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
     await storage.shutdown()
     await metadata_log.close()
     await crashed_store.close()
-    await storage.reads.store.close()
+    await store_of(storage).close()
 
     # A graceful shutdown uploaded everything: the next start recovers nothing from the WAL.
     storage, metadata_log = await start(medium, tmp_path, 3, open_store)
@@ -171,7 +179,7 @@ async def test_appends_survive_a_crash_and_read_back_from_objects(
         assert await storage.open_stream(stream_id, 2) == (0, 61 if stream_id == streams[0] else 60)
     await storage.shutdown()
     await metadata_log.close()
-    await storage.reads.store.close()
+    await store_of(storage).close()
     await medium.close()
 
 
