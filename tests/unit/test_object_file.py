@@ -120,6 +120,24 @@ def test_the_writer_produces_the_hand_built_bytes() -> None:
     assert written.index_start_position == entries[-1].end_position
 
 
+def test_an_object_of_many_small_batches_is_one_chunk_per_block() -> None:
+    """Later steps walk the chunk list on the event loop: it grows with blocks, not batches."""
+    writer = ObjectWriter(block_size_threshold_bytes=4096)
+    for offset in range(1000):
+        writer.write(StreamRecordBatch(7, 0, offset, 1, bytes([offset % 256]) * 100))
+    written = writer.close()
+    assert len(written.indexes) > 1
+    assert len(written.chunks) == len(written.indexes) + 2  # the blocks, the index, the footer
+    batches = [
+        batch
+        for entry in written.indexes
+        for batch in parse_data_block(
+            written.to_bytes()[entry.start_position : entry.end_position], entry
+        )
+    ]
+    assert [batch.base_offset for batch in batches] == list(range(1000))
+
+
 def test_reader_payloads_are_views_of_the_object() -> None:
     data, _ = _hand_built_object()
     batches = list(ObjectFileReader(data).iter_batches())

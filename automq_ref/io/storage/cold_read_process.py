@@ -158,7 +158,7 @@ def tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER_BYTES)
 
 
-class ReadCounts:
+class ReportedReads:
     """The GETs and bytes the child's store returned since the last :meth:`take` (the
     ``CountingReads`` of the in-process read path, from the totals the child reports)."""
 
@@ -173,10 +173,8 @@ class ReadCounts:
         return taken
 
     def report(self, total_gets: int, total_bytes: int) -> None:
-        """The child's totals since it started; a new child starts from zero."""
+        """The child's totals since it started (:meth:`restarted` when a new one starts)."""
         gets, get_bytes = self._seen
-        if total_gets < gets or total_bytes < get_bytes:
-            gets = get_bytes = 0
         self.gets += total_gets - gets
         self.get_bytes += total_bytes - get_bytes
         self._seen = (total_gets, total_bytes)
@@ -284,7 +282,7 @@ class ColdReadProcess:
         self._closed = False
         self._stats = BlockCacheStats(0, 0, 0, 0, 0, 0, 0, 0, 0)
         self._peak_bytes = 0
-        self.counts = ReadCounts()
+        self.counts = ReportedReads()
         self.starts = 0
 
     # ---------------------------------------------------------------------------- reads

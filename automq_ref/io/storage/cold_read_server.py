@@ -112,9 +112,9 @@ class _Server:
 
     def stats(self) -> bytes:
         assert self.reads is not None
-        counted = self.reads.counted
-        cache = dataclasses.astuple(self.reads.readers.stats())
-        return STATS.pack(*cache, counted.total_gets, counted.total_get_bytes)
+        counts = self.reads.counts
+        cache = dataclasses.astuple(self.reads.stats())
+        return STATS.pack(*cache, counts.total_gets, counts.total_get_bytes)
 
     async def serve(self) -> None:
         reporting = asyncio.create_task(self._report_forever())

@@ -207,7 +207,7 @@ def object_read_path(
 
 
 class ObjectReads:
-    """The read path from objects of one storage: ``store`` counted (:class:`CountingReads`)
+    """The read path from objects of one storage: ``store`` counted (``counts``)
     and shaped over that (``shaping``: merged ranged reads, its own in-flight limit), the object
     index cache, the data block cache of ``block_cache_bytes`` and the stream
     readers over ``image``, the block GETs through ``limiter`` (the inbound bucket of the
@@ -228,15 +228,11 @@ class ObjectReads:
         owns_store: bool = False,
     ) -> None:
         self._cold = cold
-        self.counted = CountingReads(store if cold is None else cold.store)
-        self.shaped = ShapedObjectStore(self.counted, shaping, owns_store=owns_store)
+        self.counts = CountingReads(store if cold is None else cold.store)
+        self.shaped = ShapedObjectStore(self.counts, shaping, owns_store=owns_store)
         self.indexes = ObjectIndexCache(self.shaped, namespace)
         self.blocks = DataBlockCache(self.shaped, namespace, block_cache_bytes, limiter=limiter)
         self.readers = StreamReaders(image, self.indexes, self.blocks)
-
-    @property
-    def counts(self) -> CountingReads:
-        return self.counted
 
     def stats(self) -> BlockCacheStats:
         """The readers' and caches' :meth:`StreamReaders.stats` (with a cold-read loop, counters
