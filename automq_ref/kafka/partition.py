@@ -487,6 +487,18 @@ class Partition:
             return self.storage.start_offset(self.cleaned_stream_id)
         return self.storage.start_offset(self.data_stream_id)
 
+    def fetch_bounds(self) -> tuple[int, int, int]:
+        """(log start offset, high watermark, log end offset), read together: what a Fetch
+        checks of each partition it names (one by one, as properties, they cost a Fetch of
+        1,000 partitions milliseconds of the event loop)."""
+        storage, data = self.storage, self.data_stream_id
+        cleaned = self.cleaned_stream_id
+        return (
+            storage.start_offset(data if cleaned is None else cleaned),
+            storage.confirm_offset(data),
+            storage.next_offset(data, self.epoch),
+        )
+
     @property
     def dirty_start(self) -> int:
         """Where the part of the log no clean has reached begins."""

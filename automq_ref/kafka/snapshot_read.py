@@ -454,6 +454,10 @@ class SnapshotPartition:
     def log_start_offset(self) -> int:
         return self._log_start
 
+    def fetch_bounds(self) -> tuple[int, int, int]:
+        """(log start offset, high watermark, log end offset), as ``Partition.fetch_bounds``."""
+        return self._log_start, self.exposed, self.exposed
+
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """(epoch, end offset) as OffsetForLeaderEpoch answers, from what the copy knows: the
         current epoch ends at the applied end. The copy has no epoch history; for an older

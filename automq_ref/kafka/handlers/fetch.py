@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,12 @@ from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.kafka.snapshot_read import SnapshotPartition
-from automq_ref.protocol import FetchableTopicResponse, FetchPartitionData, encode_fetch_response
+from automq_ref.protocol import (
+    AbortedTransaction,
+    Chunk,
+    FetchableTopicResponse,
+    encode_fetch_response,
+)
 from automq_ref.state_machines.network_limiter import Priority
 
 log = logging.getLogger(__name__)
@@ -118,15 +124,40 @@ class _Read:
     from_objects: bool
 
 
+class _Answer:
+    """One partition's part of a Fetch answer, as the encoder reads it
+    (:class:`~automq_ref.protocol.fetch.FetchPartition`). A catch-up's Fetch builds one for
+    each of the 1,000 partitions it names, so this is a plain slotted class with a positional
+    ``__init__``: the frozen :class:`~automq_ref.protocol.FetchPartitionData`'s keyword one
+    cost 2.4 µs a partition. Aborted transactions are not answered (read_uncommitted only)."""
+
+    __slots__ = (
+        "error_code",
+        "high_watermark",
+        "last_stable_offset",
+        "log_start_offset",
+        "partition_index",
+        "records",
+    )
+    aborted_transactions: Sequence[AbortedTransaction] | None = None
+    preferred_read_replica: int = -1
+
+    def __init__(self, partition_index: int, error_code: int) -> None:
+        self.partition_index = partition_index
+        self.error_code = error_code
+        self.high_watermark = self.last_stable_offset = self.log_start_offset = -1
+        self.records: Sequence[Chunk] | None = ()
+
+
 async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id: bool) -> _Read:
     partitions_by_key = context.topics.partitions
     answer_now = False
-    # (the topic's key, its partitions in the request's order: the partition to read, or the
-    # error to answer for it)
-    slots: list[tuple[Any, list[tuple[Any, Readable | KafkaErrorCode]]]] = []
+    responses = []
+    # The partitions to read, in the request's order, and the answer each fills.
     reads: list[tuple[Readable, Any]] = []
+    answers: list[_Answer] = []
     for key, name, fetch_partitions in wanted:
-        topic_slots: list[tuple[Any, Readable | KafkaErrorCode]] = []
+        topic_answers: list[_Answer] = []
         for fetch_partition in fetch_partitions:
             index = int(fetch_partition.partition)
             partition: Readable | None = (
@@ -143,49 +174,41 @@ async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id:
                     else context.topics.not_here(name, index)
                 )
                 answer_now = True
-                topic_slots.append((fetch_partition, code))
+                topic_answers.append(_Answer(index, code))
             else:
-                topic_slots.append((fetch_partition, partition))
+                answer = _Answer(index, KafkaErrorCode.NONE)
+                topic_answers.append(answer)
                 reads.append((partition, fetch_partition))
-        slots.append((key, topic_slots))
+                answers.append(answer)
+        if by_id:
+            responses.append(FetchableTopicResponse(partitions=topic_answers, topic_id=key))
+        else:
+            responses.append(FetchableTopicResponse(partitions=topic_answers, topic=key))
     origin = ReadOrigin()
-    results = iter(await _read_partitions(reads, int(request.body.max_bytes), origin))
+    found = await _read_partitions(reads, int(request.body.max_bytes), origin)
     total = 0
     waits: list[Readable] = []
-    responses = []
-    for key, topic_slots in slots:
-        partitions: list[FetchPartitionData] = []
-        for fetch_partition, slot in topic_slots:
-            index = int(fetch_partition.partition)
-            if isinstance(slot, KafkaErrorCode):
-                partitions.append(FetchPartitionData(partition_index=index, error_code=slot))
-                continue
-            code, chunks = next(results)
-            if code is not KafkaErrorCode.NONE:
-                answer_now = True
-            size = sum(len(chunk) for chunk in chunks)
-            slot.bytes_out += size
+    # No await from here to the caller's waits on ``waits``: a partition found at its high
+    # watermark here cannot miss an append.
+    for (partition, fetch_partition), answer, (code, chunks) in zip(
+        reads, answers, found, strict=True
+    ):
+        high_watermark = partition.high_watermark
+        if chunks:
+            size = sum(map(len, chunks))
+            partition.bytes_out += size
             total += size
-            if not chunks and code is KafkaErrorCode.NONE:
-                if int(fetch_partition.fetch_offset) < slot.high_watermark:
-                    answer_now = True  # it has data the byte limits left out
-                else:
-                    waits.append(slot)
-            high_watermark = slot.high_watermark
-            partitions.append(
-                FetchPartitionData(
-                    partition_index=index,
-                    error_code=code,
-                    high_watermark=high_watermark,
-                    last_stable_offset=high_watermark,
-                    log_start_offset=slot.log_start_offset,
-                    records=chunks,
-                )
-            )
-        if by_id:
-            responses.append(FetchableTopicResponse(partitions=partitions, topic_id=key))
-        else:
-            responses.append(FetchableTopicResponse(partitions=partitions, topic=key))
+            answer.records = chunks
+        if code is not KafkaErrorCode.NONE:
+            answer.error_code = code
+            answer_now = True
+        elif not chunks:
+            if int(fetch_partition.fetch_offset) < high_watermark:
+                answer_now = True  # it has data the byte limits left out
+            else:
+                waits.append(partition)
+        answer.high_watermark = answer.last_stable_offset = high_watermark
+        answer.log_start_offset = partition.log_start_offset
     return _Read(responses, total, waits, answer_now, origin.from_objects)
 
 
@@ -222,7 +245,7 @@ async def _read_partitions(
                 partition, fetch_partition, limit, True
             ) or await _read_partition(partition, fetch_partition, limit, True, origin)
             limits[started] = int(fetch_partition.partition_max_bytes)  # nothing to top up
-            reserved = sum(len(chunk) for chunk in found[1])
+            reserved = sum(map(len, found[1]))
             started += 1
         while started < len(reads) or running:
             while started < len(reads) and len(running) < READS_IN_FLIGHT:
@@ -244,7 +267,7 @@ async def _read_partitions(
             for task in done:
                 position = running.pop(task)
                 results[position] = found = task.result()
-                reserved -= limits[position] - sum(len(chunk) for chunk in found[1])
+                reserved -= limits[position] - sum(map(len, found[1]))
     finally:
         for task in running:
             task.cancel()
@@ -262,13 +285,15 @@ async def _top_up(
 ) -> list[Read]:
     """``answered``, each read whose limit was below its partition's (``limits``) extended from
     where it stopped, in order, within its partition's limit and what is left of ``budget``."""
-    total = sum(len(chunk) for _, chunks in answered for chunk in chunks)
+    total = sum(sum(map(len, chunks)) for _, chunks in answered if chunks)
     for position, (partition, fetch_partition) in enumerate(reads):
+        if total >= budget:  # it only grows
+            break
         code, chunks = answered[position]
         partition_max = int(fetch_partition.partition_max_bytes)
-        if total >= budget or code is not KafkaErrorCode.NONE or limits[position] >= partition_max:
+        if code is not KafkaErrorCode.NONE or limits[position] >= partition_max:
             continue
-        size = sum(len(chunk) for chunk in chunks)
+        size = sum(map(len, chunks))
         more = min(partition_max - size, budget - total)
         offset = (
             RecordBatchView(chunks[-1], verify_crc=False).next_offset
@@ -283,11 +308,13 @@ async def _top_up(
             log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
             continue
         answered[position] = (code, [*chunks, *extra])
-        total += sum(len(chunk) for chunk in extra)
+        total += sum(map(len, extra))
     return answered
 
 
-def _refused(partition: Readable, fetch_partition: Any) -> KafkaErrorCode | None:
+def _refused(
+    partition: Readable, fetch_partition: Any, log_start: int, log_end: int
+) -> KafkaErrorCode | None:
     """The error a read of ``fetch_partition`` is answered with before any reading, if any."""
     leader_epoch = int(getattr(fetch_partition, "current_leader_epoch", -1))
     if leader_epoch >= 0 and leader_epoch != partition.epoch:
@@ -297,7 +324,7 @@ def _refused(partition: Readable, fetch_partition: Any) -> KafkaErrorCode | None
             else KafkaErrorCode.UNKNOWN_LEADER_EPOCH
         )
     offset = int(fetch_partition.fetch_offset)
-    if offset < partition.log_start_offset or offset > partition.log_end_offset:
+    if offset < log_start or offset > log_end:
         return KafkaErrorCode.OFFSET_OUT_OF_RANGE
     return None
 
@@ -309,11 +336,13 @@ def _answer_at_once(
     bytes left to it), else None. A catch-up asks for every partition in each Fetch, and most
     of them are past the response's budget: a task each, and ``asyncio.wait``'s callbacks on
     every read in flight for each of them, took the broker's loop several milliseconds per
-    Fetch of 1,000 partitions."""
-    refused = _refused(partition, fetch_partition)
+    Fetch of 1,000 partitions. The partition's offsets are read at once, not one property
+    after another."""
+    log_start, high_watermark, log_end = partition.fetch_bounds()
+    refused = _refused(partition, fetch_partition, log_start, log_end)
     if refused is not None:
         return refused, []
-    if int(fetch_partition.fetch_offset) >= partition.high_watermark or (limit <= 0 and not first):
+    if int(fetch_partition.fetch_offset) >= high_watermark or (limit <= 0 and not first):
         return KafkaErrorCode.NONE, []
     return None
 
@@ -321,7 +350,8 @@ def _answer_at_once(
 async def _read_partition(
     partition: Readable, fetch_partition: Any, limit: int, first: bool, origin: ReadOrigin
 ) -> Read:
-    refused = _refused(partition, fetch_partition)
+    log_start, _, log_end = partition.fetch_bounds()
+    refused = _refused(partition, fetch_partition, log_start, log_end)
     if refused is not None:
         return refused, []
     offset = int(fetch_partition.fetch_offset)

@@ -72,6 +72,7 @@ from automq_ref.kafka.zones import (
     client_zone,
     proxy_mapping,
 )
+from automq_ref.protocol.metadata import encode_metadata_response
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import is_internal_topic
 
@@ -122,8 +123,10 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             continue
         results.append(_topic(context, topic, topic_operations, zoning))
     brokers = _brokers(context)
-    return respond(
-        request,
+    # By hand, not through kio: at 1,000 partitions kio's path was 30-50 ms of the loop.
+    return encode_metadata_response(
+        request.api_version,
+        request.correlation_id,
         MetadataResponse(
             brokers=[MetadataBroker(b.node_id, b.host, b.port, b.rack) for b in brokers],
             cluster_id=config.cluster_id,
