@@ -60,6 +60,9 @@ class FakePartition:
     def log_end_offset(self) -> int:
         return len(self.sizes)
 
+    def fetch_bounds(self) -> tuple[int, int, int]:
+        return self.log_start_offset, self.high_watermark, self.log_end_offset
+
     async def read(self, offset: int, max_bytes: int, min_one: bool = True) -> list[bytes]:
         self.reads.append((offset, max_bytes, min_one))
         for _ in range(self.pauses):
