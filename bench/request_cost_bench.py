@@ -9,9 +9,9 @@ listener: requests go straight to its front end), creates a topic of ``--partiti
 writes one batch of 1 KiB to each, and times whole requests, from the frame to the encoded
 answer:
 
-* ``fetch, nothing to send``: Fetch v16 of every partition at its high watermark (what most of a
-  catch-up's partitions are past a response's byte budget look like, and a tail consumer's idle
-  fetch), ``max_wait_ms`` 0;
+* ``fetch, nothing to send``: Fetch v16 of every partition at its high watermark (no partition
+  has bytes to send: like the partitions of a catch-up's Fetch past the response's byte budget,
+  or a tail consumer's idle Fetch), ``max_wait_ms`` 0;
 * ``fetch, all have data``: Fetch v16 of every partition from offset 0 (from the LogCache);
 * ``metadata``: Metadata v12 of the topic.
 

@@ -5,7 +5,7 @@ answer is one step of the broker's event loop: at 1,000 partitions kio's generic
 response to plain values, plain values to kio's classes, kio's writer) took 30-50 ms of it,
 during which no produce was acknowledged. This encoder packs the same bytes with ``struct``
 straight from the broker's typed response (anything with the attributes of
-:class:`MetadataAnswer`), about a microsecond a partition. ``tests/unit/test_metadata_codec.py``
+:class:`MetadataAnswer`): 0.6 ms for 1,000 partitions. ``tests/unit/test_metadata_codec.py``
 checks it byte for byte against kio's writer at every version.
 
 Fields by version (Kafka's MetadataResponse.json):

@@ -188,8 +188,8 @@ async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id:
     found = await _read_partitions(reads, int(request.body.max_bytes), origin)
     total = 0
     waits: list[Readable] = []
-    # No await from here to the caller's waits on ``waits``: a partition found at its high
-    # watermark here cannot miss an append.
+    # The high watermark is read here, after every read's await: a partition that received
+    # data while the others were read answers now instead of joining the long poll.
     for (partition, fetch_partition), answer, (code, chunks) in zip(
         reads, answers, found, strict=True
     ):
