@@ -28,8 +28,10 @@ index at position 0 and the footer, 48 bytes in all; readers find nothing in it.
 Reader helpers, pure, for an I/O shell that fetches ranges:
 :func:`tail_read_size` (AutoMQ's first tail GET), :func:`parse_footer`,
 :func:`slice_index_from_tail` (None when a second GET of the index is needed), :func:`parse_index`,
-:func:`find` (the blocks to fetch for a read) and :func:`parse_data_block`. Reads return whole
-blocks; callers cut records to the range they want. :class:`ObjectFileReader` combines them for a
+:func:`find` (the blocks to fetch for a read), :func:`parse_data_block` and
+:func:`parse_data_block_tail` (the rest of a block from one of its records on, for a reader that
+read the block's first records and no longer holds it). Reads return whole blocks, or a block's
+rest; callers cut records to the range they want. :class:`ObjectFileReader` combines them for a
 whole object held in memory.
 
 What is checked, and what cannot be. :func:`parse_footer` checks the magic and that the index
@@ -497,10 +499,29 @@ def parse_data_block(block_bytes: BytesLike, expected: DataBlockIndex) -> list[S
             f"{where}: header data length {data_length_bytes}, index block size "
             f"{expected.block_size_bytes}"
         )
+    batches, position, next_offset = _records(
+        view, DATA_BLOCK_HEADER_SIZE_BYTES, expected, expected.start_offset, where, record_count
+    )
+    if position != len(view):
+        raise InvalidFieldError(
+            f"{where}: {record_count} records end at {position}, block is {len(view)} bytes"
+        )
+    _check_end(next_offset, expected, where)
+    return batches
+
+
+def _records(
+    view: memoryview,
+    position: int,
+    expected: DataBlockIndex,
+    next_offset: int,
+    where: str,
+    count: int | None,
+) -> tuple[list[StreamRecordBatch], int, int]:
+    """``count`` records of ``expected``'s stream from ``position`` of ``view`` (with None, up
+    to its end), contiguous from ``next_offset``; the position and offset after them."""
     batches: list[StreamRecordBatch] = []
-    position = DATA_BLOCK_HEADER_SIZE_BYTES
-    next_offset = expected.start_offset
-    for _ in range(record_count):
+    while (position < len(view)) if count is None else (len(batches) < count):
         batch, position = decode(view, position)
         if batch.stream_id != expected.stream_id or batch.base_offset != next_offset:
             raise InvalidFieldError(
@@ -509,14 +530,40 @@ def parse_data_block(block_bytes: BytesLike, expected: DataBlockIndex) -> list[S
             )
         next_offset = batch.last_offset
         batches.append(batch)
-    if position != len(view):
-        raise InvalidFieldError(
-            f"{where}: {record_count} records end at {position}, block is {len(view)} bytes"
-        )
+    return batches, position, next_offset
+
+
+def _check_end(next_offset: int, expected: DataBlockIndex, where: str) -> None:
     if next_offset != expected.end_offset:
         raise InvalidFieldError(
             f"{where}: records end at offset {next_offset}, index says {expected.end_offset}"
         )
+
+
+def parse_data_block_tail(
+    tail_bytes: BytesLike, expected: DataBlockIndex, from_position: int, from_offset: int
+) -> list[StreamRecordBatch]:
+    """Decode the rest of a data block: the bytes from ``from_position`` (relative to the block's
+    start, where a record of offset ``from_offset`` begins) to the block's end, checked as
+    :func:`parse_data_block` checks a whole block, less its header: every record of the entry's
+    stream, contiguous from ``from_offset`` to the entry's end offset, filling the bytes exactly.
+
+    Payloads are ``memoryview`` slices of ``tail_bytes``."""
+    view = memoryview(tail_bytes).cast("B")
+    where = (
+        f"data block of stream {expected.stream_id} at {expected.start_position}, "
+        f"from {from_position}"
+    )
+    if not DATA_BLOCK_HEADER_SIZE_BYTES <= from_position < expected.block_size_bytes:
+        raise ValueError(f"{where}: the position is not inside the block's records")
+    if not expected.start_offset <= from_offset < expected.end_offset:
+        raise ValueError(f"{where}: offset {from_offset} is not in the block")
+    rest = expected.block_size_bytes - from_position
+    if len(view) != rest:
+        error = TruncatedError if len(view) < rest else InvalidFieldError
+        raise error(f"{where}: {len(view)} bytes, the index says {rest}")
+    batches, _, next_offset = _records(view, 0, expected, from_offset, where, None)
+    _check_end(next_offset, expected, where)
     return batches
 
 

@@ -321,3 +321,53 @@ async def test_storage_reads_objects_through_one_reader_per_consumer(tmp_path: P
     await storage.shutdown()
     await metadata_log.close()
     await medium.close()
+
+
+async def test_a_read_stopped_inside_a_block_the_cache_let_go_fetches_only_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A catch-up of many streams stops each read inside a block, and a cache too small to keep
+    all those blocks lets them go: the next read GETs its block from the record it stopped at,
+    not from the block's start, and a budget that the block's rest covers takes no next block."""
+    async with CountingStore(tmp_path) as store:
+        written = await write_streams(store, [[payloads(0, 40, 1000)]], block_size_bytes=8 * KIB)
+        # Smaller than a block: the cache keeps none.
+        readers = readers_over(store, written, KIB, FakeClock())
+        (object_id,) = written.image.objects
+        s3_object = written.image.objects[object_id]
+        blocks = await readers.indexes.get(object_id, s3_object.object_size)
+        first, second = blocks[0], blocks[1]
+        per_block = first.record_count
+        assert per_block >= 4 and len(blocks) >= 3
+        key = object_key(NAMESPACE, object_id)
+        end = written.batches[0][-1].last_offset
+
+        def data_gets(since: int) -> list[tuple[int, int]]:
+            return [
+                (a, b) for k, a, b in store.gets[since:] if k == key and a < blocks[-1].end_position
+            ]
+
+        # Three batches of the first block (each payload 1,000 bytes: the budget is exact).
+        before = len(store.gets)
+        got = await readers.read(0, 0, end, 3 * 1000)
+        assert len(got) == 3 and data_gets(before) == [(first.start_position, first.end_position)]
+        # The rest of the first block: one GET from the fourth record on, nothing of the next.
+        before = len(store.gets)
+        rest = await readers.read(0, got[-1].last_offset, end, (per_block - 3) * 1000)
+        assert len(rest) == per_block - 3
+        fourth = first.start_position + first.block_size_bytes - (per_block - 3) * (33 + 1000)
+        assert data_gets(before) == [(fourth, first.end_position)]
+        assert readers.blocks.fetched_bytes == first.block_size_bytes + first.end_position - fourth
+        # Stopped inside the second block, then on to the end: its start is fetched once.
+        more = await readers.read(0, rest[-1].last_offset, end, 1000)
+        offset = more[-1].last_offset
+        tail: list[StreamRecordBatch] = []
+        while offset < end:
+            tail += await readers.read(0, offset, end, 2500)
+            offset = tail[-1].last_offset
+        assert payload_bytes(got + rest + more + tail) == payload_bytes(written.batches[0])
+        starts = [a for a, _ in data_gets(0)]
+        assert starts.count(second.start_position) == 1
+        assert all(starts.count(block.start_position) == 1 for block in blocks)
+        await readers.close()
+        await readers.blocks.close()

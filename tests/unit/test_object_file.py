@@ -20,6 +20,7 @@ from automq_ref.formats.object_file import (
     ObjectWriter,
     find,
     parse_data_block,
+    parse_data_block_tail,
     parse_footer,
     parse_index,
     slice_index_from_tail,
@@ -521,6 +522,26 @@ def test_a_data_block_is_checked_against_its_index_entry() -> None:
         parse_data_block(block[:-1], entry)
     with pytest.raises(InvalidFieldError):
         parse_data_block(block + b"\x00", entry)
+
+
+def test_the_rest_of_a_data_block_is_read_from_one_of_its_records() -> None:
+    """A reader that read a block's first records GETs only the rest: the records from the
+    position it stopped at, checked against the entry's stream and end offset."""
+    block, entry = _one_block()
+    second = 10 + 33 + 2  # block header, then the first record (2 payload bytes)
+    (rest,) = parse_data_block_tail(block[second:], entry, second, 12)
+    assert (rest.base_offset, rest.count) == (12, 1)
+    assert parse_data_block_tail(block[10:], entry, 10, 10) == parse_data_block(block, entry)
+    with pytest.raises(TruncatedError):
+        parse_data_block_tail(block[second:-1], entry, second, 12)
+    with pytest.raises(InvalidFieldError):
+        parse_data_block_tail(block[second:] + bytes(1), entry, second, 12)
+    with pytest.raises(InvalidFieldError, match="base 12, expected stream 1 base 11"):
+        parse_data_block_tail(block[second:], entry, second, 11)  # not where that record is
+    with pytest.raises(ValueError, match="not in the block"):
+        parse_data_block_tail(block[second:], entry, second, 13)
+    with pytest.raises(ValueError, match="not inside the block"):
+        parse_data_block_tail(block, entry, 0, 10)
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,14 @@ they fall short it fetches more. The blocks it reads through are not kept by the
 another reader counts on them (``passing`` of
 :meth:`~automq_ref.io.storage.stream_objects.DataBlockCache.get_many`).
 
+A read that stops inside a block (a catch-up's reads end where the consumer's byte limits do,
+in the middle of blocks) remembers where in it the next record starts. The cache keeps that
+block for the next read, but a catch-up of many streams through a small cache has more such
+blocks than room: when the next read finds its block gone, it fetches only the block's rest,
+from that record on (:meth:`~automq_ref.io.storage.stream_objects.DataBlockCache.get_rest`),
+and counts the rest's bytes, not a share of the block's, towards its budget, so that a read the
+rest covers takes no next block it would not reach. Readahead leaves that block to the read.
+
 Readahead is adaptive: it starts at ``READAHEAD_UNIT_BYTES`` and grows by one unit per cache miss
 of the reader's own reads since the last readahead, up to ``MAX_READAHEAD_BYTES``. A readahead is
 started after a read only when none of the reader's is in flight, the reader has moved past
@@ -44,11 +52,18 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
-from automq_ref.formats.object_file import DataBlockIndex, find, parse_data_block
+from automq_ref.formats.object_file import (
+    DATA_BLOCK_HEADER_SIZE_BYTES,
+    DataBlockIndex,
+    find,
+    parse_data_block,
+    parse_data_block_tail,
+)
+from automq_ref.formats.stream_record_batch import HEADER_SIZE_BYTES as RECORD_HEADER_SIZE_BYTES
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.storage.stream_objects import (
     Block,
@@ -114,6 +129,9 @@ class StreamReader:
         self._cooldown_until_s = float("-inf")
         self._readahead: asyncio.Task[None] | None = None
         self._reserved = 0  # room counted out for the readahead until its GETs start
+        # Where the last read stopped inside a block: (block, position of the next record in
+        # it, that record's offset); the next read fetches only the rest if the block is gone.
+        self._resume: tuple[BlockKey, int, int] | None = None
         self.closed = False
 
     # ------------------------------------------------------------------------------ reads
@@ -138,17 +156,8 @@ class StreamReader:
             self._misses += sum(
                 not self._cache.is_cached(object_id, block) for object_id, block in chosen
             )
-            groups = [
-                (object_id, [block for _, block in group])
-                for object_id, group in itertools.groupby(chosen, key=lambda item: item[0])
-            ]
-            contents = await asyncio.gather(
-                *(
-                    self._cache.get_many(object_id, blocks, passing=self)
-                    for object_id, blocks in groups
-                )
-            )
-            budget, stopped = self._slice(groups, contents, end, budget, found)
+            parts = await self._fetch(chosen)
+            budget, stopped = self._slice(parts, end, budget, found)
             self._release_read()
             if stopped or self.next_offset < chosen[-1][1].end_offset:
                 break
@@ -166,40 +175,100 @@ class StreamReader:
                 return chosen, True
             payload = block.estimated_payload_size_bytes
             if not chosen:
-                span = max(block.end_offset - block.start_offset, 1)
-                payload = payload * (block.end_offset - self.next_offset) // span
+                resume = self._resume_position(object_id, block)
+                if resume is not None:
+                    # The bytes from the record the last read stopped at to the block's end,
+                    # less one record's header: at least the payload left (so a read that the
+                    # block's rest covers does not also take the next block).
+                    payload = block.block_size_bytes - resume - RECORD_HEADER_SIZE_BYTES
+                else:
+                    span = max(block.end_offset - block.start_offset, 1)
+                    payload = payload * (block.end_offset - self.next_offset) // span
             budget -= payload
             chosen.append((object_id, block))
             if block.end_offset >= end:
                 return chosen, True
         return chosen, False
 
+    def _resume_position(self, object_id: int, block: DataBlockIndex) -> int | None:
+        """Where in ``block`` the record at the next offset starts, if the last read stopped
+        there."""
+        resume = self._resume
+        if resume is None or resume[0] != (object_id, block.start_position):
+            return None
+        return resume[1] if resume[2] == self.next_offset else None
+
+    async def _fetch(
+        self, chosen: Sequence[tuple[int, DataBlockIndex]]
+    ) -> list[tuple[int, DataBlockIndex, Block, int]]:
+        """The bytes of the ``chosen`` blocks, as (object id, block, bytes, where the block starts
+        among them): the blocks of one object in one call to the cache, the objects at once.
+        The first block, when it is the one the last read stopped inside and the cache holds
+        it no longer, is fetched from that record on (:meth:`DataBlockCache.get_rest`)."""
+        rest: Awaitable[tuple[Block, int]] | None = None
+        first_id, first = chosen[0]
+        resume = self._resume_position(first_id, first)
+        if resume is not None and not self._cache.is_cached(first_id, first):
+            rest = self._cache.get_rest(first_id, first, resume)
+            chosen = chosen[1:]
+        groups = [
+            (object_id, [block for _, block in group])
+            for object_id, group in itertools.groupby(chosen, key=lambda item: item[0])
+        ]
+        calls: list[Awaitable[Any]] = [
+            self._cache.get_many(object_id, blocks, passing=self) for object_id, blocks in groups
+        ]
+        if rest is not None:
+            calls.insert(0, rest)
+        contents = await asyncio.gather(*calls)
+        parts: list[tuple[int, DataBlockIndex, Block, int]] = []
+        if rest is not None:
+            data, at = contents.pop(0)
+            parts.append((first_id, first, data, at))
+        for (object_id, blocks), datas in zip(groups, contents, strict=True):
+            parts.extend(
+                (object_id, block, data, 0) for block, data in zip(blocks, datas, strict=True)
+            )
+        return parts
+
     def _slice(
         self,
-        groups: Sequence[tuple[int, Sequence[DataBlockIndex]]],
-        contents: Sequence[Sequence[Block]],
+        parts: Sequence[tuple[int, DataBlockIndex, Block, int]],
         end: int,
         budget: int,
         found: list[StreamRecordBatch],
     ) -> tuple[int, bool]:
         """Append to ``found`` the batches of the blocks read from the next offset on, while
-        the read wants more (the first batch always counts); advance the next offset. The
+        the read wants more (the first batch always counts); advance the next offset, and
+        remember where in its block the next record starts when that is inside one. The
         budget left, and whether the read is complete."""
-        for (object_id, blocks), datas in zip(groups, contents, strict=True):
-            for block, data in zip(blocks, datas, strict=True):
-                for batch in parse_data_block(data, block):
-                    if batch.last_offset <= self.next_offset:
-                        continue
-                    if batch.base_offset > self.next_offset:
-                        raise StreamReadError(
-                            f"stream {self.stream_id}: gap in object {object_id} at "
-                            f"{self.next_offset}"
-                        )
-                    if self.next_offset >= end or (found and budget <= 0):
-                        return budget, True
-                    found.append(batch)
-                    budget -= len(batch.payload)
-                    self.next_offset = batch.last_offset
+        self._resume = None
+        for object_id, block, data, at in parts:
+            if at:
+                batches = parse_data_block_tail(data, block, at, self.next_offset)
+                position = at
+            else:
+                batches = parse_data_block(data, block)
+                position = DATA_BLOCK_HEADER_SIZE_BYTES
+            for batch in batches:
+                batch_position = position
+                position += RECORD_HEADER_SIZE_BYTES + len(batch.payload)
+                if batch.last_offset <= self.next_offset:
+                    continue
+                if batch.base_offset > self.next_offset:
+                    raise StreamReadError(
+                        f"stream {self.stream_id}: gap in object {object_id} at {self.next_offset}"
+                    )
+                if self.next_offset >= end or (found and budget <= 0):
+                    self._resume = (
+                        (object_id, block.start_position),
+                        batch_position,
+                        self.next_offset,
+                    )
+                    return budget, True
+                found.append(batch)
+                budget -= len(batch.payload)
+                self.next_offset = batch.last_offset
         return budget, self.next_offset >= end or (bool(found) and budget <= 0)
 
     def _release_read(self) -> None:
@@ -300,7 +369,8 @@ class StreamReader:
         chosen: list[tuple[int, DataBlockIndex]] = []
         total = 0
         for object_id, block in self._window:
-            if block.end_offset <= start:
+            # Not the block the reader is inside: what it lacks of it, the next read fetches.
+            if block.end_offset <= start or block.start_offset < self.next_offset:
                 continue
             if block.start_offset >= self._end or total >= size:
                 return chosen, True

@@ -17,12 +17,14 @@ import dataclasses
 import functools
 import itertools
 import logging
+import operator
 import pickle
 import socket
 from typing import Final
 
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.network_limiter import LimiterClosed
+from automq_ref.io.storage.block_cache import BlockCacheStats
 from automq_ref.io.storage.cold_read_process import (
     NO_REQUEST,
     READ_REQUEST,
@@ -43,6 +45,9 @@ from automq_ref.io.storage.stream_objects import StreamReadError
 from automq_ref.state_machines.network_limiter import Priority
 
 log = logging.getLogger(__name__)
+# A BlockCacheStats' fields as a tuple, in order (it goes with every answer: dataclasses'
+# astuple took 9 µs, this 0.2).
+_stats_fields = operator.attrgetter(*(field.name for field in dataclasses.fields(BlockCacheStats)))
 
 STATS_INTERVAL_S: Final = 1.0
 
@@ -113,8 +118,9 @@ class _Server:
     def stats(self) -> bytes:
         assert self.reads is not None
         counts = self.reads.counts
-        cache = dataclasses.astuple(self.reads.stats())
-        return STATS.pack(*cache, counts.total_gets, counts.total_get_bytes)
+        return STATS.pack(
+            *_stats_fields(self.reads.stats()), counts.total_gets, counts.total_get_bytes
+        )
 
     async def serve(self) -> None:
         reporting = asyncio.create_task(self._report_forever())

@@ -486,6 +486,39 @@ class DataBlockCache:
     async def get(self, object_id: int, block: DataBlockIndex) -> Block:
         return (await self.get_many(object_id, [block]))[0]
 
+    async def get_rest(
+        self, object_id: int, block: DataBlockIndex, from_position: int
+    ) -> tuple[Block, int]:
+        """The bytes of ``block`` from ``from_position`` (relative to its start) on, for a
+        reader that read the block's first records and let it go, or saw it evicted, and where
+        the block starts among the bytes returned (0: the whole block, kept or on its way for
+        another reader; else ``from_position``: only the rest was fetched, with one ranged GET,
+        and is not kept). A catch-up of many streams stops each read in the middle of a block;
+        when the cache cannot keep all those blocks, the next reads fetch only what they lack."""
+        self._expire()
+        key = (object_id, block.start_position)
+        if key in self._blocks or key in self._in_flight:
+            return (await self.get_many(object_id, [block]))[0], 0
+        first = block.start_position + from_position
+        size = block.end_position - first
+        self.misses += 1
+        self.gets += 1
+        self._loading_bytes += size
+        try:
+            if self._limiter is not None:
+                await self._limiter.consume(size, self._priority)
+            data = await self._store.get_range(
+                object_key(self._namespace, object_id), first, block.end_position
+            )
+        except ObjectStoreError:
+            raise
+        except Exception as error:
+            raise ObjectStoreError(f"object {object_id} at {first}: {error!r}") from error
+        finally:
+            self._loading_bytes -= size
+        self.fetched_bytes += len(data)
+        return data, from_position
+
     def read_ahead(self, ahead: ReadAhead) -> None:
         """Keep the blocks that follow a read (``ahead.blocks``, in stream order, possibly in
         several objects) coming.
