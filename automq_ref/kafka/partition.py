@@ -51,7 +51,7 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
@@ -748,24 +748,47 @@ class Partition:
         ``max_bytes`` (KIP-74: the first batch of a Fetch response may exceed its limits, so a
         consumer always progresses; no other may). ``origin`` learns whether storage read
         objects for them (:class:`~automq_ref.io.storage.stream_objects.ReadOrigin`)."""
-        end = self.high_watermark
-        if offset >= end or (max_bytes <= 0 and not min_one):
-            return []
-        start = self.log_start_offset
-        if offset < start:
-            raise OffsetOutOfRangeError(f"{self.topic}-{self.index}: {offset} is below {start}")
-        # Storage is asked for the batches that fit, by the batch index (log_state.read_budget).
-        budget = log_state.read_budget(self.batches, offset, max_bytes, min_one)
-        if budget <= 0:
-            return []
+        budget = self._read_budget(offset, max_bytes, min_one)
         found: list[StreamRecordBatch] = []
-        for stream_id, first, stop in self._parts():
+        for stream_id, first, stop in self._parts() if budget > 0 else ():
             if offset < stop and first < stop:
                 found = await self._read_part(stream_id, max(offset, first), stop, budget, origin)
                 if found:
                     break
-        # Storage stops once the budget is spent, so its last batch may overshoot it (where the
-        # index did not know the batches, or a stored payload holds several).
+        return self._payloads(found, max_bytes, min_one)
+
+    def read_now(
+        self, offset: int, max_bytes: int, min_one: bool = True
+    ) -> list[bytes | memoryview] | None:
+        """What :meth:`read` answers, when the LogCache holds all of it (no await: a Fetch of
+        many tail partitions answers those at once); else None."""
+        budget = self._read_budget(offset, max_bytes, min_one)
+        for stream_id, first, stop in self._parts() if budget > 0 else ():
+            if offset < stop and first < stop:
+                found = self.storage.read_cached(stream_id, max(offset, first), stop, budget)
+                if found is None:
+                    return None
+                if found:
+                    return self._payloads(found, max_bytes, min_one)
+        return []
+
+    def _read_budget(self, offset: int, max_bytes: int, min_one: bool) -> int:
+        """What a read from ``offset`` asks storage for: the batches that fit, by the batch
+        index (:func:`log_state.read_budget`); 0 when nothing may come."""
+        if offset >= self.high_watermark or (max_bytes <= 0 and not min_one):
+            return 0
+        start = self.log_start_offset
+        if offset < start:
+            raise OffsetOutOfRangeError(f"{self.topic}-{self.index}: {offset} is below {start}")
+        return log_state.read_budget(self.batches, offset, max_bytes, min_one)
+
+    @staticmethod
+    def _payloads(
+        found: Sequence[StreamRecordBatch], max_bytes: int, min_one: bool
+    ) -> list[bytes | memoryview]:
+        """The payloads of ``found`` within ``max_bytes`` (the first past it with ``min_one``).
+        Storage stops once the budget is spent, so its last batch may overshoot it (where the
+        index did not know the batches, or a stored payload holds several)."""
         payloads: list[bytes | memoryview] = []
         size = 0
         for batch in found:

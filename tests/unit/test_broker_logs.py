@@ -28,7 +28,8 @@ from automq_ref.io.logfmt import fields
 from automq_ref.io.storage import storage_log
 from automq_ref.io.storage.block_cache import BlockCacheStats
 from automq_ref.io.storage.object_store import CountingReads, LocalDirectoryObjectStore
-from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.storage_totals import UploadTotals
 from automq_ref.kafka import server as kafka_server
 from automq_ref.kafka.notices import Notices
 from automq_ref.kafka.server import KafkaServer, Peer, Reply

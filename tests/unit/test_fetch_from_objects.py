@@ -93,3 +93,36 @@ async def test_a_catch_up_through_fetch_gets_from_the_store_what_it_delivers(
         assert node.storage.block_cache_stats().readers == readers_before + PARTITIONS
     finally:
         await node.shutdown()
+
+
+async def test_a_read_the_log_cache_holds_is_answered_at_once_and_the_same(
+    tmp_path: Path,
+) -> None:
+    """``Partition.read_now`` (a Fetch's reads the LogCache holds whole, answered without a
+    task) answers what ``read`` does, and nothing (None) where the data is in objects."""
+    node = await start_node(config(tmp_path))
+    try:
+        await create_topic(node.front_end.admit, PEER, TOPIC, 2)
+        for _ in range(BATCHES):
+            records = [os.urandom(RECORD_BYTES) for _ in range(2)]
+            await produce(node, TOPIC, [build_record_batch([(None, r)]) for r in records])
+        partition = node.topics.partitions[(TOPIC, 0)]
+        limits = [0, 1, BATCH_BYTES - 1, BATCH_BYTES, 2 * BATCH_BYTES + 7, 1 << 20]
+        for offset in range(BATCHES + 1):
+            for limit in limits:
+                for min_one in (False, True):
+                    now = partition.read_now(offset, limit, min_one)
+                    assert now is not None
+                    later = await partition.read(offset, limit, min_one)
+                    assert [bytes(chunk) for chunk in now] == [bytes(chunk) for chunk in later]
+                    assert bool(now) == (offset < BATCHES and (limit >= BATCH_BYTES or min_one))
+    finally:
+        await node.shutdown()  # uploads everything
+    node = await start_node(config(tmp_path))
+    try:
+        partition = node.topics.partitions[(TOPIC, 0)]
+        assert partition.read_now(0, 1 << 20) is None
+        assert partition.read_now(BATCHES, 1 << 20) == []  # at the high watermark
+        assert len(await partition.read(0, 1 << 20)) == BATCHES
+    finally:
+        await node.shutdown()

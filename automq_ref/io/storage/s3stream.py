@@ -65,7 +65,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from automq_ref.formats.errors import FormatError
@@ -96,6 +96,7 @@ from automq_ref.io.storage.object_store import (
     ShapedObjectStore,
     ThrottledStore,
 )
+from automq_ref.io.storage.storage_totals import RecoveryTotals, UploadTotals
 from automq_ref.io.storage.stream_objects import (
     ReadOrigin,
     StreamReadError,
@@ -131,30 +132,6 @@ class LinkResolver(Protocol):
     into: the payload the leader stored (the batch with the offsets it assigned)."""
 
     async def resolve(self, link: LinkRecord) -> bytes: ...
-
-
-@dataclass(slots=True)
-class UploadTotals:
-    """Blocks uploaded and committed since these totals were taken: their objects, the bytes of
-    those objects, the streams they hold, and the slowest block's PUTs in seconds."""
-
-    blocks: int = 0
-    objects: int = 0
-    bytes: int = 0
-    streams: set[int] = field(default_factory=set)
-    slowest_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryTotals:
-    """What start-up recovery replayed from the WAL into objects: records, their bytes, the
-    streams they belong to, and records refused as discontinuities (logged as errors)."""
-
-    records: int = 0
-    bytes: int = 0
-    streams: int = 0
-    refused: int = 0
-    links: int = 0  # of the records, link records turned back into data
 
 
 @dataclass(slots=True)
@@ -643,13 +620,7 @@ class S3Storage:
     ) -> list[StreamRecordBatch]:
         """Contiguous batches from ``start_offset``, never past the confirm offset; ``origin``,
         if given, learns whether any came from objects."""
-        stream = self._streams.get(stream_id)
-        if stream is not None:
-            if start_offset < stream.start_offset:
-                raise OffsetOutOfRangeError(
-                    f"stream {stream_id}: {start_offset} is below the start {stream.start_offset}"
-                )
-            end_offset = min(end_offset, stream.confirm_offset)
+        end_offset = self._read_end(stream_id, start_offset, end_offset)
         if start_offset >= end_offset:
             return []
         found: list[StreamRecordBatch] = []
@@ -687,6 +658,35 @@ class S3Storage:
             budget -= sum(len(batch.payload) for batch in batches)
             cursor = batches[-1].last_offset
         return found
+
+    def read_cached(
+        self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
+    ) -> list[StreamRecordBatch] | None:
+        """What :meth:`read` answers, when the LogCache holds all of it (nothing to wait for: a
+        Fetch of many tail partitions answers those without a task each); else None."""
+        end_offset = self._read_end(stream_id, start_offset, end_offset)
+        cached = lc.read(self._cache.state, stream_id, start_offset, end_offset, max_bytes)
+        batches = [self._as_batch(record) for record in cached]
+        if start_offset >= end_offset or (
+            batches
+            and (
+                batches[-1].last_offset >= end_offset
+                or sum(len(batch.payload) for batch in batches) >= max_bytes
+            )
+        ):
+            return batches
+        return None
+
+    def _read_end(self, stream_id: int, start_offset: int, end_offset: int) -> int:
+        """Where a read up to ``end_offset`` stops: at the confirm offset at most."""
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            return end_offset
+        if start_offset < stream.start_offset:
+            raise OffsetOutOfRangeError(
+                f"stream {stream_id}: {start_offset} is below the start {stream.start_offset}"
+            )
+        return min(end_offset, stream.confirm_offset)
 
     def block_cache_stats(self) -> BlockCacheStats:
         """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""

@@ -16,7 +16,8 @@ import logging
 
 from automq_ref.io.clock import Clock
 from automq_ref.io.logfmt import fields
-from automq_ref.io.storage.s3stream import S3Storage, UploadTotals
+from automq_ref.io.storage.s3stream import S3Storage
+from automq_ref.io.storage.storage_totals import UploadTotals
 
 log = logging.getLogger(__name__)
 
