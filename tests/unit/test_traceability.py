@@ -60,6 +60,7 @@ TRIOS = [
     Trio("RouteEpoch", "route_epoch"),
     Trio("ConfirmWal", "confirm_wal"),
     Trio("Failover", "failover"),
+    Trio("Transaction", "transaction"),
 ]
 PRESENT = [trio for trio in TRIOS if trio.spec.exists()]
 

@@ -1,0 +1,113 @@
+"""A partition's side of transactions: per producer id, the epoch it last accepted, the
+transaction open at the partition, and the verification guard (KIP-890 part 1). Pure; the
+partition's producer state (:mod:`automq_ref.kafka.log_state`) keeps one
+:class:`ProducerTransaction` per producer id. Spec: ``specs/Transaction.tla`` (the variables
+``partitionEpoch``, ``openTxn`` and ``verified``; the actions ``AddPartitionsToTxnVerify``,
+``Produce`` and ``MarkerWritten``).
+
+- A transactional batch with an older epoch than the producer's is refused
+  (``INVALID_PRODUCER_EPOCH``).
+- The first transactional batch of a transaction at the partition (none is open) must be
+  verified: the partition leaves a guard (:func:`begin_verification`) and asks the
+  coordinator whether the partition is in the producer's ongoing transaction at that epoch
+  (AddPartitionsToTxn, verify only); the batch lands only if the guard is still the one it
+  left (:func:`check_data`), else ``INVALID_TXN_STATE``. Any batch of the producer that lands
+  (data or marker) clears the guard, so a verification that raced a marker is void.
+- A marker (control batch) ends the open transaction, at an epoch no older than the
+  producer's (``INVALID_PRODUCER_EPOCH``) and from a coordinator epoch no older than the last
+  one seen (``TRANSACTION_COORDINATOR_FENCED``); an abort of a transaction with data yields
+  the aborted-transaction index entry's offsets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+from automq_ref.errors import KafkaErrorCode
+
+NO_EPOCH: Final = -1
+NO_OFFSET: Final = -1
+NO_GUARD: Final = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerTransaction:
+    """One producer id's transaction state at one partition."""
+
+    epoch: int = NO_EPOCH  # the epoch last accepted (the spec's partitionEpoch)
+    first_offset: int = NO_OFFSET  # the open transaction's first offset (none: NO_OFFSET)
+    open_epoch: int = NO_EPOCH  # the epoch the open transaction began at (the spec's openTxn)
+    guard: int = NO_GUARD  # the verification guard left (the spec's verified, with ...)
+    guard_epoch: int = NO_EPOCH  # ... the epoch it was left for
+    coordinator_epoch: int = -1
+
+    @property
+    def open(self) -> bool:
+        return self.first_offset != NO_OFFSET
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTransaction:
+    """A transaction a marker ended at the partition: ``[first_offset, last_offset]``, the
+    last being the marker's offset."""
+
+    first_offset: int
+    last_offset: int
+    aborted: bool
+
+
+def needs_verification(entry: ProducerTransaction, epoch: int) -> bool:
+    """Whether a transactional batch at ``epoch`` must be verified before it lands: it would
+    begin a transaction here (none is open) and its epoch is not refused outright."""
+    return not entry.open and epoch >= entry.epoch
+
+
+def begin_verification(entry: ProducerTransaction, epoch: int, guard: int) -> ProducerTransaction:
+    """The guard ``guard`` (a number the partition never used before) left for a batch at
+    ``epoch``, before the coordinator is asked."""
+    if guard == NO_GUARD:
+        raise ValueError("a guard is a number other than 0")
+    return replace(entry, guard=guard, guard_epoch=epoch)
+
+
+def check_data(
+    entry: ProducerTransaction, epoch: int, guard: int, verify: bool = True
+) -> KafkaErrorCode:
+    """Whether a transactional data batch at ``epoch``, verified under ``guard`` (NO_GUARD:
+    not verified), may land. ``verify=False`` is the spec's NoVerify mutation (tests only)."""
+    if epoch < entry.epoch:
+        return KafkaErrorCode.INVALID_PRODUCER_EPOCH
+    if entry.open or not verify:
+        return KafkaErrorCode.NONE
+    if guard == NO_GUARD or guard != entry.guard or entry.guard_epoch != epoch:
+        return KafkaErrorCode.INVALID_TXN_STATE
+    return KafkaErrorCode.NONE
+
+
+def append_data(entry: ProducerTransaction, epoch: int, base_offset: int) -> ProducerTransaction:
+    """A transactional data batch landed at ``base_offset``: it opens a transaction if none is
+    open; the guard goes."""
+    if entry.open:
+        return replace(entry, epoch=epoch, guard=NO_GUARD, guard_epoch=NO_EPOCH)
+    return ProducerTransaction(
+        epoch, base_offset, epoch, NO_GUARD, NO_EPOCH, entry.coordinator_epoch
+    )
+
+
+def check_marker(entry: ProducerTransaction, epoch: int, coordinator_epoch: int) -> KafkaErrorCode:
+    if coordinator_epoch < entry.coordinator_epoch:
+        return KafkaErrorCode.TRANSACTION_COORDINATOR_FENCED
+    if epoch < entry.epoch:
+        return KafkaErrorCode.INVALID_PRODUCER_EPOCH
+    return KafkaErrorCode.NONE
+
+
+def append_marker(
+    entry: ProducerTransaction, epoch: int, coordinator_epoch: int, offset: int, commit: bool
+) -> tuple[ProducerTransaction, CompletedTransaction | None]:
+    """A marker landed at ``offset`` (check it with :func:`check_marker` first): the open
+    transaction, if any, ends; the producer's epoch is the marker's; the guard goes."""
+    completed = CompletedTransaction(entry.first_offset, offset, not commit) if entry.open else None
+    after = ProducerTransaction(max(entry.epoch, epoch), coordinator_epoch=coordinator_epoch)
+    return after, completed
