@@ -299,7 +299,7 @@ def needs_producer_id(state: CoordinatorState, transactional_id: str) -> bool:
 def describe(state: CoordinatorState, transactional_id: str) -> TransactionMetadata | None:
     """The durable metadata of an id (None: unknown, or expired)."""
     entry = state.entries.get(transactional_id)
-    if entry is None or entry.metadata is None or entry.metadata.state is S.Dead:
+    if entry is None or entry.metadata is None:  # Dead: forgotten once its tombstone lands
         return None
     return entry.metadata
 
@@ -421,8 +421,6 @@ def _on_init_producer_id(
         return Transition(
             fenced.state, (answer(KafkaErrorCode.CONCURRENT_TRANSACTIONS), *fenced.effects)
         )
-    if metadata.state is S.Dead:
-        return Transition(state, (answer(KafkaErrorCode.CONCURRENT_TRANSACTIONS),))
     # Empty, CompleteCommit, CompleteAbort: a new epoch.
     current = metadata.producer_epoch
     if (
@@ -530,8 +528,6 @@ def _on_add_partitions_to_txn(
         or metadata.state is S.PrepareEpochFence
     ):
         return every(KafkaErrorCode.CONCURRENT_TRANSACTIONS)
-    if metadata.state is S.Dead:
-        return every(KafkaErrorCode.INVALID_PRODUCER_ID_MAPPING)
     added = frozenset(event.partitions)
     if metadata.state is S.Ongoing and added <= metadata.partitions:
         return every(KafkaErrorCode.NONE)
@@ -578,10 +574,10 @@ def _on_end_txn(state: CoordinatorState, event: EndTxn) -> TransactionTransition
             return answer(
                 KafkaErrorCode.CONCURRENT_TRANSACTIONS if same else KafkaErrorCode.INVALID_TXN_STATE
             )
-        case S.PrepareEpochFence | S.Dead:
-            return answer(KafkaErrorCode.CONCURRENT_TRANSACTIONS)
-        case _:  # Empty
+        case S.Empty:
             return answer(KafkaErrorCode.INVALID_TXN_STATE)
+        case _:  # PrepareEpochFence and Dead stand only while their record is pending
+            raise InvariantViolation(f"{event.transactional_id}: {metadata.state.name} at rest")
 
 
 # --------------------------------------------------------------------------- persist outcomes

@@ -36,8 +36,7 @@ class ProducerTransaction:
     """One producer id's transaction state at one partition."""
 
     epoch: int = NO_EPOCH  # the epoch last accepted (the spec's partitionEpoch)
-    first_offset: int = NO_OFFSET  # the open transaction's first offset (none: NO_OFFSET)
-    open_epoch: int = NO_EPOCH  # the epoch the open transaction began at (the spec's openTxn)
+    first_offset: int = NO_OFFSET  # the open transaction's first offset (the spec's openTxn)
     guard: int = NO_GUARD  # the verification guard left (the spec's verified, with ...)
     guard_epoch: int = NO_EPOCH  # ... the epoch it was left for
     coordinator_epoch: int = -1
@@ -90,9 +89,7 @@ def append_data(entry: ProducerTransaction, epoch: int, base_offset: int) -> Pro
     open; the guard goes."""
     if entry.open:
         return replace(entry, epoch=epoch, guard=NO_GUARD, guard_epoch=NO_EPOCH)
-    return ProducerTransaction(
-        epoch, base_offset, epoch, NO_GUARD, NO_EPOCH, entry.coordinator_epoch
-    )
+    return ProducerTransaction(epoch, base_offset, coordinator_epoch=entry.coordinator_epoch)
 
 
 def check_marker(entry: ProducerTransaction, epoch: int, coordinator_epoch: int) -> KafkaErrorCode:

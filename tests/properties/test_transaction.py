@@ -374,28 +374,23 @@ class TransactionMachine(RuleBasedStateMachine):
             and tp.needs_verification(self.partitions[w.partition].entry, w.epoch)
         ]
 
-    @precondition(lambda self: bool(self.unverified()))
-    @rule(data=st.data())
-    def add_partitions_to_txn_verify(self, data: st.DataObject) -> None:
-        """The partition asks the coordinator before a transaction's first write lands."""
-        write = data.draw(st.sampled_from(self.unverified()))
+    def verify_write(self, write: Write) -> None:
+        """The partition leaves a guard and asks the coordinator (AddPartitionsToTxn, verify
+        only); the write keeps the guard if the coordinator vouches for it, else is refused."""
         log = self.partitions[write.partition]
         guard, self.next_guard = self.next_guard, self.next_guard + 1
         log.entry = tp.begin_verification(log.entry, write.epoch, guard)
         self.requests += 1
-        transition = tx.step(
-            self.state,
-            AddPartitionsToTxn(
-                self.requests,
-                TID,
-                write.producer_id,
-                write.epoch,
-                (write.partition,),
-                self.now_ms,
-                True,
-            ),
-            self.params,
+        verify = AddPartitionsToTxn(
+            self.requests,
+            TID,
+            write.producer_id,
+            write.epoch,
+            (write.partition,),
+            self.now_ms,
+            True,
         )
+        transition = tx.step(self.state, verify, self.params)
         assert transition.state == self.state, "a verification changes nothing"
         (respond,) = transition.effects
         assert isinstance(respond, Respond) and isinstance(respond.answer, PartitionsAnswer)
@@ -404,6 +399,23 @@ class TransactionMachine(RuleBasedStateMachine):
             self.in_flight[self.in_flight.index(write)] = replace(write, guard=guard)
         else:
             self.refused(write)
+
+    def land(self, write: Write) -> None:
+        """The write reaches its partition: refused, or appended."""
+        log = self.partitions[write.partition]
+        if tp.check_data(log.entry, write.epoch, write.guard, self.verify) is not E.NONE:
+            self.refused(write)
+            return
+        self.in_flight.remove(write)
+        self.instances[write.instance].pending.discard(write.w)
+        log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
+        log.batches.append(("DATA", (write.instance, write.attempt), write.w))
+
+    @precondition(lambda self: bool(self.unverified()))
+    @rule(data=st.data())
+    def add_partitions_to_txn_verify(self, data: st.DataObject) -> None:
+        """The partition asks the coordinator before a transaction's first write lands."""
+        self.verify_write(data.draw(st.sampled_from(self.unverified())))
 
     def arriving(self) -> list[Write]:
         """Writes the partition leader may append now: verified, or not in need of it (the
@@ -414,15 +426,7 @@ class TransactionMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.arriving()))
     @rule(data=st.data())
     def produce(self, data: st.DataObject) -> None:
-        write = data.draw(st.sampled_from(self.arriving()))
-        log = self.partitions[write.partition]
-        if tp.check_data(log.entry, write.epoch, write.guard, self.verify) is not E.NONE:
-            self.refused(write)
-            return
-        self.in_flight.remove(write)
-        self.instances[write.instance].pending.discard(write.w)
-        log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
-        log.batches.append(("DATA", (write.instance, write.attempt), write.w))
+        self.land(data.draw(st.sampled_from(self.arriving())))
 
     @precondition(lambda self: bool(self.in_flight))
     @rule(data=st.data(), now=st.integers(0, 2))
@@ -587,28 +591,14 @@ def _write(machine: TransactionMachine, name: str, partition: tuple[str, int]) -
 
 def _land(machine: TransactionMachine, write: Write) -> None:
     """Verify (if the partition needs it) and append, as the partition leader does."""
-    log = machine.partitions[write.partition]
-    if machine.verify and tp.needs_verification(log.entry, write.epoch):
-        guard, machine.next_guard = machine.next_guard, machine.next_guard + 1
-        log.entry = tp.begin_verification(log.entry, write.epoch, guard)
-        machine.requests += 1
-        verify = AddPartitionsToTxn(
-            machine.requests, TID, write.producer_id, write.epoch, (write.partition,), 0, True
-        )
-        (respond,) = tx.step(machine.state, verify, machine.params).effects
-        assert isinstance(respond, Respond) and isinstance(respond.answer, PartitionsAnswer)
-        if respond.answer.errors[0][1] is not E.NONE:
-            machine.refused(write)
+    if machine.verify and tp.needs_verification(
+        machine.partitions[write.partition].entry, write.epoch
+    ):
+        machine.verify_write(write)
+        write = next((w for w in machine.in_flight if w.w == write.w), write)
+        if write not in machine.in_flight:
             return
-        write = replace(write, guard=guard)
-        machine.in_flight[[w.w for w in machine.in_flight].index(write.w)] = write
-    if tp.check_data(log.entry, write.epoch, write.guard, machine.verify) is not E.NONE:
-        machine.refused(write)
-        return
-    machine.in_flight.remove(write)
-    machine.instances[write.instance].pending.discard(write.w)
-    log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
-    log.batches.append(("DATA", (write.instance, write.attempt), write.w))
+    machine.land(write)
 
 
 def _markers(machine: TransactionMachine) -> None:
