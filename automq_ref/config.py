@@ -363,6 +363,19 @@ class BrokerConfig(BaseModel):
     # The partitions of __consumer_offsets when a broker creates it (Kafka's name and default):
     # groups are spread over them, and each is coordinated by the broker leading its partition.
     offsets_topic_num_partitions: int = Field(50, alias="offsets.topic.num.partitions", ge=1)
+    # The transaction coordinator (Kafka's names and defaults): __transaction_state's
+    # partitions, the longest transaction timeout a producer may ask for, how long an idle
+    # transactional id is kept, and how often timed-out transactions are aborted.
+    transaction_state_log_num_partitions: int = Field(
+        50, alias="transaction.state.log.num.partitions", ge=1
+    )
+    transaction_max_timeout_ms: int = Field(900_000, alias="transaction.max.timeout.ms", ge=1)
+    transactional_id_expiration_ms: int = Field(
+        7 * 24 * 3600 * 1000, alias="transactional.id.expiration.ms", ge=1
+    )
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int = Field(
+        10_000, alias="transaction.abort.timed.out.transaction.cleanup.interval.ms", ge=1
+    )
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
     log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
     log_retention_check_interval_ms: int = Field(

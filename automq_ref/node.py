@@ -98,6 +98,7 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.kafka.transactions import TransactionCoordinator
 from automq_ref.node_wal import open_wal as open_wal  # re-exported: tests open a node's WAL
 from automq_ref.node_wal import take_over_wal
 from automq_ref.node_zones import ZoneRouterParts, start_snapshot_reads
@@ -294,6 +295,7 @@ class Node:
         storage: S3Storage,
         topics: TopicRegistry,
         groups: GroupCoordinator,
+        transactions: TransactionCoordinator,
         producer_ids: ProducerIdAllocator,
         session: BrokerSession,
         ticks: ControllerTicks,
@@ -320,6 +322,7 @@ class Node:
         self.storage = storage
         self.topics = topics
         self.groups = groups
+        self.transactions = transactions
         self.producer_ids = producer_ids
         self._store = store
         self.context = Context(
@@ -334,6 +337,7 @@ class Node:
             advertised_port=(config.advertised_address or bound)[1],
             active_controller=metadata.active_controller,
             network=limiters,
+            transactions=transactions,
         )
         if config.zone_router_enabled and config.etcd_endpoints:
             start_snapshot_reads(
@@ -384,6 +388,7 @@ class Node:
         for partition in self.topics.partitions.values():
             partition.wake_waiters()
         await self.groups.abandon()
+        await self.transactions.close()
         try:
             await self.storage.abandon()
         finally:
@@ -415,8 +420,9 @@ class Node:
         for partition in partitions:
             partition.wake_waiters()
         try:
-            # The group shards stop first: nothing appends to their partitions any more.
+            # The coordinators' shards stop first: nothing appends to their partitions any more.
             await self.groups.close()
+            await self.transactions.close()
             # Together: the first close seals the block holding everyone's data, the others
             # wait for that same upload.
             await asyncio.gather(*(partition.close() for partition in partitions))
@@ -722,9 +728,14 @@ async def _start_on_wal(
     )
     await session.heartbeat()
     groups = GroupCoordinator(storage, client, view, config, seams.clock)
-    topics = await TopicRegistry.open(storage, client, view, config, listeners=(groups,))
+    producer_ids = ProducerIdAllocator(client, config.node_id, registration.node_epoch)
+    transactions = TransactionCoordinator(view, config, seams.clock, producer_ids)
+    topics = await TopicRegistry.open(
+        storage, client, view, config, listeners=(groups, transactions)
+    )
     session.report_loads(topics.loads)
     groups.start(topics)
+    transactions.start(topics)
     if not config.etcd_endpoints:
         # A single node coordinates every group: it serves them from its first request, as
         # it did when its groups' offsets were one stream of its own.
@@ -800,7 +811,8 @@ async def _start_on_wal(
         storage=storage,
         topics=topics,
         groups=groups,
-        producer_ids=ProducerIdAllocator(client, config.node_id, registration.node_epoch),
+        transactions=transactions,
+        producer_ids=producer_ids,
         session=session,
         ticks=ticks,
         server=server,

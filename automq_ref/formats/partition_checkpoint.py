@@ -15,7 +15,14 @@ The value is a JSON object::
      "data": <data stream id>, "cleaned": [<cleaned stream id>, <cleaned end>] | null,
      "end": <offset>,
      "batches": {"count": <n>, "crc": <crc32 of the columns>, "columns": <base64>},
-     "producers": [[<producer id>, <epoch>, [[<first seq>, <last seq>, <base offset>], ...]], ...]}
+     "producers": [[<producer id>, <epoch>, [[<first seq>, <last seq>, <base offset>], ...]], ...],
+     "transactions": {"producers": [[<producer id>, <epoch>, <open txn first offset | -1>,
+                                     <coordinator epoch>, <last timestamp>], ...],
+                      "aborted": [[<producer id>, <first offset>, <last offset>], ...]}}
+
+``transactions`` (the partition's side of Kafka transactions: each transactional producer's
+epoch and open transaction, and the aborted-transactions index in offset order) is written only
+when there is one; a checkpoint without it (as every one before transactions) has none.
 
 ``data`` and ``cleaned`` name the streams holding the log when it was written (a clean since
 then makes a new cleaned stream, so a checkpoint naming another one describes a log that is no
@@ -59,6 +66,19 @@ COLUMNS: Final = 5  # gap, length, max timestamp, size, emptied
 IndexRow = tuple[int, int, int, int, bool]
 # (first sequence, last sequence, base offset) of one of a producer's last batches
 ProducerBatch = tuple[int, int, int]
+# (producer id, first offset, last offset) of an aborted transaction
+AbortedRow = tuple[int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionRow:
+    """One transactional producer's state at the partition."""
+
+    producer_id: int
+    epoch: int
+    first_offset: int  # of its open transaction, -1 if none
+    coordinator_epoch: int
+    last_timestamp: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +100,8 @@ class PartitionCheckpoint:
     sizes: Sequence[int]
     emptied: Sequence[int]
     producers: tuple[ProducerRow, ...]
+    transactions: tuple[TransactionRow, ...] = ()
+    aborted: tuple[AbortedRow, ...] = ()
 
     def __len__(self) -> int:
         return len(self.base_offsets)
@@ -97,6 +119,8 @@ def encode_checkpoint(
     end: int,
     rows: Sequence[IndexRow],
     producers: Sequence[ProducerRow],
+    transactions: Sequence[TransactionRow] = (),
+    aborted: Sequence[AbortedRow] = (),
 ) -> Json:
     """The ``CHECKPOINT`` value for a log of ``rows`` (in offset order) up to ``end``."""
     columns = array.array("q")
@@ -107,7 +131,7 @@ def encode_checkpoint(
     columns.extend(row[3] for row in rows)
     columns.extend(1 if row[4] else 0 for row in rows)
     raw = _column_bytes(columns)
-    return {
+    document: dict[str, Json] = {
         "version": CHECKPOINT_VERSION,
         "data": data_stream_id,
         "cleaned": None if cleaned is None else [cleaned[0], cleaned[1]],
@@ -122,6 +146,21 @@ def encode_checkpoint(
             for row in producers
         ],
     }
+    if transactions or aborted:
+        document["transactions"] = {
+            "producers": [
+                [
+                    row.producer_id,
+                    row.epoch,
+                    row.first_offset,
+                    row.coordinator_epoch,
+                    row.last_timestamp,
+                ]
+                for row in transactions
+            ],
+            "aborted": [list(row) for row in aborted],
+        }
+    return document
 
 
 def decode_checkpoint(value: Json) -> PartitionCheckpoint:
@@ -150,9 +189,55 @@ def decode_checkpoint(value: Json) -> PartitionCheckpoint:
         _decode_producer(item)
         for item in require_list(require_field(document, "producers", "CHECKPOINT"), "producers")
     )
+    transactions, aborted = _decode_transactions(document.get("transactions"))
     return PartitionCheckpoint(
-        data_stream_id, cleaned, end, bases, ends, timestamps, sizes, emptied, producers
+        data_stream_id,
+        cleaned,
+        end,
+        bases,
+        ends,
+        timestamps,
+        sizes,
+        emptied,
+        producers,
+        transactions,
+        aborted,
     )
+
+
+def _decode_transactions(
+    value: Json,
+) -> tuple[tuple[TransactionRow, ...], tuple[AbortedRow, ...]]:
+    """The ``transactions`` field (absent or null: none)."""
+    if value is None:
+        return (), ()
+    document = require_object(value, "CHECKPOINT transactions")
+    rows = []
+    for item in require_list(require_field(document, "producers", "transactions"), "producers"):
+        producer_id, epoch, first, coordinator_epoch, timestamp = require_list(
+            item, "transaction producer", length=5
+        )
+        rows.append(
+            TransactionRow(
+                require_int(producer_id, "producer id", minimum=0),
+                require_int(epoch, "producer epoch"),
+                require_int(first, "transaction first offset", minimum=-1),
+                require_int(coordinator_epoch, "coordinator epoch"),
+                require_int(timestamp, "last timestamp"),
+            )
+        )
+    aborted: list[AbortedRow] = []
+    for item in require_list(require_field(document, "aborted", "transactions"), "aborted"):
+        producer_id, first, last = require_list(item, "aborted transaction", length=3)
+        row = (
+            require_int(producer_id, "producer id", minimum=0),
+            require_int(first, "aborted first offset", minimum=0),
+            require_int(last, "aborted last offset", minimum=0),
+        )
+        if row[2] < row[1] or (aborted and row[2] < aborted[-1][2]):
+            raise InvalidFieldError("checkpoint aborted transactions out of order")
+        aborted.append(row)
+    return tuple(rows), tuple(aborted)
 
 
 def _decode_batches(

@@ -1,7 +1,9 @@
 """A broker's Kafka-protocol connection to another broker: how the zone router's proxy sends
-``AutomqZoneRouterRequest`` to a partition's leader, on the listener every broker registered
-(the address Metadata gives clients), as AutoMQ's brokers send it over their inter-broker
-listener.
+``AutomqZoneRouterRequest`` to a partition's leader (:meth:`BrokerLink.call`), and a transaction
+coordinator ``WriteTxnMarkers`` to the leaders of a transaction's partitions
+(:meth:`BrokerLink.request`, any request kio has the schema of), on the listener every broker
+registered (the address Metadata gives clients), as AutoMQ's brokers send them over their
+inter-broker listener.
 
 One :class:`BrokerLink` per target broker carries any number of requests at once. Requests are
 written in the order :meth:`BrokerLink.call` is called (a FIFO lock around connecting and
@@ -18,8 +20,10 @@ import contextlib
 import itertools
 import logging
 import struct
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
+from automq_ref.protocol.kio_codec import decode_response, encode_request
 from automq_ref.protocol.zone_router import (
     ZoneRouterRequest,
     ZoneRouterResponse,
@@ -33,6 +37,7 @@ CONNECT_TIMEOUT_S: Final = 10.0
 REQUEST_TIMEOUT_S: Final = 30.0
 _SIZE: Final = struct.Struct(">i")
 MAX_RESPONSE_BYTES: Final = 100 * 1024 * 1024
+T = TypeVar("T")
 
 
 class BrokerLinkError(Exception):
@@ -49,19 +54,37 @@ class BrokerLink:
         self._lock = asyncio.Lock()
         self._writer: asyncio.StreamWriter | None = None
         self._reader_task: asyncio.Task[None] | None = None
-        self._waiting: dict[int, tuple[int, asyncio.Future[ZoneRouterResponse]]] = {}
+        # Per correlation id: how its response decodes, and who waits for it.
+        self._waiting: dict[int, tuple[Callable[[bytes], Any], asyncio.Future[Any]]] = {}
         self._correlation = itertools.count(1)
         self._closed = False
 
     async def call(self, version: int, request: ZoneRouterRequest) -> ZoneRouterResponse:
         """Send ``request`` (written after every earlier call's) and wait for its answer."""
+        return await self._exchange(
+            lambda correlation_id: encode_zone_router_request(
+                version, correlation_id, self._client_id, request
+            ),
+            lambda frame: decode_zone_router_response(frame, version)[1],
+        )
+
+    async def request(self, api_key: int, version: int, body: Any) -> Any:
+        """Send the kio request ``body`` of ``api_key`` at ``version``; its kio response."""
+        return await self._exchange(
+            lambda correlation_id: encode_request(
+                api_key, version, correlation_id, self._client_id, body
+            ),
+            lambda frame: decode_response(api_key, version, frame)[1],
+        )
+
+    async def _exchange(self, encode: Callable[[int], bytes], decode: Callable[[bytes], T]) -> T:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[ZoneRouterResponse] = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
         async with self._lock:
             writer = await self._connected()
             correlation_id = next(self._correlation) & 0x7FFFFFFF
-            frame = encode_zone_router_request(version, correlation_id, self._client_id, request)
-            self._waiting[correlation_id] = (version, future)
+            frame = encode(correlation_id)
+            self._waiting[correlation_id] = (decode, future)
             writer.write(_SIZE.pack(len(frame)) + frame)
         try:
             return await asyncio.wait_for(asyncio.shield(future), REQUEST_TIMEOUT_S)
@@ -102,11 +125,11 @@ class BrokerLink:
                 waiting = self._waiting.pop(correlation_id, None)
                 if waiting is None:
                     continue  # its caller gave up waiting
-                version, future = waiting
+                decode, future = waiting
                 if future.done():
                     continue
                 try:
-                    _, response = decode_zone_router_response(frame, version)
+                    response = decode(frame)
                 except Exception as decode_error:
                     future.set_exception(BrokerLinkError(f"undecodable response: {decode_error}"))
                     continue

@@ -41,8 +41,11 @@ land above ``E`` in the live stream, and reads see either the old parts or the n
 
 Idempotent producers: a producer's last batch is kept, emptied if all its records went (as
 Kafka does), so its last sequence and epoch are found again when the partition is reopened; the
-producer state in memory is not touched by a clean. Transactions do not exist yet, so control
-batches never reach a log; one would be kept as it is.
+producer state in memory is not touched by a clean. Transactions: a clean stops at the last
+stable offset (an open transaction's records are never compacted), drops the records of aborted
+transactions (by the partition's aborted-transactions index) and keeps every control batch
+(transaction marker) as it is, for now however old (Kafka drops a marker once it is no longer
+needed).
 
 Topic configs are read per clean: ``cleanup.policy`` through the registry; the compaction
 configs (``delete.retention.ms``, ``min.compaction.lag.ms``, ``max.compaction.lag.ms``,
@@ -66,10 +69,13 @@ from automq_ref.kafka.partition import Partition, stored_batches
 from automq_ref.kafka.topic_configs import cleanup_policies as parse_cleanup_policies
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines.compaction import (
+    AbortedRanges,
     BatchSpan,
     CleanerConfig,
     KeyIndex,
+    aborted_ranges,
     compact_batch,
+    in_aborted,
     plan_clean,
     producer_keeps,
 )
@@ -172,17 +178,19 @@ async def clean_partition(
             for entry in partition.batches
         ]
         limit = plan_clean(
-            spans, start, partition.dirty_start, partition.high_watermark, now_ms, config
+            spans, start, partition.dirty_start, partition.last_stable_offset, now_ms, config
         )
         if limit is None:
             return None
         keys = KeyIndex()
         end = start
+        aborted = aborted_ranges(partition.transactions.aborted)
         async for stored in partition.read_stored(start, limit):
             if stored.last_offset > limit:
                 break
             for view in _live(stored.payload, start):
-                keys.add(view)
+                if not in_aborted(view, aborted):
+                    keys.add(view)
             end = stored.last_offset
         if end <= partition.dirty_start:
             return None  # no whole stored record in the dirty part yet
@@ -190,7 +198,7 @@ async def clean_partition(
         stream_id = await partition.begin_clean(start)
         try:
             entries, read, written = await _write_clean(
-                partition, stream_id, start, end, keys, keep, now_ms, config
+                partition, stream_id, start, end, keys, keep, aborted, now_ms, config
             )
         except Exception:
             await partition.abandon_clean(stream_id)
@@ -206,6 +214,7 @@ async def _write_clean(
     end: int,
     keys: KeyIndex,
     keep: frozenset[int],
+    aborted: AbortedRanges,
     now_ms: int,
     config: CleanerConfig,
 ) -> tuple[list[BatchEntry], int, int]:
@@ -226,6 +235,7 @@ async def _write_clean(
                 now_ms=now_ms,
                 delete_retention_ms=config.delete_retention_ms,
                 keep_if_empty=producer_keeps(view, keep),
+                aborted=in_aborted(view, aborted),
             )
             if out is None:
                 continue

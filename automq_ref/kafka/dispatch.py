@@ -9,8 +9,7 @@ client can retry lower: KIP-511), a frame that does not decode. The listener log
 client (client id and host, see :mod:`automq_ref.kafka.notices`), naming the API.
 
 Features this broker lacks but Kafka's protocol has an error for are answered with that error
-by their handlers, so that clients fail at once and say why: transactions
-(``TRANSACTIONAL_ID_AUTHORIZATION_FAILED`` to FindCoordinator and InitProducerId), the KIP-848
+by their handlers, so that clients fail at once and say why: the KIP-848
 consumer group protocol (ConsumerGroupHeartbeat is advertised, as Kafka 4.0 does, and answered
 ``UNSUPPORTED_VERSION``, as Kafka does when that protocol is disabled), config changes to
 anything but a topic.
@@ -52,6 +51,7 @@ from automq_ref.kafka.handlers import (
     producer_ids,
     reassignments,
     topics,
+    transactions,
     unsupported,
 )
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
@@ -129,6 +129,11 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.DELETE_RECORDS: Route(offsets.handle_delete_records, 0, 2),
     ApiKey.INIT_PRODUCER_ID: Route(producer_ids.handle_init_producer_id, 0, 5),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: Route(offsets.handle_offset_for_leader_epoch, 2, 4),
+    ApiKey.ADD_PARTITIONS_TO_TXN: Route(transactions.handle_add_partitions_to_txn, 0, 5),
+    ApiKey.ADD_OFFSETS_TO_TXN: Route(transactions.handle_add_offsets_to_txn, 0, 4),
+    ApiKey.END_TXN: Route(transactions.handle_end_txn, 0, 4),
+    ApiKey.WRITE_TXN_MARKERS: Route(transactions.handle_write_txn_markers, 1, 1),
+    ApiKey.TXN_OFFSET_COMMIT: Route(groups.handle_txn_offset_commit, 0, 5),
     ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
     ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
     ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
@@ -142,6 +147,9 @@ ROUTES: Mapping[ApiKey, Route] = {
         reassignments.handle_list_partition_reassignments, 0, 0
     ),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
+    ApiKey.DESCRIBE_PRODUCERS: Route(transactions.handle_describe_producers, 0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: Route(transactions.handle_describe_transactions, 0, 0),
+    ApiKey.LIST_TRANSACTIONS: Route(transactions.handle_list_transactions, 0, 1),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
     # Between brokers only (AutoMQ's own API, kio has no schema): decoded by hand, answered
     # with the zone router on, not advertised to clients.

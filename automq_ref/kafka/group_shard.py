@@ -20,7 +20,13 @@ a record per committed offset (key: group, topic, partition), and for a deleted 
 tombstone for every offset key the log holds of it and one for its group key, so compaction
 (the topic is ``cleanup.policy=compact``) keeps exactly the latest offsets. When an append is
 durable the machine hears ``OffsetsPersisted`` and only then answers the commit and shows the
-offsets (so offsets are persisted before the commit is answered). An append the partition
+offsets (so offsets are persisted before the commit is answered). A TxnOffsetCommit's records are
+appended as a transactional batch of the producer (verified first, as a Produce of that
+producer would be: the handler passes the guard, :meth:`GroupShard.request`), and the machine
+holds them until the transaction's marker lands in the partition: the partition tells the shard
+of every marker written (its marker listeners), and the shard steps ``TxnMarker``; a replay
+holds a transactional batch's offsets until the control batch that ends it, and drops them on an
+abort. An append the partition
 refuses at once is answered ``OffsetsPersistFailed`` (stepped after the transition that asked for
 it). A ``Rejected`` means this shell broke its side of the contract and raises
 ``CoordinatorError``.
@@ -46,6 +52,7 @@ from collections.abc import Callable, Mapping
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import offsets_record as orec
+from automq_ref.formats.control_batch import batch_marker
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.io.clock import Clock
 from automq_ref.io.driver import Driver
@@ -112,6 +119,45 @@ def offset_records(
     ]
 
 
+def append_durably(
+    partition: Partition,
+    batch: bytes,
+    verification_guard: int,
+    stopped: Callable[[], bool],
+    persisted: Callable[[], None],
+    refused: Callable[[], None],
+) -> None:
+    """A coordinator's append of one durable record batch to its partition: ``persisted()``
+    once it is durable, ``refused()`` at once if the partition refuses it; nothing if the shard
+    ``stopped()`` meanwhile (its request was answered NOT_COORDINATOR) or the storage failed
+    (the append may or may not be in the WAL: the node restarts from what is durable)."""
+    name = f"{partition.topic}-{partition.index}"
+    try:
+        result = partition.append_nowait(
+            batch, MAX_APPEND_BYTES, verification_guard=verification_guard
+        )
+    except StorageError as error:
+        log.error("%s: append refused: %s", name, error)
+        refused()
+        return
+    durable = result.durable
+    if durable is None:
+        log.error("%s: append refused: %s %s", name, result.error.name, result.message)
+        refused()
+        return
+
+    def done(future: asyncio.Future[None]) -> None:
+        if stopped():
+            return
+        if future.cancelled() or future.exception() is not None:
+            failure = None if future.cancelled() else future.exception()
+            log.error("%s: append failed: %s", name, failure)
+            return
+        persisted()
+
+    durable.add_done_callback(done)
+
+
 class GroupShard:
     """The machine of coordinator partition ``partition``: loading until :meth:`start`, serving
     until :meth:`stop`."""
@@ -123,8 +169,12 @@ class GroupShard:
         self._offsets: Offsets = {}
         # Per group, the offset keys the log holds a value of: a deletion tombstones each.
         self._written: dict[str, set[gc.TopicPartition]] = {}
+        # Per producer id, the transactional offsets a replay found with no marker yet.
+        self._held: dict[int, Offsets] = {}
         self._next_request_id = 0
         self._answers: dict[int, asyncio.Future[gc.Response]] = {}
+        # Per TxnOffsetCommit request id: the verification guard its append carries.
+        self._guards: dict[int, int] = {}
         self.stopped = False
 
     @property
@@ -145,14 +195,36 @@ class GroupShard:
     async def replay(self) -> None:
         """Fold the partition's log into the offsets it holds (the latest record of each key
         wins; an offset tombstone deletes that offset, a group tombstone the whole group)."""
-        self._offsets, self._written = {}, {}
+        self._offsets, self._written, self._held = {}, {}, {}
         partition = self.partition
         async with partition.maintenance:
             stored = partition.read_stored(partition.log_start_offset, partition.high_watermark)
             async for stream_batch in stored:
                 for view in stored_batches(stream_batch.payload):
+                    producer_id = view.producer_id
+                    if view.is_control:
+                        marker = batch_marker(view)
+                        if marker is not None:
+                            self._end_held(producer_id, marker.commit)
+                        continue
+                    if view.is_transactional:
+                        offsets = self._offsets
+                        self._offsets = self._held.setdefault(producer_id, {})
+                        try:
+                            for record in view.records():
+                                self._replay_record(record.key, record.value)
+                        finally:
+                            self._offsets = offsets
+                        continue
                     for record in view.records():
                         self._replay_record(record.key, record.value)
+
+    def _end_held(self, producer_id: int, commit: bool) -> None:
+        """A marker in the replayed log: the producer's held offsets committed or dropped."""
+        held = self._held.pop(producer_id, {})
+        if commit:
+            for group_id, committed in held.items():
+                self._offsets.setdefault(group_id, {}).update(committed)
 
     def _replay_record(self, key: bytes | None, value: bytes | None) -> None:
         if key is None:
@@ -207,11 +279,21 @@ class GroupShard:
         carry a token chosen now, so a shard loaded again (here after a restart, or elsewhere)
         never hands out an id an old client still holds."""
         params = dataclasses.replace(params, member_id_token=secrets.token_hex(4))
+        held = [
+            gc.PersistOffsets(-1, group_id, tuple(committed.values()), producer_id)
+            for producer_id, groups in sorted(self._held.items())
+            for group_id, committed in sorted(groups.items())
+        ]
         recovered = gc.recover(
-            gc.PersistOffsets(-1, group_id, tuple(committed.values()))
-            for group_id, committed in sorted(self._offsets.items())
+            [
+                *(
+                    gc.PersistOffsets(-1, group_id, tuple(committed.values()))
+                    for group_id, committed in sorted(self._offsets.items())
+                ),
+                *held,
+            ]
         )
-        self._offsets = {}
+        self._offsets, self._held = {}, {}
         self._driver = Driver(
             lambda state, event: gc.step(state, event, params),
             recovered,
@@ -222,11 +304,14 @@ class GroupShard:
                 gc.Rejected: self._refused,
             },
         )
+        self.partition.marker_listeners.append(self._marker)
 
     def stop(self) -> None:
         """Stop serving: every request still waiting is answered with :class:`ShardGone`, and
         appends still in flight are answered to no one."""
         self.stopped = True
+        if self._marker in self.partition.marker_listeners:
+            self.partition.marker_listeners.remove(self._marker)
         answers, self._answers = self._answers, {}
         for answer in answers.values():
             if not answer.done():
@@ -234,12 +319,17 @@ class GroupShard:
 
     # ----------------------------------------------------------------------------- serving
 
-    async def request(self, make_event: Callable[[int, int], gc.GroupEvent]) -> gc.Response:
-        """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
+    async def request(
+        self, make_event: Callable[[int, int], gc.GroupEvent], verification_guard: int = 0
+    ) -> gc.Response:
+        """Step ``make_event(request_id, now_ms)`` and wait for its answer;
+        ``verification_guard``: a TxnOffsetCommit's, for its transactional append."""
         if not self.serving:
             raise ShardGone(f"{self.partition.topic}-{self.index}")
         self._next_request_id += 1
         request_id = self._next_request_id
+        if verification_guard:
+            self._guards[request_id] = verification_guard
         answer: asyncio.Future[gc.Response] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = answer
         now_ms = self._clock.now_ms()
@@ -269,6 +359,11 @@ class GroupShard:
         if after is not before and log.isEnabledFor(logging.INFO):
             _log_generations(before, after)
 
+    def _marker(self, producer_id: int, commit: bool) -> None:
+        """The partition's marker listener: a transaction ended in this partition."""
+        if self.serving:
+            self._step(gc.TxnMarker(producer_id, commit))
+
     def _answer(self, effect: gc.Respond) -> None:
         answer = self._answers.pop(effect.request_id, None)
         if answer is not None and not answer.done():
@@ -290,40 +385,38 @@ class GroupShard:
             records.append((orec.encode_group_key(group_id), None))
         return records
 
+    def _next_sequence(self, producer_id: int, producer_epoch: int) -> int:
+        """The base sequence of a transactional append of the producer to this partition: the
+        next after its last batch here at that epoch (the partition checks them as it checks a
+        producer's), -1 for an append of no producer."""
+        if producer_id < 0:
+            return -1
+        state = self.partition.producers.get(producer_id)
+        if state is None or state.epoch != producer_epoch:
+            return 0
+        return state.last_sequence + 1
+
     def _persist(self, record: gc.DurableRecord) -> None:
         request_id = record.request_id
-        batch = build_record_batch(self._records(record), base_timestamp=self._clock.now_ms())
-        try:
-            result = self.partition.append_nowait(batch, MAX_APPEND_BYTES)
-        except StorageError as error:
-            log.error("%s-%d: append refused: %s", self.partition.topic, self.index, error)
-            self._step(gc.OffsetsPersistFailed(request_id))
-            return
-        durable = result.durable
-        if durable is None:
-            log.error(
-                "%s-%d: append refused: %s %s",
-                self.partition.topic,
-                self.index,
-                result.error.name,
-                result.message,
-            )
-            self._step(gc.OffsetsPersistFailed(request_id))
-            return
-
-        def done(future: asyncio.Future[None]) -> None:
-            if self.stopped:
-                return  # its request was answered NOT_COORDINATOR
-            if future.cancelled() or future.exception() is not None:
-                # The append may or may not be in the WAL: the storage has failed, the node
-                # restarts from what is durable.
-                log.error(
-                    "%s-%d: append failed: %s",
-                    self.partition.topic,
-                    self.index,
-                    None if future.cancelled() else future.exception(),
-                )
-                return
-            self._step(gc.OffsetsPersisted(request_id))
-
-        durable.add_done_callback(done)
+        producer_id, producer_epoch = (
+            (record.producer_id, record.producer_epoch)
+            if isinstance(record, gc.PersistOffsets)
+            else (-1, -1)
+        )
+        batch = build_record_batch(
+            self._records(record),
+            base_timestamp=self._clock.now_ms(),
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=self._next_sequence(producer_id, producer_epoch),
+            is_transactional=producer_id >= 0,
+        )
+        guard = self._guards.pop(request_id, 0)
+        append_durably(
+            self.partition,
+            batch,
+            guard,
+            lambda: self.stopped,
+            lambda: self._step(gc.OffsetsPersisted(request_id)),
+            lambda: self._step(gc.OffsetsPersistFailed(request_id)),
+        )

@@ -54,12 +54,11 @@ from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.kafka import group_import
+from automq_ref.kafka.coordinator_topic import CoordinatorTopic, coordinator_partition
 from automq_ref.kafka.group_import import Offsets
 from automq_ref.kafka.group_shard import GroupShard, ShardGone
 from automq_ref.kafka.partition import Partition
-from automq_ref.kafka.topics import TopicError
 from automq_ref.state_machines import group as gc
-from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import CONSUMER_OFFSETS_TOPIC
 
 if TYPE_CHECKING:
@@ -70,7 +69,6 @@ log = logging.getLogger(__name__)
 TICK_INTERVAL_S = 0.1  # the longest the ticker sleeps; it wakes earlier for a known deadline
 TICK_MIN_S = 0.001
 LOAD_RETRY_S = 1.0  # a shard whose load failed (storage, controller) tries again after this
-CREATE_RETRY_S = 1.0  # creating the topic failed (no live broker yet, no controller)
 READY_WAIT_S = 30.0  # the longest a single node waits for its shards before it serves anyway
 # The longest a group request waits for the topic it made a broker create: well under clients'
 # request timeouts (30 s and more), well over a creation (about a second on three brokers).
@@ -78,27 +76,7 @@ CREATE_WAIT_S = 10.0
 # The topic's configs (Kafka's own for it: compacted, so each offset's latest value stays).
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
-INT32_MIN = -(2**31)
 R = TypeVar("R")
-
-
-def java_string_hashcode(text: str) -> int:
-    """Java's ``String.hashCode``: ``s[0]*31^(n-1) + ... + s[n-1]`` over the UTF-16 code units,
-    in 32-bit two's complement arithmetic."""
-    encoded = text.encode("utf-16-be", "surrogatepass")
-    value = 0
-    for position in range(0, len(encoded), 2):
-        unit = (encoded[position] << 8) | encoded[position + 1]
-        value = (31 * value + unit) & 0xFFFFFFFF
-    return value - 2**32 if value >= 2**31 else value
-
-
-def coordinator_partition(group_id: str, partitions: int) -> int:
-    """The ``__consumer_offsets`` partition of ``group_id``: Kafka's
-    ``Utils.abs(groupId.hashCode) % partitions``, where ``Utils.abs`` maps ``Integer.MIN_VALUE``
-    to 0."""
-    hashed = java_string_hashcode(group_id)
-    return (0 if hashed == INT32_MIN else abs(hashed)) % partitions
 
 
 class GroupCoordinator:
@@ -128,18 +106,21 @@ class GroupCoordinator:
         self._loads: dict[GroupShard, asyncio.Task[None]] = {}
         # Each old offsets stream, read once for every shard that imports it.
         self._old: dict[int, asyncio.Task[Offsets | None]] = {}
-        self._registry: TopicRegistry | None = None
+        self._topic = CoordinatorTopic(
+            view,
+            config.node_id,
+            CONSUMER_OFFSETS_TOPIC,
+            config.offsets_topic_num_partitions,
+            TOPIC_CONFIGS,
+        )
         self._ticker: asyncio.Task[None] | None = None
-        self._creating: asyncio.Task[None] | None = None
-        self._placed_image: sm.StreamMetadataImage | None = None
-        self._placed: sm.TopicPlacement | None = None
 
     # ------------------------------------------------------------------------- lifecycle
 
     def start(self, topics: TopicRegistry) -> None:
         """Run the ticker; create ``__consumer_offsets`` now if an earlier version's offsets
         stream is there to import (else at the first group request)."""
-        self._registry = topics
+        self._topic.start(topics)
         self._ticker = asyncio.create_task(self._tick_forever(), name="group-ticker")
         if group_import.old_streams(self._view.image):
             self.ensure_topic()
@@ -152,8 +133,8 @@ class GroupCoordinator:
             async with asyncio.timeout(timeout_s):
                 # asyncio.wait: a task cancelled meanwhile (a shard stopped) ends the wait for
                 # it without cancelling this caller.
-                if self._creating is not None:
-                    await asyncio.wait([self._creating])
+                if self._topic.creating is not None:
+                    await asyncio.wait([self._topic.creating])
                 loads = list(self._loads.values())
                 if loads:
                     await asyncio.wait(loads)
@@ -166,7 +147,8 @@ class GroupCoordinator:
     async def close(self) -> None:
         """Stop every shard (their waiting requests answered ``NOT_COORDINATOR``) and the
         tasks; the partitions are closed by their owner, the topic registry."""
-        for task in (self._ticker, self._creating, *self._old.values()):
+        await self._topic.close()
+        for task in (self._ticker, *self._old.values()):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -288,10 +270,7 @@ class GroupCoordinator:
     def ensure_topic(self) -> None:
         """Create ``__consumer_offsets`` in the background unless it exists or is being
         created."""
-        if self._registry is None or self._placement() is not None:
-            return
-        if self._creating is None or self._creating.done():
-            self._creating = asyncio.create_task(self._create_topic(), name="consumer-offsets")
+        self._topic.ensure()
 
     async def topic_created(self) -> None:
         """Until ``__consumer_offsets`` exists (created here or elsewhere) and the shards then
@@ -301,82 +280,52 @@ class GroupCoordinator:
         self.ensure_topic()
         await self.ready(CREATE_WAIT_S)
 
-    async def _create_topic(self) -> None:
-        registry = self._registry
-        assert registry is not None
-        partitions = self._config.offsets_topic_num_partitions
-        while self._placement() is None:
-            try:
-                await registry.create_topic(CONSUMER_OFFSETS_TOPIC, partitions, TOPIC_CONFIGS)
-            except TopicError as error:
-                if error.code is KafkaErrorCode.TOPIC_ALREADY_EXISTS:
-                    return  # another broker's: this broker's image shows it soon
-                log.warning("%s not created yet: %s", CONSUMER_OFFSETS_TOPIC, error)
-            except Exception as error:  # the controller unreachable: try again
-                log.warning("%s not created yet: %r", CONSUMER_OFFSETS_TOPIC, error)
-            else:
-                return
-            await asyncio.sleep(CREATE_RETRY_S)
-
-    def _placement(self) -> sm.TopicPlacement | None:
-        """The topic's placement in the current image (looked up once per image)."""
-        image = self._view.image
-        if image is not self._placed_image:
-            self._placed_image = image
-            self._placed = sm.placed_topic(image, CONSUMER_OFFSETS_TOPIC)
-        return self._placed
-
     def _partition_count(self) -> int | None:
-        placed = self._placement()
-        return None if placed is None or not placed.partitions else len(placed.partitions)
+        return self._topic.partition_count()
 
     # --------------------------------------------------------------------------- routing
 
     async def _existing(self) -> None:
-        if self._placement() is None:
+        if self._topic.placement() is None:
             await self.topic_created()
 
     async def coordinator(self, group_id: str) -> int | KafkaErrorCode:
-        """The broker coordinating ``group_id`` (FindCoordinator): the broker its partition is
-        assigned to, whether or not that broker has loaded it yet."""
+        """The broker coordinating ``group_id`` (FindCoordinator)."""
         await self._existing()
-        placed = self._placement()
-        partitions = self._partition_count()
-        if placed is None or partitions is None:
-            return KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
-        assignment = placed.partitions.get(coordinator_partition(group_id, partitions))
-        if assignment is None or assignment.leader < 0:
-            return KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
-        return assignment.leader
+        return self._topic.coordinator(group_id)
+
+    async def partition_of(self, group_id: str) -> int | None:
+        """The ``__consumer_offsets`` partition of ``group_id`` (AddOffsetsToTxn adds it to a
+        transaction); None while the topic does not exist."""
+        await self._existing()
+        return self._topic.partition_of(group_id)
 
     def _route(self, group_id: str) -> GroupShard | KafkaErrorCode:
-        placed = self._placement()
-        partitions = self._partition_count()
-        if placed is None or partitions is None:
-            return KafkaErrorCode.NOT_COORDINATOR
-        index = coordinator_partition(group_id, partitions)
-        shard = self._shards.get(index)
-        if shard is not None:
-            return shard if shard.serving else KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-        assignment = placed.partitions.get(index)
-        if assignment is not None and assignment.leader == self._config.node_id:
-            return KafkaErrorCode.COORDINATOR_LOAD_IN_PROGRESS  # placed here, not taken yet
-        return KafkaErrorCode.NOT_COORDINATOR
+        return self._topic.route(group_id, self._shards)
 
     async def request(
         self,
         group_id: str,
         make_event: Callable[[int, int], gc.GroupEvent],
         refused: Callable[[KafkaErrorCode], gc.Response],
+        verification_guard: Callable[[Partition], Awaitable[int | KafkaErrorCode]] | None = None,
     ) -> gc.Response:
         """Step ``make_event(request_id, now_ms)`` in ``group_id``'s shard and await the
-        machine's answer; ``refused(error)`` when this broker does not serve the group now."""
+        machine's answer; ``refused(error)`` when this broker does not serve the group now.
+        ``verification_guard`` (a TxnOffsetCommit): asked for the guard of the transactional
+        append to the group's partition, or the error that refuses the request."""
         await self._existing()
         routed = self._route(group_id)
         if isinstance(routed, KafkaErrorCode):
             return refused(routed)
+        guard = 0
+        if verification_guard is not None:
+            verified = await verification_guard(routed.partition)
+            if isinstance(verified, KafkaErrorCode):
+                return refused(verified)
+            guard = verified
         try:
-            return await routed.request(make_event)
+            return await routed.request(make_event, guard)
         except ShardGone:
             return refused(KafkaErrorCode.NOT_COORDINATOR)
 

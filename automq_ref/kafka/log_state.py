@@ -26,13 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.errors import FormatError
 from automq_ref.formats.json_document import Json
 from automq_ref.formats.partition_checkpoint import (
+    AbortedRow,
     PartitionCheckpoint,
     ProducerRow,
+    TransactionRow,
     encode_checkpoint,
 )
-from automq_ref.formats.record_batch import RecordBatchView
+from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.io.storage.s3stream import StorageError
 
 PRODUCER_BATCHES_RETAINED = 5  # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
@@ -79,6 +83,127 @@ def read_budget(batches: Sequence[BatchEntry], offset: int, max_bytes: int, min_
         if size >= max_bytes:
             return size
     return max_bytes
+
+
+def end_offset_for_epoch(
+    leader_epochs: Sequence[tuple[int, int]], leader_epoch: int, log_end: int
+) -> tuple[int, int]:
+    """(epoch, end offset) as OffsetForLeaderEpoch answers: the largest epoch <= the one
+    asked, and the start offset of the epoch after it (or the log end)."""
+    chosen: tuple[int, int] | None = None
+    for position, (epoch, _) in enumerate(leader_epochs):
+        if epoch <= leader_epoch:
+            chosen = (epoch, position)
+    if chosen is None:
+        return -1, -1
+    epoch, position = chosen
+    if position + 1 < len(leader_epochs):
+        return epoch, leader_epochs[position + 1][1]
+    return epoch, log_end
+
+
+def offset_for_timestamp(
+    batches: Sequence[BatchEntry], start: int, timestamp: int
+) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first batch whose max timestamp reaches ``timestamp`` in a log
+    starting at ``start``: the broker then finds the record inside it."""
+    for entry in batches:
+        if entry.end_offset > start and entry.max_timestamp >= timestamp and not entry.empty:
+            return max(entry.base_offset, start), entry.max_timestamp
+    return None
+
+
+def max_timestamp_offset(batches: Sequence[BatchEntry], start: int) -> tuple[int, int] | None:
+    best: BatchEntry | None = None
+    for entry in batches:
+        if (
+            entry.end_offset > start
+            and not entry.empty
+            and (best is None or entry.max_timestamp > best.max_timestamp)
+        ):
+            best = entry
+    if best is None:
+        return None
+    return best.end_offset - 1, best.max_timestamp
+
+
+def retention_trim_point(
+    batches: Sequence[BatchEntry],
+    start: int,
+    high_watermark: int,
+    now_ms: int,
+    retention_ms: int,
+    retention_bytes: int,
+) -> int:
+    """The new log start retention allows (``start``, the current one, if nothing expires).
+    Only whole batches below the high watermark go, and never the last one."""
+    live = [entry for entry in batches if entry.end_offset > start]
+    keep_from = 0
+    if retention_ms >= 0:
+        while keep_from < len(live) - 1 and live[keep_from].max_timestamp < now_ms - retention_ms:
+            keep_from += 1
+    if retention_bytes >= 0:
+        total = sum(entry.size_bytes for entry in live[keep_from:])
+        while keep_from < len(live) - 1 and total > retention_bytes:
+            total -= live[keep_from].size_bytes
+            keep_from += 1
+    if keep_from == 0:
+        return start
+    return min(live[keep_from].base_offset, high_watermark)
+
+
+def stored_payloads(
+    found: Sequence[StreamRecordBatch], max_bytes: int, min_one: bool, upper: int | None = None
+) -> list[bytes | memoryview]:
+    """The payloads of ``found`` within ``max_bytes`` (the first past it with ``min_one``) and
+    below ``upper`` (:func:`cut_at`). Storage stops once the budget is spent, so its last batch
+    may overshoot it (where the index did not know the batches, or a stored payload holds
+    several)."""
+    payloads: list[bytes | memoryview] = []
+    size = 0
+    for batch in found:
+        size += len(batch.payload)
+        if size > max_bytes and (payloads or not min_one):
+            break
+        payloads.append(batch.payload)
+    if upper is not None and found and found[-1].last_offset > upper:
+        return cut_at(payloads, upper)
+    return payloads
+
+
+def cut_at(payloads: list[bytes | memoryview], upper: int) -> list[bytes | memoryview]:
+    """``payloads`` (stored records read in offset order) without the batches at or past
+    ``upper`` (the LSO of a READ_COMMITTED read): a stored record holds one append's batches,
+    so the one holding ``upper - 1`` may hold batches from ``upper`` on too."""
+    while payloads:
+        last = payloads[-1]
+        kept = 0
+        for view in iter_batches(last, verify_crc=False, compacted=True):
+            if view.base_offset >= upper:
+                break
+            kept += view.size_bytes
+        if kept == len(last):
+            return payloads
+        payloads = payloads[:-1]
+        if kept:
+            return [*payloads, memoryview(last)[:kept]]
+    return payloads
+
+
+def keyless_record(view: RecordBatchView, partition: str) -> ProduceResult | None:
+    """Kafka's rule for compacted topics: every record needs a key (a clean would drop a
+    keyless one)."""
+    try:
+        records = view.records()
+    except FormatError as error:
+        return ProduceResult(error.code, message=str(error))
+    if all(record.key is not None for record in records):
+        return None
+    return ProduceResult(
+        KafkaErrorCode.INVALID_RECORD,
+        message="Compacted topic cannot accept message without key in topic partition "
+        f"{partition}.",
+    )
 
 
 @dataclass(slots=True)
@@ -237,9 +362,12 @@ def checkpoint_value(
     end: int,
     batches: Sequence[BatchEntry],
     producers: Producers,
+    transactions: tuple[Sequence[TransactionRow], Sequence[AbortedRow]] = ((), ()),
 ) -> Json:
     """The ``CHECKPOINT`` value of an index and producer state describing the log up to
-    ``end``, held by ``data_stream_id`` and the (cleaned stream, cleaned end) ``cleaned``."""
+    ``end``, held by ``data_stream_id`` and the (cleaned stream, cleaned end) ``cleaned``;
+    ``transactions``: the transaction state's rows
+    (:meth:`~automq_ref.kafka.partition_transactions.PartitionTransactions.rows`)."""
     rows = [
         (entry.base_offset, entry.end_offset, entry.max_timestamp, entry.size_bytes, entry.empty)
         for entry in batches
@@ -248,7 +376,7 @@ def checkpoint_value(
         ProducerRow(producer_id, state.epoch, tuple(state.batches))
         for producer_id, state in producers.items()
     ]
-    return encode_checkpoint(data_stream_id, cleaned, end, rows, producer_rows)
+    return encode_checkpoint(data_stream_id, cleaned, end, rows, producer_rows, *transactions)
 
 
 def mismatch(

@@ -40,7 +40,8 @@ whatever the partition holds. A running partition also writes one every
 most. A checkpoint that does not describe the log the open finds (written for other streams, as
 after a clean committed since; past the log's end; or with the log trimmed past it) or that
 cannot be decoded is ignored with a log line, the whole log scanned, and a checkpoint of what
-the scan rebuilt written in its place.
+the scan rebuilt written in its place. The transaction state (Kafka transactions: the open
+transactions, the aborted index, the LSO) is kept the same way: :mod:`.partition_transactions`.
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.control_batch import build_marker_batch
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.json_document import Json
 from automq_ref.formats.kv_integer import decode_kv_integer, encode_kv_integer
@@ -78,7 +80,12 @@ from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.zone_router import ChannelOffset, LinkRecord
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
-from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, S3Storage, StorageError
+from automq_ref.io.storage.s3stream import (
+    OffsetOutOfRangeError,
+    S3Storage,
+    StorageError,
+    StreamFencedError,
+)
 from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka import log_state
 from automq_ref.kafka.log_state import (
@@ -90,6 +97,10 @@ from automq_ref.kafka.log_state import (
     answer_of,
     check_sequences,
     remember_batch,
+)
+from automq_ref.kafka.partition_transactions import (
+    PartitionTransactions,
+    ProducerDescription,
 )
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
@@ -132,6 +143,10 @@ class Partition:
         self.epoch = epoch
         self.batches: list[BatchEntry] = []
         self.producers: dict[int, ProducerState] = {}
+        self.transactions = PartitionTransactions(epoch)
+        # Told (producer id, commit) of every marker once durable: the group shard of a
+        # __consumer_offsets partition shows or drops the producer's transactional offsets.
+        self.marker_listeners: list[Callable[[int, bool], None]] = []
         self.leader_epochs: list[tuple[int, int]] = []
         # Bytes produced to and fetched from the partition here: the loads its broker reports.
         self.bytes_in = 0
@@ -382,7 +397,12 @@ class Partition:
         for view in stored_batches(payload):
             if view.base_offset < start and self.checkpoint_used:
                 continue  # covered by the checkpoint already
-            remember_batch(self.batches, self.producers, view)
+            self._remember(view)
+
+    def _remember(self, view: RecordBatchView) -> None:
+        remember_batch(self.batches, self.producers, view)
+        if view.is_transactional:
+            self.transactions.add(view)
 
     @property
     def _cleaned(self) -> tuple[int, int] | None:
@@ -409,6 +429,7 @@ class Partition:
             self._ignore_checkpoint(mismatch)
             return None
         self.batches, self.producers = log_state.restore(checkpoint, start)
+        self.transactions.restore(checkpoint, start)
         self.checkpoint_used = True
         return checkpoint.end
 
@@ -420,7 +441,12 @@ class Partition:
         if not self._all_durable():
             return
         value = log_state.checkpoint_value(
-            self.data_stream_id, self._cleaned, self.high_watermark, self.batches, self.producers
+            self.data_stream_id,
+            self._cleaned,
+            self.high_watermark,
+            self.batches,
+            self.producers,
+            self.transactions.rows(),
         )
         try:
             await self._put_checkpoint(value)
@@ -435,8 +461,9 @@ class Partition:
     async def _write_checkpoint(self, end: int) -> None:
         """Append a checkpoint of the index and producer state up to ``end`` to the MetaStream
         (the log must not change meanwhile), then compact the MetaStream if it is due."""
+        rows = self.transactions.rows()
         value = log_state.checkpoint_value(
-            self.data_stream_id, self._cleaned, end, self.batches, self.producers
+            self.data_stream_id, self._cleaned, end, self.batches, self.producers, rows
         )
         await self._put_checkpoint(value)
 
@@ -506,9 +533,10 @@ class Partition:
             return self.log_start_offset
         return max(self.cleaned_end, self.log_start_offset)
 
-    def _parts(self) -> list[tuple[int, int, int]]:
-        """(stream, first offset, end offset) of each stream holding the log, in offset order:
-        the cleaned stream's own extent, then the live stream from the cleaned end."""
+    def _parts(self, upper: int | None = None) -> list[tuple[int, int, int]]:
+        """(stream, first offset, end offset) of each stream holding the log (below ``upper``),
+        in offset order: the cleaned stream's own extent, then the live stream from the cleaned
+        end."""
         live_start = self.storage.start_offset(self.data_stream_id)
         parts = []
         cleaned = self.cleaned_stream_id
@@ -518,6 +546,8 @@ class Partition:
             )
             live_start = max(live_start, self.cleaned_end)
         parts.append((self.data_stream_id, live_start, self.high_watermark))
+        if upper is not None:
+            return [(stream, first, min(stop, upper)) for stream, first, stop in parts]
         return parts
 
     @property
@@ -525,41 +555,13 @@ class Partition:
         return self.storage.next_offset(self.data_stream_id, self.epoch)
 
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
-        """(epoch, end offset) as OffsetForLeaderEpoch answers: the largest epoch <= the one
-        asked, and the start offset of the epoch after it (or the log end)."""
-        chosen: tuple[int, int] | None = None
-        for position, (epoch, _) in enumerate(self.leader_epochs):
-            if epoch <= leader_epoch:
-                chosen = (epoch, position)
-        if chosen is None:
-            return -1, -1
-        epoch, position = chosen
-        if position + 1 < len(self.leader_epochs):
-            return epoch, self.leader_epochs[position + 1][1]
-        return epoch, self.log_end_offset
+        return log_state.end_offset_for_epoch(self.leader_epochs, leader_epoch, self.log_end_offset)
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first batch whose max timestamp reaches ``timestamp``:
-        the broker then finds the record inside it."""
-        start = self.log_start_offset
-        for entry in self.batches:
-            if entry.end_offset > start and entry.max_timestamp >= timestamp and not entry.empty:
-                return max(entry.base_offset, start), entry.max_timestamp
-        return None
+        return log_state.offset_for_timestamp(self.batches, self.log_start_offset, timestamp)
 
     def max_timestamp_offset(self) -> tuple[int, int] | None:
-        start = self.log_start_offset
-        best: BatchEntry | None = None
-        for entry in self.batches:
-            if (
-                entry.end_offset > start
-                and not entry.empty
-                and (best is None or entry.max_timestamp > best.max_timestamp)
-            ):
-                best = entry
-        if best is None:
-            return None
-        return best.end_offset - 1, best.max_timestamp
+        return log_state.max_timestamp_offset(self.batches, self.log_start_offset)
 
     # ----------------------------------------------------------------------------- produce
 
@@ -570,13 +572,16 @@ class Partition:
         *,
         require_keys: bool = False,
         channel_offset: ChannelOffset | None = None,
+        verification_guard: int = 0,
     ) -> ProduceResult:
         """Validate, assign offsets and queue the WAL write; nothing here awaits, so calls run
         in arrival order. The result's ``durable`` completes when the data is acknowledged.
         ``require_keys`` (a compacted topic): a record without a key is ``INVALID_RECORD``.
         ``channel_offset`` (data the zone router routed here, read from a proxy's
         RouterChannel): the WAL holds a link record pointing there instead of the data, the
-        LogCache the data (``S3Storage.append_nowait``'s ``link``).
+        LogCache the data (``S3Storage.append_nowait``'s ``link``). A transactional batch lands
+        by :meth:`PartitionTransactions.check` (``verification_guard``: what
+        :meth:`begin_transaction_verification` returned before the coordinator verified it).
 
         A writable ``memoryview`` (a slice of a request frame) gets the offsets and leader epoch
         written into it in place; the storage is handed a copy (``bytes``) either way."""
@@ -597,6 +602,7 @@ class Partition:
             views = list(iter_batches(data))
         except FormatError as error:  # each carries its Kafka code (CORRUPT_MESSAGE for a CRC)
             return ProduceResult(error.code, message=str(error))
+        transactional = False
         for view in views:
             if view.size_bytes > max_batch_bytes:
                 return ProduceResult(
@@ -607,33 +613,43 @@ class Partition:
                 return ProduceResult(
                     KafkaErrorCode.INVALID_RECORD, message="clients may not send control batches"
                 )
-            if view.is_transactional:
-                return ProduceResult(
-                    KafkaErrorCode.INVALID_TXN_STATE, message="transactions are not supported"
-                )
+            transactional = transactional or view.is_transactional
             if require_keys:
-                keyless = self._keyless_record(view)
+                keyless = log_state.keyless_record(view, f"{self.topic}-{self.index}")
                 if keyless is not None:
                     return keyless
+        if transactional or self.transactions.entries:
+            refused = self.transactions.check(views, verification_guard)
+            if refused is not None:
+                return refused
         checked = check_sequences(self.producers, views)
         if isinstance(checked, Duplicate):
             return answer_duplicate(checked, self._unconfirmed.get(checked.base_offset))
         if checked is not None:
             return checked
-        base = self.log_end_offset
-        offset = base
+        base, durable = self._queue(data, views, channel_offset)
+        return ProduceResult(KafkaErrorCode.NONE, base, answer_of(durable))
+
+    def _queue(
+        self,
+        data: bytearray | memoryview,
+        views: list[RecordBatchView],
+        channel: ChannelOffset | None = None,
+    ) -> tuple[int, asyncio.Future[None]]:
+        """Assign ``views`` (in ``data``) their offsets, queue their append, note them landed."""
+        base = offset = self.log_end_offset
         for view in views:
             view.set_base_offset(offset)
             view.set_partition_leader_epoch(self.epoch)
             offset += view.last_offset_delta + 1
         link = None
-        if channel_offset is not None:
+        if channel is not None:
             link = LinkRecord(
                 last_offset=offset - 1,
                 timestamp_type=1 if views[-1].attributes & TIMESTAMP_TYPE_MASK else 0,
                 max_timestamp=max(view.max_timestamp for view in views),
                 partition_leader_epoch=self.epoch,
-                channel_offset=channel_offset,
+                channel_offset=channel,
             )
         first, durable = self.storage.append_nowait(
             self.data_stream_id, self.epoch, bytes(data), offset - base, link=link
@@ -641,12 +657,64 @@ class Partition:
         self.bytes_in += len(data)
         self._unchecked_bytes += len(data)
         assert first == base, (first, base)
-        for view in views:  # control batches were refused above
-            remember_batch(self.batches, self.producers, view)
+        for view in views:
+            self._remember(view)
         durable.add_done_callback(self._appended_durably)
         self._unconfirmed[base] = durable
         durable.add_done_callback(lambda done: self._confirmed(base, done))
-        return ProduceResult(KafkaErrorCode.NONE, base, answer_of(durable))
+        return base, durable
+
+    # ------------------------------------------------------------------------ transactions
+
+    def transaction_needs_verification(self, producer_id: int, epoch: int) -> bool:
+        """Whether a transactional batch at ``epoch`` must be verified (it would begin one)."""
+        return self.transactions.needs_verification(producer_id, epoch)
+
+    def begin_transaction_verification(self, producer_id: int, epoch: int) -> int:
+        """A new guard, for ``append_nowait(..., verification_guard=)`` once verified."""
+        return self.transactions.begin_verification(producer_id, epoch)
+
+    async def write_marker(
+        self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
+    ) -> KafkaErrorCode:
+        """Append a COMMIT (``commit``) or ABORT marker and wait until it is durable (the
+        transaction ends here as its offset is assigned: in order with appends)."""
+        error = self.transactions.check_marker(producer_id, producer_epoch, coordinator_epoch)
+        if error is KafkaErrorCode.NONE and self._write_failure is not None:
+            error = KafkaErrorCode.KAFKA_STORAGE_ERROR
+        if error is not KafkaErrorCode.NONE:
+            return error
+        now = int(time.time() * 1000)
+        marker = bytearray(
+            build_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now)
+        )
+        try:
+            await answer_of(self._queue(marker, list(iter_batches(marker)))[1])
+        except StreamFencedError:
+            return KafkaErrorCode.NOT_LEADER_OR_FOLLOWER
+        except StorageError as failure:
+            log.error("%s-%d: marker not written: %s", self.topic, self.index, failure)
+            return KafkaErrorCode.KAFKA_STORAGE_ERROR
+        for listener in list(self.marker_listeners):
+            listener(producer_id, commit)
+        return KafkaErrorCode.NONE
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.stable_offset(self.high_watermark)
+
+    def stable_offset(self, high_watermark: int) -> int:
+        """The LSO, given the high watermark read just now (without transactions: a flag)."""
+        if not self.transactions.unstable:
+            return high_watermark
+        return self.transactions.stable_offset(high_watermark, self.log_start_offset)
+
+    def aborted_transactions(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the aborted transactions a read may meet."""
+        return self.transactions.aborted_between(fetch_offset, upper_bound)
+
+    def describe_producers(self) -> list[ProducerDescription]:
+        return self.transactions.describe(self.producers)
 
     def _confirmed(self, base: int, durable: asyncio.Future[None]) -> None:
         if not durable.cancelled() and durable.exception() is None:
@@ -687,13 +755,15 @@ class Partition:
             for producer_id, state in self.producers.items()
         }
         cleaned, data_stream_id = self._cleaned, self.data_stream_id
+        rows = self.transactions.rows()
         self._unchecked_bytes = 0
 
         async def write() -> None:
             try:
                 # Encoding is a pass over the whole index: off the event loop.
                 value = await asyncio.to_thread(
-                    log_state.checkpoint_value, data_stream_id, cleaned, end, batches, producers
+                    log_state.checkpoint_value,
+                    *(data_stream_id, cleaned, end, batches, producers, rows),
                 )
                 async with self.maintenance:  # no MetaStream compaction or close meanwhile
                     # A clean committed meanwhile made it stale (an open would ignore it).
@@ -706,21 +776,6 @@ class Partition:
 
         self._checkpointing = asyncio.get_running_loop().create_task(
             write(), name=f"checkpoint {self.topic}-{self.index}"
-        )
-
-    def _keyless_record(self, view: RecordBatchView) -> ProduceResult | None:
-        """Kafka's rule for compacted topics: every record needs a key (a clean would drop a
-        keyless one)."""
-        try:
-            records = view.records()
-        except FormatError as error:
-            return ProduceResult(error.code, message=str(error))
-        if all(record.key is not None for record in records):
-            return None
-        return ProduceResult(
-            KafkaErrorCode.INVALID_RECORD,
-            message="Compacted topic cannot accept message without key in topic partition "
-            f"{self.topic}-{self.index}.",
         )
 
     def _wake(self) -> None:
@@ -742,61 +797,48 @@ class Partition:
         max_bytes: int,
         min_one: bool = True,
         origin: ReadOrigin | None = None,
+        upper: int | None = None,
     ) -> list[bytes | memoryview]:
-        """Whole stored payloads from the one holding ``offset`` up to the high watermark, no
+        """Whole stored payloads from the one holding ``offset`` up to the high watermark (or
+        ``upper`` below it, the LSO of a READ_COMMITTED Fetch), no
         more than ``max_bytes`` together; with ``min_one`` the first comes even past
         ``max_bytes`` (KIP-74: the first batch of a Fetch response may exceed its limits, so a
         consumer always progresses; no other may). ``origin`` learns whether storage read
         objects for them (:class:`~automq_ref.io.storage.stream_objects.ReadOrigin`)."""
-        budget = self._read_budget(offset, max_bytes, min_one)
+        budget = self._read_budget(offset, max_bytes, min_one, upper)
         found: list[StreamRecordBatch] = []
-        for stream_id, first, stop in self._parts() if budget > 0 else ():
+        for stream_id, first, stop in self._parts(upper) if budget > 0 else ():
             if offset < stop and first < stop:
                 found = await self._read_part(stream_id, max(offset, first), stop, budget, origin)
                 if found:
                     break
-        return self._payloads(found, max_bytes, min_one)
+        return log_state.stored_payloads(found, max_bytes, min_one, upper)
 
     def read_now(
-        self, offset: int, max_bytes: int, min_one: bool = True
+        self, offset: int, max_bytes: int, min_one: bool = True, upper: int | None = None
     ) -> list[bytes | memoryview] | None:
         """What :meth:`read` answers, when the LogCache holds all of it (no await: a Fetch of
         many tail partitions answers those at once); else None."""
-        budget = self._read_budget(offset, max_bytes, min_one)
-        for stream_id, first, stop in self._parts() if budget > 0 else ():
+        budget = self._read_budget(offset, max_bytes, min_one, upper)
+        for stream_id, first, stop in self._parts(upper) if budget > 0 else ():
             if offset < stop and first < stop:
                 found = self.storage.read_cached(stream_id, max(offset, first), stop, budget)
                 if found is None:
                     return None
                 if found:
-                    return self._payloads(found, max_bytes, min_one)
+                    return log_state.stored_payloads(found, max_bytes, min_one, upper)
         return []
 
-    def _read_budget(self, offset: int, max_bytes: int, min_one: bool) -> int:
+    def _read_budget(self, offset: int, max_bytes: int, min_one: bool, upper: int | None) -> int:
         """What a read from ``offset`` asks storage for: the batches that fit, by the batch
         index (:func:`log_state.read_budget`); 0 when nothing may come."""
-        if offset >= self.high_watermark or (max_bytes <= 0 and not min_one):
+        end = self.high_watermark if upper is None else min(upper, self.high_watermark)
+        if offset >= end or (max_bytes <= 0 and not min_one):
             return 0
         start = self.log_start_offset
         if offset < start:
             raise OffsetOutOfRangeError(f"{self.topic}-{self.index}: {offset} is below {start}")
         return log_state.read_budget(self.batches, offset, max_bytes, min_one)
-
-    @staticmethod
-    def _payloads(
-        found: Sequence[StreamRecordBatch], max_bytes: int, min_one: bool
-    ) -> list[bytes | memoryview]:
-        """The payloads of ``found`` within ``max_bytes`` (the first past it with ``min_one``).
-        Storage stops once the budget is spent, so its last batch may overshoot it (where the
-        index did not know the batches, or a stored payload holds several)."""
-        payloads: list[bytes | memoryview] = []
-        size = 0
-        for batch in found:
-            size += len(batch.payload)
-            if size > max_bytes and (payloads or not min_one):
-                break
-            payloads.append(batch.payload)
-        return payloads
 
     async def _read_part(
         self, stream_id: int, start: int, end: int, max_bytes: int, origin: ReadOrigin | None = None
@@ -834,6 +876,7 @@ class Partition:
                 [entry.end_offset for entry in self.batches], new_start_offset
             )
             del self.batches[:cut]
+            self.transactions.trim(self.log_start_offset)
 
     async def _trim_stream(self, stream_id: int, new_start_offset: int) -> None:
         if new_start_offset <= self.storage.start_offset(stream_id):
@@ -846,24 +889,15 @@ class Partition:
             await self.storage.open_stream(stream_id, self.epoch)
 
     def retention_trim_point(self, now_ms: int, retention_ms: int, retention_bytes: int) -> int:
-        """The new log start retention allows (the current start if nothing expires). Only
-        whole batches below the high watermark go, and never the last one."""
-        start = self.log_start_offset
-        live = [entry for entry in self.batches if entry.end_offset > start]
-        keep_from = 0
-        if retention_ms >= 0:
-            while (
-                keep_from < len(live) - 1 and live[keep_from].max_timestamp < now_ms - retention_ms
-            ):
-                keep_from += 1
-        if retention_bytes >= 0:
-            total = sum(entry.size_bytes for entry in live[keep_from:])
-            while keep_from < len(live) - 1 and total > retention_bytes:
-                total -= live[keep_from].size_bytes
-                keep_from += 1
-        if keep_from == 0:
-            return start
-        return min(live[keep_from].base_offset, self.high_watermark)
+        """The new log start retention allows (:func:`log_state.retention_trim_point`)."""
+        return log_state.retention_trim_point(
+            self.batches,
+            self.log_start_offset,
+            self.high_watermark,
+            now_ms,
+            retention_ms,
+            retention_bytes,
+        )
 
     # -------------------------------------------------------------------------- compaction
 

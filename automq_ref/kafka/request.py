@@ -29,6 +29,7 @@ from automq_ref.kafka.topic_registry import TopicRegistry
 if TYPE_CHECKING:  # these modules import this one's neighbours, not this one
     from automq_ref.kafka.snapshot_read import SnapshotReads
     from automq_ref.kafka.snapshot_sessions import SnapshotSessions
+    from automq_ref.kafka.transactions import TransactionCoordinator
     from automq_ref.kafka.zone_router_in import RouterIn
     from automq_ref.kafka.zone_router_out import RouterOut
 
@@ -55,6 +56,11 @@ class ApiKey(enum.IntEnum):
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    ADD_PARTITIONS_TO_TXN = 24
+    ADD_OFFSETS_TO_TXN = 25
+    END_TXN = 26
+    WRITE_TXN_MARKERS = 27
+    TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
@@ -64,6 +70,9 @@ class ApiKey(enum.IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     AUTOMQ_ZONE_ROUTER = 515  # AutoMQ's broker-to-broker zone router (on with its channels)
     AUTOMQ_GET_PARTITION_SNAPSHOT = 516
@@ -113,6 +122,9 @@ class Context:
     router_in: RouterIn | None = None
     # The network bandwidth limiter (Fetch responses consume outbound); None: not limited.
     network: NetworkLimiters | None = None
+    # The transaction coordinator (None: a context built without one, as some tests build it:
+    # transactional requests are then answered COORDINATOR_NOT_AVAILABLE).
+    transactions: TransactionCoordinator | None = None
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

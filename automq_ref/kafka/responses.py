@@ -16,12 +16,14 @@ Produce and Fetch are not here: their encoders are written by hand (:mod:`automq
 
 from __future__ import annotations
 
+import datetime
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka.partition_transactions import ProducerDescription
 from automq_ref.kafka.request import ApiKey, Request
 from automq_ref.kafka.server import Chunks
 from automq_ref.protocol.kio_codec import build, encode_response, response_class
@@ -466,6 +468,15 @@ class OffsetCommitResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class TxnOffsetCommitResponse(Response):
+    """TxnOffsetCommit's answer: OffsetCommit's shape."""
+
+    API_KEY = ApiKey.TXN_OFFSET_COMMIT
+    topics: Sequence[OffsetCommitTopic]
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class OffsetFetchPartition:
     partition_index: int
     committed_offset: int
@@ -623,3 +634,136 @@ class ElectLeadersResponse(Response):
     replica_election_results: Sequence[ReplicaElectionResult]
     error_code: KafkaErrorCode = NONE
     throttle_time: int = 0
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+@dataclass(frozen=True, slots=True)
+class TxnPartitionResult:
+    partition_index: int
+    partition_error_code: KafkaErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class TxnTopicResult:
+    name: str
+    results_by_partition: Sequence[TxnPartitionResult]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResult:
+    transactional_id: str
+    topic_results: Sequence[TxnTopicResult]
+
+
+@dataclass(frozen=True, slots=True)
+class AddPartitionsToTxnResponse(Response):
+    """v0-3: one transaction's results in ``results_by_topic_v3_and_below``; v4+: per
+    transaction in ``results_by_transaction``."""
+
+    API_KEY = ApiKey.ADD_PARTITIONS_TO_TXN
+    results_by_topic_v3_and_below: Sequence[TxnTopicResult] = ()
+    results_by_transaction: Sequence[TxnResult] = ()
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AddOffsetsToTxnResponse(Response):
+    API_KEY = ApiKey.ADD_OFFSETS_TO_TXN
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EndTxnResponse(Response):
+    API_KEY = ApiKey.END_TXN
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TxnTopicData:
+    topic: str
+    partitions: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedState:
+    error_code: KafkaErrorCode
+    transactional_id: str
+    transaction_state: str
+    transaction_timeout: int
+    transaction_start_time: datetime.datetime
+    producer_id: int
+    producer_epoch: int
+    topics: Sequence[TxnTopicData]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTransactionsResponse(Response):
+    API_KEY = ApiKey.DESCRIBE_TRANSACTIONS
+    transaction_states: Sequence[DescribedState]
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ListedState:
+    transactional_id: str
+    producer_id: int
+    transaction_state: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListTransactionsResponse(Response):
+    API_KEY = ApiKey.LIST_TRANSACTIONS
+    transaction_states: Sequence[ListedState]
+    unknown_state_filters: Sequence[str] = ()
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionProducers:
+    partition_index: int
+    error_code: KafkaErrorCode
+    active_producers: Sequence[ProducerDescription]
+    error_message: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicProducers:
+    name: str
+    partitions: Sequence[PartitionProducers]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeProducersResponse(Response):
+    API_KEY = ApiKey.DESCRIBE_PRODUCERS
+    topics: Sequence[TopicProducers]
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerPartitionResult:
+    partition_index: int
+    error_code: KafkaErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerTopicResult:
+    name: str
+    partitions: Sequence[MarkerPartitionResult]
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerResult:
+    producer_id: int
+    topics: Sequence[MarkerTopicResult]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteTxnMarkersResponse(Response):
+    API_KEY = ApiKey.WRITE_TXN_MARKERS
+    markers: Sequence[MarkerResult]

@@ -149,6 +149,32 @@ def encode_response(
     return out
 
 
+def encode_request(
+    api_key: int, api_version: int, correlation_id: int, client_id: str | None, body: Any
+) -> bytes:
+    """A whole request frame (header and body, no size prefix): what a broker sends another."""
+    cls = request_class(api_key, api_version)
+    header_cls = cls.__header_schema__
+    values = {
+        "request_api_key": api_key,
+        "request_api_version": api_version,
+        "correlation_id": correlation_id,
+        "client_id": client_id,
+    }
+    out = _Chunks()
+    _writer(header_cls)(out, build(header_cls, values))
+    _writer(cls)(out, body)
+    return b"".join(out)
+
+
+def decode_response(api_key: int, api_version: int, frame: bytes) -> tuple[int, Any]:
+    """(correlation id, body) of a response frame (the bytes after the size prefix)."""
+    cls = response_class(api_key, api_version)
+    header, offset = _reader(cls.__header_schema__)(frame, 0)
+    body, _ = _reader(cls)(frame, offset)
+    return int(header.correlation_id), body
+
+
 _RESPONSE_CLASSES: dict[tuple[int, int], type[Any]] = {}
 
 

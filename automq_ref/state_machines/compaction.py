@@ -10,8 +10,12 @@ that first kept it, then goes. Offsets never change: a batch keeps its base offs
 lastOffsetDelta however few records it keeps (:mod:`automq_ref.formats.compacted_batch`), and a
 batch that keeps none is dropped, unless it is the last batch of an idempotent producer: then an
 empty batch stays, so the producer's last sequence and epoch survive a restart (as Kafka's
-cleaner does). Control batches (transaction markers) are kept as they are: there are no
-transactions yet.
+cleaner does). Transactions: a clean never reaches past the last stable offset (the shell
+passes it as the end), so every transaction it meets is decided; the records of an aborted one
+never survive (:func:`in_aborted`; Kafka's cleaner discards aborted data) and do not count as a
+key's latest record. Control batches (transaction markers) are all kept as they are, however
+old (Kafka's cleaner drops a marker once its transaction's data is gone and its horizon passed;
+keeping it is safe, only larger).
 
 When a clean is due (:func:`plan_clean`), as in Kafka's cleaner manager:
 
@@ -38,6 +42,7 @@ as arguments. The shell is :mod:`automq_ref.kafka.compaction`.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -137,6 +142,31 @@ class KeyIndex:
         return self._latest
 
 
+# producer id -> (first offset, last offset) of its aborted transactions, in offset order
+AbortedRanges = Mapping[int, Sequence[tuple[int, int]]]
+
+
+def aborted_ranges(aborted: Iterable[tuple[int, int, int]]) -> dict[int, list[tuple[int, int]]]:
+    """The aborted-transactions index ``(producer id, first offset, last offset)``, in offset
+    order, by producer id."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for producer_id, first, last in aborted:
+        ranges.setdefault(producer_id, []).append((first, last))
+    return ranges
+
+
+def in_aborted(view: RecordBatchView, aborted: AbortedRanges) -> bool:
+    """Whether ``view`` is a data batch of an aborted transaction."""
+    if not view.is_transactional or view.is_control:
+        return False
+    ranges = aborted.get(view.producer_id)
+    if not ranges:
+        return False
+    offset = view.base_offset
+    position = bisect.bisect_right(ranges, offset, key=lambda span: span[0]) - 1
+    return position >= 0 and ranges[position][1] >= offset
+
+
 def survives(record: Record, latest: Mapping[bytes, int], horizon: int | None, now_ms: int) -> bool:
     """Whether a clean keeps ``record``: it has a key, no later record has that key, and it is
     not a tombstone whose batch's horizon has passed."""
@@ -154,17 +184,23 @@ def compact_batch(
     now_ms: int,
     delete_retention_ms: int,
     keep_if_empty: bool,
+    aborted: bool = False,
 ) -> bytes | None:
     """The batch as the cleaned log holds it: its own bytes when every record stays and no
     tombstone needs a horizon; rebuilt with the survivors (a tombstone among them stamps the
     batch's horizon, ``now + delete.retention.ms``, unless it has one); an empty batch when
-    none survives but ``keep_if_empty`` (its producer's last batch); else None (dropped)."""
+    none survives but ``keep_if_empty`` (its producer's last batch); else None (dropped).
+    ``aborted``: a batch of an aborted transaction, none of whose records survive."""
     if view.is_control:
         return bytes(view.buffer)
     header = view.header()
     horizon = delete_horizon(header)
     records = view.records()
-    kept = [record for record in records if survives(record, latest, horizon, now_ms)]
+    kept = (
+        []
+        if aborted
+        else [record for record in records if survives(record, latest, horizon, now_ms)]
+    )
     if not kept:
         if not keep_if_empty:
             return None

@@ -1,6 +1,6 @@
 """A partition's side of transactions: per producer id, the epoch it last accepted, the
 transaction open at the partition, and the verification guard (KIP-890 part 1). Pure; the
-partition's producer state (:mod:`automq_ref.kafka.log_state`) keeps one
+partition's transaction state (:mod:`automq_ref.kafka.partition_transactions`) keeps one
 :class:`ProducerTransaction` per producer id. Spec: ``specs/Transaction.tla`` (the variables
 ``partitionEpoch``, ``openTxn`` and ``verified``; the actions ``AddPartitionsToTxnVerify``,
 ``Produce`` and ``MarkerWritten``).

@@ -207,14 +207,24 @@ that same decision, to learn where the next block starts."""
 CONSUMER_OFFSETS_TOPIC: Final = "__consumer_offsets"
 """The internal topic holding the groups' committed offsets (Kafka's name): a group's records go
 to partition ``abs(hash(group id)) % partitions``
-(:func:`automq_ref.kafka.groups.coordinator_partition`), whose broker is its coordinator.
+(:func:`automq_ref.kafka.coordinator_topic.coordinator_partition`), whose broker is its coordinator.
 
 Written by: the group coordinator (created by any broker, at its first group request; records
 appended by the broker leading each partition). Read by: the same partition's broker when it
 takes the partition (the coordinator's state is replayed from it), and Metadata (listed as
 internal)."""
 
-_INTERNAL_TOPICS: Final = frozenset({CONSUMER_OFFSETS_TOPIC})
+TRANSACTION_STATE_TOPIC: Final = "__transaction_state"
+"""The internal topic holding the transaction coordinators' log (Kafka's name): a transactional
+id's records go to partition ``abs(hash(transactional id)) % partitions``, whose broker is its
+transaction coordinator.
+
+Written by: the transaction coordinator (created by any broker, at its first transactional
+request; records appended by the broker leading each partition). Read by: the same partition's
+broker when it takes the partition (the coordinator's state is replayed from it), and Metadata
+(listed as internal)."""
+
+_INTERNAL_TOPICS: Final = frozenset({CONSUMER_OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 
 def is_internal_topic(name: str | None) -> bool:

@@ -4,7 +4,9 @@ kafka-python in one group). They find one coordinator (the broker leading the gr
 ``__consumer_offsets`` partition), form one generation in which every partition is assigned
 once, consume everything and commit; the coordinator's broker is restarted (its coordinator
 partitions move to the others and back) and the committed offsets are read back through the
-other brokers.
+other brokers. On the same cluster, a transaction over partitions led by all three brokers: its
+coordinator writes the markers of the partitions other brokers lead with WriteTxnMarkers, so a
+``read_committed`` consumer reads the committed transaction whole and nothing of the aborted one.
 """
 
 from __future__ import annotations
@@ -99,6 +101,58 @@ class Member(threading.Thread):
                     consumer.commit()
         finally:
             consumer.close()
+
+
+def check_transactions(admin: AdminClient, bootstrap: str) -> None:
+    """A committed and an aborted transaction over PARTITIONS partitions spread over the
+    brokers; a read_committed consumer reads exactly the committed one."""
+    topic = f"txn-{uuid.uuid4().hex[:6]}"
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS)], request_timeout=30).values():
+        future.result(60)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": topic})
+    producer.init_transactions(60)
+    committed = [f"c{index}".encode() for index in range(PARTITIONS * 2)]
+    for values in (committed, [b"aborted"] * PARTITIONS):
+        producer.begin_transaction()
+        for index, value in enumerate(values):
+            producer.produce(topic, value=value, partition=index % PARTITIONS)
+        if values is committed:
+            producer.commit_transaction(60)
+        else:
+            producer.flush(60)
+            producer.abort_transaction(60)
+    # After the markers of the abort: every partition's stable offset is past both.
+    producer.begin_transaction()
+    producer.produce(topic, value=b"last", partition=0)
+    producer.commit_transaction(60)
+    reader = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{topic}",
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    reader.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    read: list[bytes] = []
+    deadline = time.monotonic() + PATIENCE_S
+    try:
+        while b"last" not in read and time.monotonic() < deadline:
+            message = reader.poll(0.5)
+            found = None if message is None or message.error() else message.value()
+            if found is not None:
+                read.append(found)
+        # Partition 0's "last" may come before the other partitions' records: read them out.
+        quiet = time.monotonic() + 3
+        while time.monotonic() < quiet:
+            message = reader.poll(0.3)
+            found = None if message is None or message.error() else message.value()
+            if found is not None:
+                read.append(found)
+    finally:
+        reader.close()
+    assert sorted(read) == sorted([*committed, b"last"])
 
 
 def test_a_group_across_three_brokers(tmp_path: Path, etcd: EtcdServer) -> None:
@@ -206,6 +260,7 @@ def test_a_group_across_three_brokers(tmp_path: Path, etcd: EtcdServer) -> None:
         finally:
             kp_admin.close()
         assert {tp.partition: meta.offset for tp, meta in offsets.items()} == expected
+        check_transactions(admin, everyone)
     finally:
         for member in members:
             member.stop_event.set()

@@ -2,7 +2,7 @@
 its own timeout) with an error that says why, and the broker logs the reason once per client,
 however often the client retries.
 
-Transactions (confluent-kafka, kafka-python, aiokafka), the KIP-848 consumer group protocol
+The KIP-848 consumer group protocol
 (confluent-kafka with ``group.protocol=consumer``), an API key the broker does not serve and a
 version it does not speak (raw requests), and config changes to anything but a topic
 (confluent-kafka, kafka-python); AlterConfigs, the older non-incremental API, is served.
@@ -10,7 +10,6 @@ version it does not speak (raw requests), and config changes to anything but a t
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import struct
 import time
@@ -18,9 +17,7 @@ import uuid
 import warnings
 
 import pytest
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import TransactionalIdAuthorizationFailed
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -29,11 +26,9 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-from kafka import KafkaProducer
 from kafka.admin import KafkaAdminClient
 from kafka.admin._configs import ConfigResource as KpConfigResource
 from kafka.admin._configs import ConfigResourceType
-from kafka.errors import TransactionalIdAuthorizationFailedError
 
 from tests.e2e.conftest import BrokerProcess
 
@@ -64,67 +59,6 @@ def wait_for_warning(broker: BrokerProcess, client_id: str, text: str) -> list[s
             return found
         time.sleep(0.1)
     return []
-
-
-def test_confluent_kafka_transactions_fail_at_once(broker: BrokerProcess) -> None:
-    client_id = unique("ck-txn")
-    for _ in range(2):  # the same client twice: told once
-        producer = Producer(
-            {
-                "bootstrap.servers": broker.bootstrap,
-                "transactional.id": unique("txn"),
-                "client.id": client_id,
-            }
-        )
-        started = time.monotonic()
-        with pytest.raises(KafkaException) as raised:
-            producer.init_transactions(CLIENT_TIMEOUT_S)
-        assert time.monotonic() - started < FAIL_FAST_S
-        error = raised.value.args[0]
-        assert error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        assert error.fatal()
-        assert "transactions are not supported by this broker" in error.str()
-    told = wait_for_warning(broker, client_id, "transactions are not supported")
-    assert len(told) == 1, told
-    assert "answer=TRANSACTIONAL_ID_AUTHORIZATION_FAILED" in told[0]
-
-
-def test_kafka_python_transactions_fail_at_once(broker: BrokerProcess) -> None:
-    client_id = unique("kp-txn")
-    producer = KafkaProducer(
-        bootstrap_servers=broker.bootstrap, transactional_id=unique("txn"), client_id=client_id
-    )
-    try:
-        started = time.monotonic()
-        with pytest.raises(TransactionalIdAuthorizationFailedError):
-            producer.init_transactions()  # its own timeout: 60 s
-        assert time.monotonic() - started < FAIL_FAST_S
-    finally:
-        producer.close(timeout=5)
-    assert len(wait_for_warning(broker, client_id, "transactions are not supported")) == 1
-
-
-def test_aiokafka_transactions_fail_at_once(broker: BrokerProcess) -> None:
-    client_id = unique("aio-txn")
-
-    async def run() -> None:
-        producer = AIOKafkaProducer(
-            bootstrap_servers=broker.bootstrap,
-            transactional_id=unique("txn"),
-            client_id=client_id,
-        )
-        try:
-            started = time.monotonic()
-            with pytest.raises(TransactionalIdAuthorizationFailed):
-                await producer.start()
-                async with producer.transaction():
-                    await producer.send_and_wait(unique("never"), b"value")
-            assert time.monotonic() - started < FAIL_FAST_S
-        finally:
-            await producer.stop()
-
-    asyncio.run(asyncio.wait_for(run(), CLIENT_TIMEOUT_S))
-    assert len(wait_for_warning(broker, client_id, "transactions are not supported")) == 1
 
 
 def test_consumer_group_protocol_fails_at_once(broker: BrokerProcess) -> None:
@@ -170,9 +104,9 @@ def raw_request(broker: BrokerProcess, api_key: int, version: int, client_id: st
 def test_an_unserved_api_closes_the_connection_and_is_told_once(broker: BrokerProcess) -> None:
     client_id = unique("raw")
     for _ in range(3):
-        assert raw_request(broker, 24, 0, client_id) == b""  # AddPartitionsToTxn
+        assert raw_request(broker, 29, 0, client_id) == b""  # DescribeAcls
         assert raw_request(broker, 3, 99, client_id) == b""  # Metadata v99
-    unserved = wait_for_warning(broker, client_id, "AddPartitionsToTxn (API key 24)")
+    unserved = wait_for_warning(broker, client_id, "DescribeAcls (API key 29)")
     assert len(unserved) == 1, unserved
     version = wait_for_warning(broker, client_id, "Metadata v99")
     assert len(version) == 1, version

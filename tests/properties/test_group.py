@@ -65,6 +65,7 @@ PROTOCOLS = (
     (Protocol("range", b"R2"),),
 )
 PARTITIONS = (("t", 0), ("t", 1), ("u", 0))
+PRODUCERS = (1, 2)  # transactional producers' ids (TxnOffsetCommit)
 
 
 @dataclass
@@ -90,8 +91,13 @@ class Outstanding:
 
 @dataclass
 class Write:
-    record: g.DurableRecord
+    record: g.DurableRecord | g.TxnMarker  # a marker is in the log once stepped
     status: str = "in flight"  # "persisted", "failed"
+
+    @property
+    def request_id(self) -> int:
+        assert not isinstance(self.record, g.TxnMarker)
+        return self.record.request_id
 
 
 def response_error(response: g.Response) -> E | None:
@@ -472,6 +478,35 @@ class GroupMachine(RuleBasedStateMachine):
         event = g.OffsetCommit(self.next_request_id(), self.now_ms, "solo", -1, "", None, (entry,))
         self.apply(event, Outstanding("commit", None, "solo"))
 
+    @rule(
+        group_id=st.sampled_from(COMMIT_GROUPS),
+        producer_id=st.sampled_from(PRODUCERS),
+        key=st.sampled_from(PARTITIONS),
+        offset=st.integers(0, 100),
+    )
+    def txn_offset_commit(
+        self, group_id: str, producer_id: int, key: tuple[str, int], offset: int
+    ) -> None:
+        """A transactional producer commits its consumer's offset inside its transaction."""
+        entry = g.OffsetCommitEntry(key[0], key[1], offset)
+        event = g.TxnOffsetCommit(
+            self.next_request_id(), self.now_ms, group_id, producer_id, 0, -1, "", None, (entry,)
+        )
+        self.apply(event, Outstanding("commit", None, group_id))
+
+    @rule(producer_id=st.sampled_from(PRODUCERS), commit=st.booleans())
+    def txn_marker(self, producer_id: int, commit: bool) -> None:
+        """The producer's transaction ends at the group's partition: only once every commit of
+        it was answered (a producer ends its transaction after its TxnOffsetCommit answers)."""
+        if any(
+            isinstance(w.record, g.PersistOffsets) and w.record.producer_id == producer_id
+            for w in self._in_flight()
+        ):
+            return
+        marker = g.TxnMarker(producer_id, commit)
+        self.writes.append(Write(marker, "persisted"))
+        self.apply(marker)
+
     def _in_flight(self) -> list[Write]:
         """Writes not yet completed, newest first: the simplest choice completes out of order."""
         return [w for w in reversed(self.writes) if w.status == "in flight"]
@@ -481,7 +516,7 @@ class GroupMachine(RuleBasedStateMachine):
     def offsets_persisted(self, data: st.DataObject) -> None:
         write = data.draw(st.sampled_from(self._in_flight()))
         write.status = "persisted"
-        self.apply(g.OffsetsPersisted(write.record.request_id))
+        self.apply(g.OffsetsPersisted(write.request_id))
 
     @precondition(
         lambda self: any(isinstance(w.record, g.PersistOffsets) for w in self._in_flight())
@@ -493,7 +528,7 @@ class GroupMachine(RuleBasedStateMachine):
         commits = [w for w in self._in_flight() if isinstance(w.record, g.PersistOffsets)]
         write = data.draw(st.sampled_from(commits))
         write.status = "failed"
-        self.apply(g.OffsetsPersistFailed(write.record.request_id))
+        self.apply(g.OffsetsPersistFailed(write.request_id))
 
     @rule(
         group_id=st.sampled_from(COMMIT_GROUPS),
@@ -554,7 +589,7 @@ class GroupMachine(RuleBasedStateMachine):
 
     # ---------------------------------------------------------------------------- reference
 
-    def _persisted(self) -> list[g.DurableRecord]:
+    def _persisted(self) -> list[g.DurableRecord | g.TxnMarker]:
         return [w.record for w in self.writes if w.status == "persisted"]
 
     def _deletion_in_flight(self) -> bool:
@@ -583,7 +618,7 @@ class GroupMachine(RuleBasedStateMachine):
         """With every write completed and time passing, every request gets its answer."""
         for write in self._in_flight():
             write.status = "persisted"
-            self.apply(g.OffsetsPersisted(write.record.request_id))
+            self.apply(g.OffsetsPersisted(write.request_id))
         for _ in range(4):
             self.now_ms += 20_000
             self.apply(g.Tick(self.now_ms))

@@ -20,6 +20,16 @@ bandwidth limiter (``Context.network``): at TAIL when every partition was read f
 LogCache, at CATCH_UP when any read objects (a consumer catching up), so that when the bandwidth
 runs short catch-up responses wait and tail reads go first (``docs/storage.md``, "Network
 bandwidth limiter").
+
+Isolation (Fetch v4+): a READ_COMMITTED Fetch (``isolation_level`` 1) reads a partition only
+up to its last stable offset (:attr:`Partition.last_stable_offset`): what lies past it is not
+answered, does not count toward ``min_bytes`` and does not end the long poll, and each answer
+carries the aborted transactions its records may meet
+(:meth:`Partition.aborted_transactions` from the fetch offset to the LSO). Both isolation
+levels answer the LSO as ``last_stable_offset``; control batches go to clients as stored
+(clients drop them). A partition that never saw a transaction pays one flag test for this. A
+snapshot-read copy (zone router) knows no transaction state: it answers its high watermark as
+the LSO and no aborted transactions.
 """
 
 from __future__ import annotations
@@ -88,8 +98,9 @@ async def _fetch(context: Context, request: Request) -> Chunks:
     if opening:
         hold_s = min(context.config.partition_open_wait_ms / 1000, max_wait_s)
         await context.topics.wait_opened(opening, hold_s)
+    committed = version >= 4 and int(getattr(body, "isolation_level", 0)) == 1
     while True:
-        read = await _fetch_once(context, request, wanted, by_id)
+        read = await _fetch_once(context, request, wanted, by_id, committed)
         remaining = deadline - clock.monotonic_s()
         if read.total >= int(body.min_bytes) or remaining <= 0 or read.answer_now or not read.waits:
             break
@@ -100,7 +111,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         for future in pending:
             future.cancel()
         if not done:
-            read = await _fetch_once(context, request, wanted, by_id)
+            read = await _fetch_once(context, request, wanted, by_id, committed)
             break
     if context.network is not None and read.total:
         priority = Priority.CATCH_UP if read.from_objects else Priority.TAIL
@@ -129,9 +140,10 @@ class _Answer:
     (:class:`~automq_ref.protocol.fetch.FetchPartition`). A catch-up's Fetch builds one for
     each of the 1,000 partitions it names, so this is a plain slotted class with a positional
     ``__init__``: the frozen :class:`~automq_ref.protocol.FetchPartitionData`'s keyword one
-    cost 2.4 µs a partition. Aborted transactions are not answered (read_uncommitted only)."""
+    cost 2.4 µs a partition. Aborted transactions are answered to READ_COMMITTED only."""
 
     __slots__ = (
+        "aborted_transactions",
         "error_code",
         "high_watermark",
         "last_stable_offset",
@@ -139,17 +151,19 @@ class _Answer:
         "partition_index",
         "records",
     )
-    aborted_transactions: Sequence[AbortedTransaction] | None = None
     preferred_read_replica: int = -1
 
     def __init__(self, partition_index: int, error_code: int) -> None:
         self.partition_index = partition_index
         self.error_code = error_code
+        self.aborted_transactions: Sequence[AbortedTransaction] | None = None
         self.high_watermark = self.last_stable_offset = self.log_start_offset = -1
         self.records: Sequence[Chunk] | None = ()
 
 
-async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id: bool) -> _Read:
+async def _fetch_once(
+    context: Context, request: Request, wanted: Wanted, by_id: bool, committed: bool
+) -> _Read:
     partitions_by_key = context.topics.partitions
     answer_now = False
     responses = []
@@ -185,7 +199,7 @@ async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id:
         else:
             responses.append(FetchableTopicResponse(partitions=topic_answers, topic=key))
     origin = ReadOrigin()
-    found = await _read_partitions(reads, int(request.body.max_bytes), origin)
+    found = await _read_partitions(reads, int(request.body.max_bytes), origin, committed)
     total = 0
     waits: list[Readable] = []
     # The high watermark is read here, after every read's await: a partition that received
@@ -194,6 +208,11 @@ async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id:
         reads, answers, found, strict=True
     ):
         high_watermark = partition.high_watermark
+        stable = (
+            partition.stable_offset(high_watermark)
+            if isinstance(partition, Partition)
+            else high_watermark
+        )
         if chunks:
             size = sum(map(len, chunks))
             partition.bytes_out += size
@@ -203,20 +222,49 @@ async def _fetch_once(context: Context, request: Request, wanted: Wanted, by_id:
             answer.error_code = code
             answer_now = True
         elif not chunks:
-            if int(fetch_partition.fetch_offset) < high_watermark:
+            if int(fetch_partition.fetch_offset) < (stable if committed else high_watermark):
                 answer_now = True  # it has data the byte limits left out
             else:
                 waits.append(partition)
-        answer.high_watermark = answer.last_stable_offset = high_watermark
+        answer.high_watermark, answer.last_stable_offset = high_watermark, stable
         answer.log_start_offset = partition.log_start_offset
+        if committed:
+            answer.aborted_transactions = _aborted(partition, fetch_partition, stable)
     return _Read(responses, total, waits, answer_now, origin.from_objects)
 
 
 Read = tuple[KafkaErrorCode, list[bytes | memoryview]]
 
 
+def _aborted(partition: Readable, fetch_partition: Any, stable: int) -> list[AbortedTransaction]:
+    """The aborted transactions a READ_COMMITTED answer from the fetch offset meets."""
+    if not isinstance(partition, Partition) or not partition.transactions.aborted:
+        return []
+    return [
+        AbortedTransaction(producer_id=producer_id, first_offset=first_offset)
+        for producer_id, first_offset in partition.aborted_transactions(
+            int(fetch_partition.fetch_offset), stable
+        )
+    ]
+
+
+def _upper(partition: Readable, committed: bool) -> int | None:
+    """Where a read stops short of the high watermark: a READ_COMMITTED one, at the LSO."""
+    if not committed or not isinstance(partition, Partition):
+        return None
+    return partition.last_stable_offset
+
+
+def _bounds(partition: Readable, committed: bool) -> tuple[int, int, int]:
+    """(log start, the end a read may reach: the high watermark or the LSO, log end)."""
+    log_start, high_watermark, log_end = partition.fetch_bounds()
+    if committed and isinstance(partition, Partition):
+        return log_start, partition.stable_offset(high_watermark), log_end
+    return log_start, high_watermark, log_end
+
+
 async def _read_partitions(
-    reads: list[tuple[Readable, Any]], budget: int, origin: ReadOrigin
+    reads: list[tuple[Readable, Any]], budget: int, origin: ReadOrigin, committed: bool = False
 ) -> list[Read]:
     """Each partition's answer, in order, read up to :data:`READS_IN_FLIGHT` at once once a
     partition has answered data (a read from objects waits for the store; one after another, a
@@ -242,9 +290,9 @@ async def _read_partitions(
             partition, fetch_partition = reads[started]
             limit = min(int(fetch_partition.partition_max_bytes), budget)
             results[started] = found = (
-                _answer_at_once(partition, fetch_partition, limit, True)
-                or _answer_now(partition, fetch_partition, limit, True)
-                or await _read_partition(partition, fetch_partition, limit, True, origin)
+                _answer_at_once(partition, fetch_partition, limit, True, committed)
+                or _answer_now(partition, fetch_partition, limit, True, committed)
+                or await _read_partition(partition, fetch_partition, limit, True, origin, committed)
             )
             limits[started] = int(fetch_partition.partition_max_bytes)  # nothing to top up
             reserved = sum(map(len, found[1]))
@@ -254,16 +302,18 @@ async def _read_partitions(
                 partition, fetch_partition = reads[started]
                 limit = min(int(fetch_partition.partition_max_bytes), budget - reserved)
                 limits[started] = limit = max(limit, 0)
-                at_once = _answer_at_once(partition, fetch_partition, limit, False) or _answer_now(
-                    partition, fetch_partition, limit, False
-                )
+                at_once = _answer_at_once(
+                    partition, fetch_partition, limit, False, committed
+                ) or _answer_now(partition, fetch_partition, limit, False, committed)
                 if at_once is not None:  # no read to wait for: no task either
                     results[started] = at_once
                     reserved += sum(map(len, at_once[1]))
                     started += 1
                     continue
                 reserved += limit
-                reading = _read_partition(partition, fetch_partition, limit, False, origin)
+                reading = _read_partition(
+                    partition, fetch_partition, limit, False, origin, committed
+                )
                 running[asyncio.ensure_future(reading)] = started
                 started += 1
             if not running:
@@ -278,7 +328,7 @@ async def _read_partitions(
             task.cancel()
     answered = [result for result in results if result is not None]
     assert len(answered) == len(reads), "every partition read is answered"
-    return await _top_up(reads, answered, limits, budget, origin)
+    return await _top_up(reads, answered, limits, budget, origin, committed)
 
 
 async def _top_up(
@@ -287,6 +337,7 @@ async def _top_up(
     limits: list[int],
     budget: int,
     origin: ReadOrigin,
+    committed: bool = False,
 ) -> list[Read]:
     """``answered``, each read whose limit was below its partition's (``limits``) extended from
     where it stopped, in order, within its partition's limit and what is left of ``budget``."""
@@ -305,10 +356,10 @@ async def _top_up(
             if chunks
             else int(fetch_partition.fetch_offset)
         )
-        if more <= 0 or offset >= partition.high_watermark:
+        if more <= 0 or offset >= _bounds(partition, committed)[1]:
             continue
         try:
-            extra = await _read(partition, offset, more, False, origin)
+            extra = await _read(partition, offset, more, False, origin, committed)
         except StorageError as error:  # what it read already stands
             log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
             continue
@@ -335,7 +386,7 @@ def _refused(
 
 
 def _answer_at_once(
-    partition: Readable, fetch_partition: Any, limit: int, first: bool
+    partition: Readable, fetch_partition: Any, limit: int, first: bool, committed: bool = False
 ) -> Read | None:
     """The answer of a read that needs no reading (refused, at the high watermark, or with no
     bytes left to it), else None. A catch-up asks for every partition in each Fetch, and most
@@ -343,7 +394,7 @@ def _answer_at_once(
     every read in flight for each of them, took the broker's loop several milliseconds per
     Fetch of 1,000 partitions. The partition's offsets are read at once, not one property
     after another."""
-    log_start, high_watermark, log_end = partition.fetch_bounds()
+    log_start, high_watermark, log_end = _bounds(partition, committed)
     refused = _refused(partition, fetch_partition, log_start, log_end)
     if refused is not None:
         return refused, []
@@ -352,14 +403,18 @@ def _answer_at_once(
     return None
 
 
-def _answer_now(partition: Readable, fetch_partition: Any, limit: int, first: bool) -> Read | None:
+def _answer_now(
+    partition: Readable, fetch_partition: Any, limit: int, first: bool, committed: bool = False
+) -> Read | None:
     """The answer of a read the LogCache holds whole (:meth:`Partition.read_now`), else None: a
     tail consumer's Fetch of 1,000 partitions spent more on a task and ``asyncio.wait``'s
     callbacks for each of those reads than on the reads."""
     if not isinstance(partition, Partition):
         return None
     try:
-        chunks = partition.read_now(int(fetch_partition.fetch_offset), limit, first)
+        chunks = partition.read_now(
+            int(fetch_partition.fetch_offset), limit, first, _upper(partition, committed)
+        )
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
         return KafkaErrorCode.KAFKA_STORAGE_ERROR, []
@@ -367,7 +422,12 @@ def _answer_now(partition: Readable, fetch_partition: Any, limit: int, first: bo
 
 
 async def _read_partition(
-    partition: Readable, fetch_partition: Any, limit: int, first: bool, origin: ReadOrigin
+    partition: Readable,
+    fetch_partition: Any,
+    limit: int,
+    first: bool,
+    origin: ReadOrigin,
+    committed: bool = False,
 ) -> Read:
     log_start, _, log_end = partition.fetch_bounds()
     refused = _refused(partition, fetch_partition, log_start, log_end)
@@ -375,16 +435,22 @@ async def _read_partition(
         return refused, []
     offset = int(fetch_partition.fetch_offset)
     try:
-        return KafkaErrorCode.NONE, await _read(partition, offset, limit, first, origin)
+        return KafkaErrorCode.NONE, await _read(partition, offset, limit, first, origin, committed)
     except StorageError as error:
         log.error("fetch from %s-%d: %s", partition.topic, partition.index, error)
         return KafkaErrorCode.KAFKA_STORAGE_ERROR, []
 
 
 async def _read(
-    partition: Readable, offset: int, limit: int, first: bool, origin: ReadOrigin
+    partition: Readable,
+    offset: int,
+    limit: int,
+    first: bool,
+    origin: ReadOrigin,
+    committed: bool = False,
 ) -> list[bytes | memoryview]:
-    """``partition.read``, telling ``origin`` whether it read objects (a partition led here)."""
+    """``partition.read``, telling ``origin`` whether it read objects (a partition led here);
+    ``committed``: up to the LSO."""
     if isinstance(partition, Partition):
-        return await partition.read(offset, limit, first, origin)
+        return await partition.read(offset, limit, first, origin, _upper(partition, committed))
     return await partition.read(offset, limit, min_one=first)

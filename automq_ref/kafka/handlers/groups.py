@@ -15,9 +15,9 @@ FindCoordinator answers, for each group, the broker placement assigns its coordi
 at the listener that broker registered (this broker: what it advertises);
 ``COORDINATOR_NOT_AVAILABLE`` while the partition has no live broker, or while
 ``__consumer_offsets`` does not exist yet (the first group request creates it and waits for it,
-:meth:`~automq_ref.kafka.groups.GroupCoordinator.topic_created`). There is no transaction
-coordinator (FindCoordinator for a transactional id is refused as
-:mod:`automq_ref.kafka.handlers.unsupported` explains).
+:meth:`~automq_ref.kafka.groups.GroupCoordinator.topic_created`). For a transactional id (key
+type 1) it answers the same way of the id's ``__transaction_state`` partition
+(:mod:`automq_ref.kafka.transactions`); another key type is ``INVALID_REQUEST``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Any
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
 from automq_ref.kafka.acl_operations import GROUP_OPERATIONS
-from automq_ref.kafka.handlers.unsupported import TRANSACTIONS_MESSAGE, refuse_transactions
+from automq_ref.kafka.handlers.transactions import PRODUCE_MAX_VERSION, verify_produce
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Peer, Reply
 from automq_ref.state_machines import group as gc
 
 GROUP_KEY_TYPE = 0
+TRANSACTION_KEY_TYPE = 1
 
 
 async def _group(
@@ -58,27 +59,15 @@ def client_host(peer: Peer) -> str:
 async def handle_find_coordinator(context: Context, request: Request) -> Reply:
     body = request.body
     key_type = int(body.key_type) if request.api_version >= 1 else GROUP_KEY_TYPE
-    transactions = key_type != GROUP_KEY_TYPE
-    refused = refuse_transactions(context, request, "FindCoordinator") if transactions else None
 
     async def answer() -> Chunks:
         if request.api_version >= 4:
             coordinators = []
             for key in body.coordinator_keys:
-                if refused is not None:
-                    coordinators.append(
-                        r.Coordinator(key, -1, "", -1, refused, TRANSACTIONS_MESSAGE)
-                    )
-                    continue
-                node_id, host, port, error = await _coordinator(context, key)
+                node_id, host, port, error = await _coordinator(context, key, key_type)
                 coordinators.append(r.Coordinator(key, node_id, host, port, error))
             return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
-        if refused is not None:
-            return r.respond(
-                request,
-                r.FindCoordinatorResponse(error_code=refused, error_message=TRANSACTIONS_MESSAGE),
-            )
-        node_id, host, port, error = await _coordinator(context, body.key)
+        node_id, host, port, error = await _coordinator(context, body.key, key_type)
         return r.respond(
             request,
             r.FindCoordinatorResponse(node_id=node_id, host=host, port=port, error_code=error),
@@ -88,9 +77,17 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
     return answer()
 
 
-async def _coordinator(context: Context, group_id: str) -> tuple[int, str, int, KafkaErrorCode]:
-    """(node id, host, port, error) of ``group_id``'s coordinator as FindCoordinator answers."""
-    found = await context.groups.coordinator(group_id)
+async def _coordinator(
+    context: Context, key: str, key_type: int
+) -> tuple[int, str, int, KafkaErrorCode]:
+    """(node id, host, port, error) of the coordinator of ``key`` (a group id, key type 0; a
+    transactional id, key type 1) as FindCoordinator answers."""
+    if key_type == GROUP_KEY_TYPE:
+        found = await context.groups.coordinator(key)
+    elif key_type == TRANSACTION_KEY_TYPE and context.transactions is not None:
+        found = await context.transactions.coordinator(key)
+    else:
+        return -1, "", -1, KafkaErrorCode.INVALID_REQUEST
     if isinstance(found, KafkaErrorCode):
         return -1, "", -1, found
     if found == context.config.node_id:
@@ -236,14 +233,16 @@ async def handle_leave_group(context: Context, request: Request) -> Reply:
     )
 
 
-async def handle_offset_commit(context: Context, request: Request) -> Reply:
-    body = request.body
-    # Any partition of the cluster's topics (led here or not: the coordinator of a group is
-    # rarely the leader of what it consumes), as Kafka checks its metadata cache.
+def _commit_entries(
+    context: Context, topics: Any
+) -> tuple[list[gc.OffsetCommitEntry], list[tuple[str, int]]]:
+    """A commit's offsets of partitions the cluster has, and the (topic, partition) of those it
+    does not: any partition of the cluster's topics (led here or not: the coordinator of a group
+    is rarely the leader of what it consumes), as Kafka checks its metadata cache."""
     known = context.topics.topics
     unknown: list[tuple[str, int]] = []
     entries: list[gc.OffsetCommitEntry] = []
-    for topic in body.topics:
+    for topic in topics:
         for p in topic.partitions:
             index = int(p.partition_index)
             found = known.get(topic.name)
@@ -259,6 +258,19 @@ async def handle_offset_commit(context: Context, request: Request) -> Reply:
                     p.committed_metadata or "",
                 )
             )
+    return entries, unknown
+
+
+def _commit_topics(results: list[tuple[str, int, KafkaErrorCode]]) -> list[r.OffsetCommitTopic]:
+    by_topic: dict[str, list[r.OffsetCommitPartition]] = {}
+    for name, index, error in results:
+        by_topic.setdefault(name, []).append(r.OffsetCommitPartition(index, error))
+    return [r.OffsetCommitTopic(name, parts) for name, parts in by_topic.items()]
+
+
+async def handle_offset_commit(context: Context, request: Request) -> Reply:
+    body = request.body
+    entries, unknown = _commit_entries(context, body.topics)
 
     async def answer() -> Chunks:
         results: list[tuple[str, int, KafkaErrorCode]] = [
@@ -286,11 +298,59 @@ async def handle_offset_commit(context: Context, request: Request) -> Reply:
             )
             assert isinstance(response, gc.OffsetCommitResponse)
             results += [(p.topic, p.partition, p.error_code) for p in response.partitions]
-        by_topic: dict[str, list[r.OffsetCommitPartition]] = {}
-        for name, index, error in results:
-            by_topic.setdefault(name, []).append(r.OffsetCommitPartition(index, error))
-        topics = [r.OffsetCommitTopic(name, parts) for name, parts in by_topic.items()]
+        topics = _commit_topics(results)
         return r.respond(request, r.OffsetCommitResponse(topics))
+
+    return answer()
+
+
+async def handle_txn_offset_commit(context: Context, request: Request) -> Reply:
+    """Offsets committed inside a producer's transaction (``send_offsets_to_transaction``):
+    the transactional append to the group's partition is verified as a Produce of the producer
+    would be, and the offsets are shown once the transaction commits."""
+    body = request.body
+    entries, unknown = _commit_entries(context, body.topics)
+    producer_id, producer_epoch = int(body.producer_id), int(body.producer_epoch)
+
+    def refused(error: KafkaErrorCode) -> gc.Response:
+        keys = dict.fromkeys((e.topic, e.partition) for e in entries)
+        return gc.OffsetCommitResponse(
+            tuple(gc.OffsetCommitPartitionResult(t, p, error) for t, p in keys)
+        )
+
+    async def answer() -> Chunks:
+        results: list[tuple[str, int, KafkaErrorCode]] = [
+            (name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for name, index in unknown
+        ]
+        if entries:
+            clock = context.clock
+            response = await context.groups.request(
+                body.group_id,
+                lambda request_id, _: gc.TxnOffsetCommit(
+                    request_id,
+                    clock.now_ms(),
+                    body.group_id,
+                    producer_id,
+                    producer_epoch,
+                    int(getattr(body, "generation_id", -1)),
+                    getattr(body, "member_id", "") or "",
+                    getattr(body, "group_instance_id", None),
+                    tuple(entries),
+                ),
+                refused,
+                lambda partition: verify_produce(
+                    context,
+                    PRODUCE_MAX_VERSION,
+                    body.transactional_id,
+                    partition,
+                    producer_id,
+                    producer_epoch,
+                ),
+            )
+            assert isinstance(response, gc.OffsetCommitResponse)
+            results += [(p.topic, p.partition, p.error_code) for p in response.partitions]
+        topics = _commit_topics(results)
+        return r.respond(request, r.TxnOffsetCommitResponse(topics))
 
     return answer()
 

@@ -2,11 +2,12 @@
 partition's offsets.
 
 ListOffsets answers the earliest (-2, and -4/-5: local and tiered are the same here), the latest
-(-1), the record with the largest timestamp (-3), or the first record at or after a timestamp.
-DeleteRecords moves a partition's log start forward (-1: to the high watermark); an internal
-topic's is refused ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it. ListOffsets for a partition
-placed on this broker but not open yet (moved here, its open waiting for the old broker's or a
-failover's close) waits for the open first, up to ``partition.open.wait.ms``.
+(-1; the last stable offset for READ_COMMITTED, ``isolation_level`` 1), the record with the
+largest timestamp (-3), or the first record at or after a timestamp. DeleteRecords moves a
+partition's log start forward (-1: to the high watermark); an internal topic's is refused
+``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it. ListOffsets for a partition placed on this
+broker but not open yet (moved here, its open waiting for the old broker's or a failover's
+close) waits for the open first, up to ``partition.open.wait.ms``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
     ]
     if opening:
         await context.topics.wait_opened(opening, context.config.partition_open_wait_ms / 1000)
+    # READ_COMMITTED (v2+): the latest offset is the last stable offset.
+    committed = int(getattr(request.body, "isolation_level", 0)) == 1
     topics = []
     for list_topic in request.body.topics:
         partitions = []
@@ -64,7 +67,9 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
                 partitions.append(ListOffsetsPartition(index, error_code=code))
                 continue
             epoch = partition.epoch
-            offset, timestamp = await _list_offset(partition, int(list_partition.timestamp))
+            offset, timestamp = await _list_offset(
+                partition, int(list_partition.timestamp), committed
+            )
             partitions.append(
                 ListOffsetsPartition(index, timestamp=timestamp, offset=offset, leader_epoch=epoch)
             )
@@ -72,10 +77,14 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
     return respond(request, ListOffsetsResponse(topics))
 
 
-async def _list_offset(partition: Partition | SnapshotPartition, timestamp: int) -> tuple[int, int]:
+async def _list_offset(
+    partition: Partition | SnapshotPartition, timestamp: int, committed: bool = False
+) -> tuple[int, int]:
     if timestamp in (-2, -4, -5):  # earliest; earliest local; earliest tiered
         return partition.log_start_offset, -1
     if timestamp == -1:  # latest
+        if committed and isinstance(partition, Partition):
+            return partition.last_stable_offset, -1
         return partition.high_watermark, -1
     assert isinstance(partition, Partition)  # a snapshot-read copy answers the two above
     if timestamp == -3:  # the record with the largest timestamp

@@ -14,6 +14,12 @@ once it is open, at its new leader epoch, and the connection's later requests st
 one still not open is answered ``NOT_LEADER_OR_FOLLOWER``. A partition this broker is not
 placed on is answered at once.
 
+A transactional Produce whose batch would begin a transaction at a partition is first verified
+with the transaction coordinator (KIP-890,
+:func:`automq_ref.kafka.handlers.transactions.verify_produce`): the batch is admitted only if
+the partition is in the producer's ongoing transaction, so a late write of a transaction that
+ended cannot open a transaction nobody will end.
+
 With the zone router on, the request goes to the router's proxy side
 (:mod:`automq_ref.kafka.zone_router_out`), which decides per partition where it goes and uses
 :func:`admit_partition` and :func:`answer_partition` for what it appends here.
@@ -25,9 +31,11 @@ import logging
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.record_batch import iter_batches
 from automq_ref.formats.zone_router import ChannelOffset
 from automq_ref.io.storage.s3stream import StorageError, StreamFencedError
 from automq_ref.kafka.compaction import is_compacted
+from automq_ref.kafka.handlers.transactions import verify_produce
 from automq_ref.kafka.log_state import ProduceResult
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
@@ -55,12 +63,27 @@ async def handle_produce(context: Context, request: Request) -> Reply:
     if context.router_out is not None:
         # The zone router decides, per partition, here, through the channel, or refused.
         return context.router_out.route(context, request, body)
+    verified = (
+        await _verify(context, request.api_version, body)
+        if body.transactional_id is not None
+        else {}
+    )
     outcomes: Outcomes = []
     for topic_data in body.topic_data:
         results: list[tuple[int, Any]] = []
         for partition_data in topic_data.partition_data:
-            outcome = admit_partition(
-                context, topic_data.name, partition_data.index, partition_data.records, acks
+            guard = verified.get((topic_data.name, partition_data.index), 0)
+            outcome = (
+                guard
+                if isinstance(guard, KafkaErrorCode)
+                else admit_partition(
+                    context,
+                    topic_data.name,
+                    partition_data.index,
+                    partition_data.records,
+                    acks,
+                    verification_guard=guard,
+                )
             )
             results.append((partition_data.index, outcome))
         outcomes.append((topic_data.name, results))
@@ -78,6 +101,7 @@ def admit_partition(
     *,
     internal_allowed: bool = False,
     channel_offset: ChannelOffset | None = None,
+    verification_guard: int = 0,
 ) -> Outcome:
     """Admit one partition's records: an error code, or the partition and its append's
     ProduceResult. ``channel_offset``: the records came through the zone router's channel (the
@@ -96,7 +120,11 @@ def admit_partition(
     compacted = is_compacted(registry, described)
     try:
         result = partition.append_nowait(
-            records, max_bytes, require_keys=compacted, channel_offset=channel_offset
+            records,
+            max_bytes,
+            require_keys=compacted,
+            channel_offset=channel_offset,
+            verification_guard=verification_guard,
         )
     except StreamFencedError:
         # Closing (shutdown, deletion) or moved: the client refreshes and retries.
@@ -126,6 +154,36 @@ async def answer_partition(name: str, index: int, outcome: Outcome) -> ProducePa
     except StorageError:
         log_start = -1
     return ProducePartitionAnswer(index, 0, result.base_offset, -1, log_start)
+
+
+async def _verify(
+    context: Context, version: int, body: Any
+) -> dict[tuple[str, int], int | KafkaErrorCode]:
+    """Per partition of a transactional Produce whose batch begins a transaction there: the
+    verification guard to admit it with, or the error it is answered."""
+    verified: dict[tuple[str, int], int | KafkaErrorCode] = {}
+    for topic_data in body.topic_data:
+        for partition_data in topic_data.partition_data:
+            key = (topic_data.name, partition_data.index)
+            partition = context.topics.partitions.get(key)
+            if partition is None or not partition_data.records:
+                continue
+            try:
+                first = next(iter_batches(partition_data.records))
+            except Exception:  # append_nowait answers the malformed batch
+                continue
+            if not first.is_transactional:
+                continue
+            header = first.header()
+            verified[key] = await verify_produce(
+                context,
+                version,
+                body.transactional_id,
+                partition,
+                header.producer_id,
+                header.producer_epoch,
+            )
+    return verified
 
 
 async def _hold_for_opening(context: Context, body: Any) -> None:

@@ -5,13 +5,6 @@ own timeout: each answer here is an error the clients treat as fatal (checked ag
 confluent-kafka/librdkafka, kafka-python and aiokafka), with a message where the response has
 room for one, and the broker logs the reason once per client (:mod:`automq_ref.kafka.notices`).
 
-- **Transactions.** A transactional producer first looks for its transaction coordinator
-  (FindCoordinator with key type 1), then asks it for a producer id (InitProducerId with a
-  transactional id). Both are answered ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``: no transactional
-  id may be used here. librdkafka treats only the two authorization failures as fatal at the
-  first step and retries on any other error until ``init_transactions``' timeout
-  (``COORDINATOR_NOT_AVAILABLE`` makes every client retry); kafka-python and aiokafka stop on it
-  too. FindCoordinator carries the message, which librdkafka shows.
 - **The KIP-848 consumer group protocol** (``group.protocol=consumer``). When the broker does not
   list ConsumerGroupHeartbeat in ApiVersions, librdkafka marks the coordinator dead and looks
   for it again, silently and for ever. So the API is advertised (Kafka 4.0's range) and every
@@ -31,11 +24,6 @@ from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Reply
 
-TRANSACTIONS_ERROR = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-TRANSACTIONS_MESSAGE = (
-    "transactions are not supported by this broker yet; use a producer without transactional.id "
-    "(an idempotent producer keeps exactly-once writes per partition)"
-)
 CONSUMER_PROTOCOL_MESSAGE = (
     "the consumer group protocol of KIP-848 (group.protocol=consumer) is not supported by this "
     "broker; use group.protocol=classic"
@@ -51,20 +39,6 @@ _RESOURCE_NAMES = {
     16: "client metrics",
     32: "group",
 }
-
-
-def refuse_transactions(context: Context, request: Request, api: str) -> KafkaErrorCode:
-    """Log (once per client) that ``request`` asked for transactions; the error to answer."""
-    unsupported_request(
-        context.notices,
-        "transactions",
-        client_id=request.client_id,
-        host=request.peer.host,
-        api=api,
-        error=TRANSACTIONS_ERROR.name,
-        hint=TRANSACTIONS_MESSAGE,
-    )
-    return TRANSACTIONS_ERROR
 
 
 async def handle_consumer_group_heartbeat(context: Context, request: Request) -> Reply:

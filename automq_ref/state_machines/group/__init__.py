@@ -135,6 +135,8 @@ from automq_ref.state_machines.group.events import (
     SyncGroup,
     Tick,
     TopicPartition,
+    TxnMarker,
+    TxnOffsetCommit,
 )
 from automq_ref.state_machines.group.invariants import (
     INVARIANTS,
@@ -270,6 +272,8 @@ __all__ = [
     "Tick",
     "TopicPartition",
     "Transition",
+    "TxnMarker",
+    "TxnOffsetCommit",
     "check_invariants",
     "committed_offset",
     "describe_group",

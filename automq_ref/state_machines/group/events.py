@@ -108,6 +108,31 @@ class OffsetCommit:
 
 
 @dataclass(frozen=True, slots=True)
+class TxnOffsetCommit:
+    """Offsets committed inside producer ``producer_id``'s transaction: durable at once, shown
+    only once the transaction's COMMIT marker lands in the group's partition (``TxnMarker``)."""
+
+    request_id: int
+    now_ms: int
+    group_id: str
+    producer_id: int
+    producer_epoch: int
+    generation_id: int  # -1: not checked (a producer that does not name its consumer's group)
+    member_id: str
+    group_instance_id: str | None
+    offsets: tuple[OffsetCommitEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A transaction's marker is durable in the group's partition: ``commit`` shows the
+    producer's transactional offsets, an abort drops them."""
+
+    producer_id: int
+    commit: bool
+
+
+@dataclass(frozen=True, slots=True)
 class OffsetFetchGroup:
     group_id: str
     partitions: tuple[TopicPartition, ...] | None  # None: every committed partition
@@ -167,6 +192,8 @@ GroupEvent: TypeAlias = (
     | Heartbeat
     | LeaveGroup
     | OffsetCommit
+    | TxnOffsetCommit
+    | TxnMarker
     | OffsetFetch
     | ListGroups
     | DescribeGroups

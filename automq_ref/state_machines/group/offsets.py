@@ -1,6 +1,8 @@
 """Committed offsets: OffsetCommit (answered once ``OffsetsPersisted`` says the write is durable,
-or failed by ``OffsetsPersistFailed``), OffsetFetch, and ``recover``, which folds the durable
-records back into a state after a restart.
+or failed by ``OffsetsPersistFailed``), TxnOffsetCommit (the same, but the offsets wait, per
+producer id, for the transaction's marker: ``TxnMarker`` shows them on a commit and drops them
+on an abort, as Kafka's pending transactional offsets), OffsetFetch, and ``recover``, which
+folds the durable records (and the markers between them) back into a state after a restart.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from automq_ref.state_machines.group.events import (
     OffsetsPersisted,
     OffsetsPersistFailed,
     TopicPartition,
+    TxnMarker,
+    TxnOffsetCommit,
 )
 from automq_ref.state_machines.group.rebalance import (
     _heartbeat,
@@ -52,13 +56,15 @@ from automq_ref.state_machines.transition import Transition
 # ===================================================================================== OffsetCommit
 
 
-def _commit_error(event: OffsetCommit, error: KafkaErrorCode) -> Respond:
+def _commit_error(event: OffsetCommit | TxnOffsetCommit, error: KafkaErrorCode) -> Respond:
     keys = dict.fromkeys((entry.topic, entry.partition) for entry in event.offsets)
     results = tuple(OffsetCommitPartitionResult(t, p, error) for t, p in keys)
     return Respond(event.request_id, OffsetCommitResponse(results))
 
 
-def _validate_offset_commit(group: Group, event: OffsetCommit) -> KafkaErrorCode | None:
+def _validate_offset_commit(
+    group: Group, event: OffsetCommit | TxnOffsetCommit
+) -> KafkaErrorCode | None:
     if (
         event.generation_id >= 0
         or event.member_id != UNKNOWN_MEMBER_ID
@@ -74,16 +80,23 @@ def _validate_offset_commit(group: Group, event: OffsetCommit) -> KafkaErrorCode
 
 
 def _on_offset_commit(
-    state: CoordinatorState, event: OffsetCommit, params: GroupParams
+    state: CoordinatorState, event: OffsetCommit | TxnOffsetCommit, params: GroupParams
 ) -> GroupTransition:
+    """OffsetCommit and TxnOffsetCommit: the same checks, the same durable write; the latter's
+    offsets are the producer's until its transaction ends (Kafka answers a transactional
+    commit during a rebalance too: the producer's transaction is not the group's business)."""
+    transactional = isinstance(event, TxnOffsetCommit)
     group = state.groups.get(event.group_id)
     if group is None:
         if event.generation_id >= 0:
             return _respond(state, _commit_error(event, Error.ILLEGAL_GENERATION))
         group = Group(event.group_id)  # a standalone consumer's group: created Empty
         state = _with_group(state, group)
-    error = _validate_offset_commit(group, event)
-    if error is None and group.state is GroupState.COMPLETING_REBALANCE:
+    if transactional and event.generation_id < 0 and event.member_id == UNKNOWN_MEMBER_ID:
+        error = None  # a producer that does not name its consumer: not checked, as Kafka
+    else:
+        error = _validate_offset_commit(group, event)
+    if error is None and not transactional and group.state is GroupState.COMPLETING_REBALANCE:
         error = Error.REBALANCE_IN_PROGRESS
     if error is not None:
         return _respond(state, _commit_error(event, error))
@@ -115,7 +128,14 @@ def _on_offset_commit(
             for (t, p), error in results.items()
         )
     )
-    write = PendingWrite(seq, (event.group_id,), tuple(accepted.items()), response, failure)
+    producer_id, producer_epoch = (
+        (event.producer_id, event.producer_epoch)
+        if isinstance(event, TxnOffsetCommit)
+        else (-1, -1)
+    )
+    write = PendingWrite(
+        seq, (event.group_id,), tuple(accepted.items()), response, failure, producer_id
+    )
     state = replace(
         state,
         pending_writes={**state.pending_writes, event.request_id: write},
@@ -125,23 +145,73 @@ def _on_offset_commit(
         OffsetRecord(t, p, c.offset, c.leader_epoch, c.metadata, c.commit_timestamp_ms)
         for (t, p), c in accepted.items()
     )
-    return Transition(state, (PersistOffsets(event.request_id, event.group_id, records),))
+    return Transition(
+        state,
+        (PersistOffsets(event.request_id, event.group_id, records, producer_id, producer_epoch),),
+    )
 
 
 def _on_offsets_persisted(state: CoordinatorState, event: OffsetsPersisted) -> GroupTransition:
     write = state.pending_writes[event.request_id]  # step refuses a completion for no write
     pending = {rid: w for rid, w in state.pending_writes.items() if rid != event.request_id}
-    offsets = dict(state.offsets)
+    state = replace(state, pending_writes=pending)
     if write.offsets:
         (group_id,) = write.group_ids
-        committed = dict(offsets.get(group_id, {}))
-        for key, offset in write.offsets:
-            current = committed.get(key)
-            if current is None or current.write_seq < offset.write_seq:
-                committed[key] = offset
-        offsets[group_id] = committed
-    state = replace(state, pending_writes=pending, offsets=offsets)
+        if write.producer_id >= 0:
+            state = _hold(state, write.producer_id, group_id, write.offsets)
+        else:
+            state = _show(state, group_id, write.offsets)
     return Transition(state, (Respond(event.request_id, write.response),))
+
+
+def _show(
+    state: CoordinatorState,
+    group_id: str,
+    offsets: Iterable[tuple[TopicPartition, CommittedOffset]],
+) -> CoordinatorState:
+    """``offsets`` committed: each replaces the group's offset unless a later write set it."""
+    shown = dict(state.offsets)
+    committed = dict(shown.get(group_id, {}))
+    for key, offset in offsets:
+        current = committed.get(key)
+        if current is None or current.write_seq < offset.write_seq:
+            committed[key] = offset
+    shown[group_id] = committed
+    return replace(state, offsets=shown)
+
+
+def _hold(
+    state: CoordinatorState,
+    producer_id: int,
+    group_id: str,
+    offsets: Iterable[tuple[TopicPartition, CommittedOffset]],
+) -> CoordinatorState:
+    """``offsets`` durable in ``producer_id``'s open transaction: held until its marker."""
+    held = dict(state.txn_offsets)
+    groups = dict(held.get(producer_id, {}))
+    groups[group_id] = {**groups.get(group_id, {}), **dict(offsets)}
+    held[producer_id] = groups
+    return replace(state, txn_offsets=held)
+
+
+def _on_txn_marker(state: CoordinatorState, event: TxnMarker) -> GroupTransition:
+    """The producer's transaction ended: its held offsets are shown (commit) or dropped; a
+    commit's offsets count as written now, after every write before the marker."""
+    held = dict(state.txn_offsets)
+    groups = held.pop(event.producer_id, None)
+    state = replace(state, txn_offsets=held)
+    if groups and event.commit:
+        seq = state.next_write_seq
+        state = replace(state, next_write_seq=seq + 1)
+        for group_id, offsets in sorted(groups.items()):
+            if group_id not in state.groups:
+                state = _with_group(state, Group(group_id))
+            state = _show(
+                state,
+                group_id,
+                ((key, replace(offset, write_seq=seq)) for key, offset in offsets.items()),
+            )
+    return Transition(state)
 
 
 def _on_offsets_persist_failed(
@@ -180,14 +250,25 @@ def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransi
 # ========================================================================================= recovery
 
 
-def recover(records: Iterable[DurableRecord]) -> CoordinatorState:
-    """The coordinator after a restart: the durable records replayed in log order; every group
-    with offsets is Empty at generation 0."""
+def recover(records: Iterable[DurableRecord | TxnMarker]) -> CoordinatorState:
+    """The coordinator after a restart: the durable records and the markers replayed in log
+    order; every group with offsets is Empty at generation 0; transactional offsets whose
+    marker is not in the log are held for it."""
     offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
+    held: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
     for record in records:
         match record:
+            case TxnMarker():
+                ended = held.pop(record.producer_id, {})
+                if record.commit:
+                    for group_id, committed in ended.items():
+                        offsets.setdefault(group_id, {}).update(committed)
             case PersistOffsets():
-                committed = offsets.setdefault(record.group_id, {})
+                committed = (
+                    offsets.setdefault(record.group_id, {})
+                    if record.producer_id < 0
+                    else held.setdefault(record.producer_id, {}).setdefault(record.group_id, {})
+                )
                 for r in record.offsets:
                     committed[(r.topic, r.partition)] = CommittedOffset(
                         r.offset, r.leader_epoch, r.metadata, r.commit_timestamp_ms
@@ -197,4 +278,4 @@ def recover(records: Iterable[DurableRecord]) -> CoordinatorState:
                     offsets.pop(group_id, None)
     groups = {group_id: Group(group_id) for group_id, committed in offsets.items() if committed}
     kept = {group_id: committed for group_id, committed in offsets.items() if committed}
-    return CoordinatorState(groups=groups, offsets=kept)
+    return CoordinatorState(groups=groups, offsets=kept, txn_offsets=held)

@@ -189,6 +189,9 @@ class PersistOffsets:
     request_id: int
     group_id: str
     offsets: tuple[OffsetRecord, ...]
+    # A TxnOffsetCommit's: written in the producer's transaction (a transactional batch).
+    producer_id: int = -1
+    producer_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)

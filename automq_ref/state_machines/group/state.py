@@ -126,6 +126,7 @@ class PendingWrite:
     offsets: tuple[tuple[TopicPartition, CommittedOffset], ...]  # applied when durable
     response: Response
     failure_response: Response
+    producer_id: int = -1  # a TxnOffsetCommit's: the offsets wait for the transaction's marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +134,10 @@ class CoordinatorState:
     groups: Mapping[str, Group] = field(default_factory=dict)
     offsets: Mapping[str, Mapping[TopicPartition, CommittedOffset]] = field(default_factory=dict)
     pending_writes: Mapping[int, PendingWrite] = field(default_factory=dict)  # by request id
+    # Per producer id, per group: offsets durable in a transaction not ended yet.
+    txn_offsets: Mapping[int, Mapping[str, Mapping[TopicPartition, CommittedOffset]]] = field(
+        default_factory=dict
+    )
     now_ms: int = 0
     next_member_number: int = 0
     next_write_seq: int = 1

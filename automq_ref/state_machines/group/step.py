@@ -27,6 +27,8 @@ from automq_ref.state_machines.group.events import (
     OffsetsPersistFailed,
     SyncGroup,
     Tick,
+    TxnMarker,
+    TxnOffsetCommit,
 )
 from automq_ref.state_machines.group.membership import (
     _on_heartbeat,
@@ -40,6 +42,7 @@ from automq_ref.state_machines.group.offsets import (
     _on_offset_fetch,
     _on_offsets_persist_failed,
     _on_offsets_persisted,
+    _on_txn_marker,
 )
 from automq_ref.state_machines.group.state import (
     CoordinatorState,
@@ -54,6 +57,8 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Gro
     ``INVALID_REQUEST``, the state unchanged); every other one is handled."""
     if (refused := _refusal(state, event)) is not None:
         return Transition(state, (refused,))
+    if isinstance(event, TxnMarker):
+        return _on_txn_marker(state, event)
     if not isinstance(event, OffsetsPersisted | OffsetsPersistFailed):
         # Time never runs backwards: a late-stamped event happens now.
         state = replace(state, now_ms=max(state.now_ms, event.now_ms))
@@ -68,7 +73,7 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Gro
             return _on_heartbeat(state, event)
         case LeaveGroup():
             return _on_leave_group(state, event, params)
-        case OffsetCommit():
+        case OffsetCommit() | TxnOffsetCommit():
             return _on_offset_commit(state, event, params)
         case OffsetFetch():
             return _on_offset_fetch(state, event)
@@ -95,7 +100,7 @@ def _refusal(state: CoordinatorState, event: GroupEvent) -> Rejected[KafkaErrorC
             if event.request_id not in state.pending_writes:
                 message = f"no write in flight for request {event.request_id}"
                 return Rejected(KafkaErrorCode.INVALID_REQUEST, message)
-        case OffsetCommit() | DeleteGroups():
+        case OffsetCommit() | TxnOffsetCommit() | DeleteGroups():
             if event.request_id in state.pending_writes:
                 message = f"request id {event.request_id} is already waiting for a write"
                 return Rejected(KafkaErrorCode.INVALID_REQUEST, message)

@@ -1,0 +1,261 @@
+"""A partition's side of Kafka transactions (KIP-98, with KIP-890's verification): what a
+:class:`~automq_ref.kafka.partition.Partition` keeps beside its producer state, and the rules it
+applies, which are :mod:`automq_ref.state_machines.transaction_partition`'s.
+
+Per transactional producer id one
+:class:`~automq_ref.state_machines.transaction_partition.ProducerTransaction` (its epoch, the
+first offset of its open transaction, its verification guard, the last coordinator epoch); the
+aborted-transactions index, ``(producer id, first offset, last offset)`` in the order of the
+markers that ended them (the last offset is the marker's); and what the last stable offset
+(LSO) needs. The state changes only by batches that land in the log, in offset order
+(:meth:`PartitionTransactions.add`, called with each transactional batch when the partition
+assigns its offsets, and with each batch found when an open scans the log), so what a scan of
+the log rebuilds is what the running partition had; a checkpoint carries it too
+(:meth:`~PartitionTransactions.rows`, :meth:`~PartitionTransactions.restore`).
+
+The LSO is Kafka's: the first offset of the oldest transaction not yet decided, where a
+transaction whose marker is not yet durable (the high watermark has not passed the marker) still
+counts as undecided (Kafka's ``unreplicatedTxns``), never above the high watermark, never below
+the log start. A READ_COMMITTED Fetch reads up to it (:func:`~automq_ref.kafka.log_state.cut_at`
+keeps a stored record holding several batches from handing out those past it).
+
+Guards (KIP-890): a number never handed out before by this partition, so one left for a
+verification that lost a race with a marker is never taken for the next one; the partition's
+leader epoch, which every open raises, is in its upper bits, so a guard left with an earlier
+open of the partition never matches either. Guards are not in the checkpoint (a verification
+in flight across a move is void; the producer retries).
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.control_batch import batch_marker
+from automq_ref.formats.partition_checkpoint import AbortedRow, PartitionCheckpoint, TransactionRow
+from automq_ref.formats.record_batch import RecordBatchView
+from automq_ref.kafka.log_state import ProduceResult, Producers
+from automq_ref.state_machines import transaction_partition as rules
+from automq_ref.state_machines.transaction_partition import NO_EPOCH, ProducerTransaction
+
+_NONE = ProducerTransaction()
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerDescription:
+    """What DescribeProducers answers of one producer id at the partition."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int  # -1 if unknown
+    coordinator_epoch: int
+    current_txn_start_offset: int  # -1 if no transaction is open
+
+
+class PartitionTransactions:
+    """The transaction state of one partition (see the module docstring)."""
+
+    __slots__ = ("_completing", "_guards", "_open", "_timestamps", "aborted", "entries")
+
+    def __init__(self, leader_epoch: int) -> None:
+        self.entries: dict[int, ProducerTransaction] = {}
+        # producer id -> first offset, of each open transaction
+        self._open: dict[int, int] = {}
+        # (marker offset, first offset) of transactions whose marker may not be durable yet
+        self._completing: collections.deque[tuple[int, int]] = collections.deque()
+        self.aborted: list[AbortedRow] = []
+        self._timestamps: dict[int, int] = {}  # producer id -> its last batch's max timestamp
+        self._guards = itertools.count((max(leader_epoch, 0) << 32) + 1)
+
+    @property
+    def unstable(self) -> bool:
+        """Whether some transaction holds the LSO below the high watermark (cheap)."""
+        return bool(self._open or self._completing)
+
+    # ----------------------------------------------------------------------- verification
+
+    def needs_verification(self, producer_id: int, epoch: int) -> bool:
+        return rules.needs_verification(self.entries.get(producer_id, _NONE), epoch)
+
+    def begin_verification(self, producer_id: int, epoch: int) -> int:
+        guard = next(self._guards)
+        entry = self.entries.get(producer_id, _NONE)
+        self.entries[producer_id] = rules.begin_verification(entry, epoch, guard)
+        return guard
+
+    # ------------------------------------------------------------------------- appending
+
+    def check(self, views: Sequence[RecordBatchView], guard: int) -> ProduceResult | None:
+        """Whether the data batches of one append may land (None) or the refusal: a
+        transactional batch by :func:`~automq_ref.state_machines.transaction_partition.
+        check_data`; a non-transactional one of a transactional producer id at an older epoch
+        than the producer's (``INVALID_PRODUCER_EPOCH``) or while its transaction is open
+        (``INVALID_TXN_STATE``, as Kafka)."""
+        for view in views:
+            producer_id = view.producer_id
+            if producer_id < 0:
+                continue
+            entry = self.entries.get(producer_id)
+            epoch = view.producer_epoch
+            if view.is_transactional:
+                error = rules.check_data(entry or _NONE, epoch, guard)
+                if error is not KafkaErrorCode.NONE:
+                    return ProduceResult(error, message=_refusal(error, producer_id, epoch, entry))
+            elif entry is not None and epoch < entry.epoch:
+                return ProduceResult(
+                    KafkaErrorCode.INVALID_PRODUCER_EPOCH,
+                    message=f"producer {producer_id}: epoch {epoch} < {entry.epoch}",
+                )
+            elif entry is not None and entry.open:
+                return ProduceResult(
+                    KafkaErrorCode.INVALID_TXN_STATE,
+                    message=f"producer {producer_id}: a non-transactional batch while its "
+                    "transaction is open",
+                )
+        return None
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> KafkaErrorCode:
+        entry = self.entries.get(producer_id, _NONE)
+        return rules.check_marker(entry, epoch, coordinator_epoch)
+
+    def add(self, view: RecordBatchView) -> None:
+        """A transactional batch (data or marker) landed at its base offset (assigned). A
+        control batch without a marker (none is written here) changes nothing; a marker that
+        cannot be decoded raises :class:`~automq_ref.formats.errors.FormatError`."""
+        header = view.header()
+        producer_id = header.producer_id
+        if producer_id < 0:
+            return
+        entry = self.entries.get(producer_id, _NONE)
+        if not view.is_control:
+            if not entry.open:
+                self._open[producer_id] = header.base_offset
+            self.entries[producer_id] = rules.append_data(
+                entry, header.producer_epoch, header.base_offset
+            )
+            self._timestamps[producer_id] = header.max_timestamp
+            return
+        marker = batch_marker(view)
+        if marker is None:
+            return
+        after, completed = rules.append_marker(
+            entry,
+            header.producer_epoch,
+            marker.coordinator_epoch,
+            header.base_offset,
+            marker.commit,
+        )
+        self.entries[producer_id] = after
+        self._timestamps[producer_id] = header.max_timestamp
+        if completed is None:
+            return
+        self._open.pop(producer_id, None)
+        self._completing.append((completed.last_offset, completed.first_offset))
+        if completed.aborted:
+            self.aborted.append((producer_id, completed.first_offset, completed.last_offset))
+
+    # --------------------------------------------------------------------------- reading
+
+    def stable_offset(self, high_watermark: int, log_start: int) -> int:
+        """The LSO for a log whose high watermark is ``high_watermark``."""
+        completing = self._completing
+        while completing and completing[0][0] < high_watermark:
+            completing.popleft()  # its marker is durable
+        firsts = itertools.chain(self._open.values(), (first for _, first in completing))
+        return max(log_start, min(firsts, default=high_watermark), 0)
+
+    def aborted_between(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer id, first offset) of each aborted transaction a read of
+        ``[fetch_offset, upper_bound)`` may meet: last offset >= ``fetch_offset``, first
+        offset < ``upper_bound`` (Kafka's rule)."""
+        aborted = self.aborted
+        position = bisect.bisect_left(aborted, fetch_offset, key=_last_offset)
+        return [
+            (producer_id, first)
+            for producer_id, first, _ in itertools.islice(aborted, position, None)
+            if first < upper_bound
+        ]
+
+    def trim(self, log_start: int) -> None:
+        """The log now starts at ``log_start``: index entries wholly below it go."""
+        del self.aborted[: bisect.bisect_left(self.aborted, log_start, key=_last_offset)]
+
+    def describe(self, producers: Producers) -> list[ProducerDescription]:
+        """Every producer id the partition knows, idempotent or transactional."""
+        described = []
+        for producer_id in sorted(producers.keys() | self._known()):
+            state = producers.get(producer_id)
+            entry = self.entries.get(producer_id, _NONE)
+            described.append(
+                ProducerDescription(
+                    producer_id,
+                    max(entry.epoch, NO_EPOCH if state is None else state.epoch),
+                    -1 if state is None else state.last_sequence,
+                    self._timestamps.get(producer_id, -1),
+                    entry.coordinator_epoch,
+                    entry.first_offset,
+                )
+            )
+        return described
+
+    def _known(self) -> set[int]:
+        return {producer_id for producer_id, entry in self.entries.items() if entry.epoch >= 0}
+
+    # ------------------------------------------------------------------------ checkpoint
+
+    def rows(self) -> tuple[tuple[TransactionRow, ...], tuple[AbortedRow, ...]]:
+        """The state as checkpoint rows (taken when every append is durable: no marker is
+        pending then). A producer id only verified, never landed, is left out."""
+        transactions = tuple(
+            TransactionRow(
+                producer_id,
+                self.entries[producer_id].epoch,
+                self.entries[producer_id].first_offset,
+                self.entries[producer_id].coordinator_epoch,
+                self._timestamps.get(producer_id, -1),
+            )
+            for producer_id in sorted(self._known())
+        )
+        return transactions, tuple(self.aborted)
+
+    def restore(self, checkpoint: PartitionCheckpoint, log_start: int) -> None:
+        """Take the state a checkpoint holds, for a log starting at ``log_start``."""
+        self.entries = {
+            row.producer_id: ProducerTransaction(
+                row.epoch, row.first_offset, coordinator_epoch=row.coordinator_epoch
+            )
+            for row in checkpoint.transactions
+        }
+        self._open = {
+            row.producer_id: row.first_offset
+            for row in checkpoint.transactions
+            if row.first_offset >= 0
+        }
+        self._timestamps = {
+            row.producer_id: row.last_timestamp
+            for row in checkpoint.transactions
+            if row.last_timestamp >= 0
+        }
+        self._completing.clear()
+        self.aborted = list(checkpoint.aborted)
+        self.trim(log_start)
+
+
+def _last_offset(row: AbortedRow) -> int:
+    return row[2]
+
+
+def _refusal(
+    error: KafkaErrorCode, producer_id: int, epoch: int, entry: ProducerTransaction | None
+) -> str:
+    if error is KafkaErrorCode.INVALID_PRODUCER_EPOCH and entry is not None:
+        return f"producer {producer_id}: epoch {epoch} < {entry.epoch}"
+    return (
+        f"producer {producer_id}: the transaction at epoch {epoch} is not verified at this "
+        "partition (or its verification was overtaken)"
+    )

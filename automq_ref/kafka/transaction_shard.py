@@ -1,0 +1,212 @@
+"""One shard of the transaction coordinator: the pure Transaction machine
+(:mod:`automq_ref.state_machines.transaction`) over one partition of ``__transaction_state``,
+whose log is the shard's transaction log.
+
+A shard is *loaded* when its partition is taken here: the partition's log is replayed (the
+latest record of each transactional id wins, a tombstone deletes it) and the machine starts from
+it (:func:`~automq_ref.state_machines.transaction.recover`); a transaction the log left
+preparing has its markers written again, as Kafka's coordinator does when it loads a partition.
+It is *stopped* when the partition is given up or the broker stops: every request still waiting
+is answered ``NOT_COORDINATOR`` (:class:`~automq_ref.kafka.group_shard.ShardGone`), and markers
+still being written are abandoned (the partition's next coordinator writes them again).
+
+The machine runs under the shell's one driver (:mod:`automq_ref.io.driver`), with synchronous
+executors: ``Respond`` resolves the caller's future; ``PersistTransaction`` appends one record
+(key and value in Kafka's ``__transaction_state`` layouts,
+:mod:`automq_ref.formats.transaction_record`; a null value for an id expired) to the partition
+and steps ``TransactionPersisted`` once it is durable, ``TransactionPersistFailed`` when the
+append is refused (so a decision is durable before anyone hears of it); ``WriteMarkers`` hands
+each partition's marker to the coordinator's marker writer, which steps ``MarkerWritten`` for
+each once it is durable in its partition. The coordinator epoch the markers carry is this
+partition's leader epoch, which grows each time the partition moves, so a partition refuses the
+markers of a coordinator that lost it (``TRANSACTION_COORDINATOR_FENCED``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats import transaction_record as trec
+from automq_ref.formats.record_batch_builder import build_record_batch
+from automq_ref.io.clock import Clock
+from automq_ref.io.driver import Driver
+from automq_ref.kafka.group_shard import CoordinatorError, ShardGone, append_durably
+from automq_ref.kafka.partition import Partition, stored_batches
+from automq_ref.state_machines import transaction as tx
+from automq_ref.state_machines.transition import Rejected
+
+log = logging.getLogger(__name__)
+
+# The marker writer: (shard, the WriteMarkers effect) -> written in the background, each
+# partition's MarkerWritten stepped through the shard.
+MarkerWriter = Callable[["TransactionShard", tx.WriteMarkers], None]
+
+
+def record_value(metadata: tx.TransactionMetadata) -> bytes:
+    """The ``__transaction_state`` value of one id's metadata."""
+    return trec.encode_value(
+        trec.TransactionLogValue(
+            producer_id=metadata.producer_id,
+            producer_epoch=metadata.producer_epoch,
+            timeout_ms=metadata.timeout_ms,
+            status=int(metadata.state),
+            partitions=trec.partitions_of(metadata.partitions),
+            last_update_ms=metadata.last_update_ms,
+            start_ms=metadata.start_ms,
+        )
+    )
+
+
+def record_metadata(
+    transactional_id: str, value: trec.TransactionLogValue
+) -> tx.TransactionMetadata:
+    """One id's metadata from its ``__transaction_state`` value."""
+    return tx.TransactionMetadata(
+        transactional_id,
+        value.producer_id,
+        value.producer_epoch,
+        value.timeout_ms,
+        tx.TransactionState(value.status),
+        frozenset((topic, index) for topic, indexes in value.partitions for index in indexes),
+        start_ms=value.start_ms,
+        last_update_ms=value.last_update_ms,
+    )
+
+
+class TransactionShard:
+    """The machine of transaction log partition ``partition``: loading until :meth:`start`,
+    serving until :meth:`stop`."""
+
+    def __init__(self, partition: Partition, clock: Clock, markers: MarkerWriter) -> None:
+        self.partition = partition
+        self._clock = clock
+        self._markers = markers
+        self._records: list[tuple[str, tx.TransactionMetadata | None]] = []
+        self._driver: Driver[tx.CoordinatorState, tx.TransactionEvent, tx.TransactionEffect] | None
+        self._driver = None
+        self._next_request_id = 0
+        self._answers: dict[int, asyncio.Future[tx.Answer]] = {}
+        self.stopped = False
+
+    @property
+    def index(self) -> int:
+        return self.partition.index
+
+    @property
+    def coordinator_epoch(self) -> int:
+        return self.partition.epoch
+
+    @property
+    def serving(self) -> bool:
+        return self._driver is not None and not self.stopped
+
+    @property
+    def state(self) -> tx.CoordinatorState:
+        assert self._driver is not None, "the shard is loading"
+        return self._driver.state
+
+    # ------------------------------------------------------------------------------ loading
+
+    async def replay(self) -> None:
+        """Read the partition's log: every record of every id, in log order."""
+        records: list[tuple[str, tx.TransactionMetadata | None]] = []
+        partition = self.partition
+        async with partition.maintenance:
+            stored = partition.read_stored(partition.log_start_offset, partition.high_watermark)
+            async for stream_batch in stored:
+                for view in stored_batches(stream_batch.payload):
+                    if view.is_control:
+                        continue
+                    for record in view.records():
+                        if record.key is None:
+                            continue
+                        transactional_id = trec.decode_key(record.key)
+                        if transactional_id is None:
+                            continue  # a key of a version this broker does not know
+                        if record.value is None:
+                            records.append((transactional_id, None))
+                        else:
+                            value = trec.decode_value(record.value)
+                            records.append(
+                                (transactional_id, record_metadata(transactional_id, value))
+                            )
+        self._records = records
+
+    def start(self, params: tx.TransactionParams) -> None:
+        """Serve from the log replayed; the markers of transactions left preparing are written
+        again."""
+        recovered = tx.recover(self._records, self._clock.now_ms())
+        self._records = []
+        self._driver = Driver(
+            lambda state, event: tx.step(state, event, params),
+            recovered.state,
+            {
+                tx.Respond: self._answer,
+                tx.PersistTransaction: self._persist,
+                tx.WriteMarkers: self._write_markers,
+                Rejected: self._refused,
+            },
+        )
+        for effect in recovered.effects:
+            assert isinstance(effect, tx.WriteMarkers)
+            self._write_markers(effect)
+
+    def stop(self) -> None:
+        self.stopped = True
+        answers, self._answers = self._answers, {}
+        for answer in answers.values():
+            if not answer.done():
+                answer.set_exception(ShardGone(f"{self.partition.topic}-{self.index}"))
+
+    # ----------------------------------------------------------------------------- serving
+
+    async def request(self, make_event: Callable[[int, int], tx.TransactionEvent]) -> tx.Answer:
+        """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
+        if not self.serving:
+            raise ShardGone(f"{self.partition.topic}-{self.index}")
+        self._next_request_id += 1
+        request_id = self._next_request_id
+        answer: asyncio.Future[tx.Answer] = asyncio.get_running_loop().create_future()
+        self._answers[request_id] = answer
+        self.step(make_event(request_id, self._clock.now_ms()))
+        return await answer
+
+    def step(self, event: tx.TransactionEvent) -> None:
+        if not self.serving:
+            return
+        assert self._driver is not None
+        self._driver.apply(event)
+
+    def tick(self, now_ms: int) -> None:
+        if self.serving and self.state.entries:
+            self.step(tx.Tick(now_ms))
+
+    def _answer(self, effect: tx.Respond) -> None:
+        answer = self._answers.pop(effect.request_id, None)
+        if answer is not None and not answer.done():
+            answer.set_result(effect.answer)
+
+    def _refused(self, effect: Rejected[KafkaErrorCode]) -> None:
+        raise CoordinatorError(f"{effect.error.name}: {effect.message}")
+
+    def _write_markers(self, effect: tx.WriteMarkers) -> None:
+        if not self.stopped:
+            self._markers(self, effect)
+
+    def _persist(self, effect: tx.PersistTransaction) -> None:
+        tid, write_id = effect.transactional_id, effect.write_id
+        value = None if effect.record is None else record_value(effect.record)
+        batch = build_record_batch(
+            [(trec.encode_key(tid), value)], base_timestamp=self._clock.now_ms()
+        )
+        append_durably(
+            self.partition,
+            batch,
+            0,
+            lambda: self.stopped,
+            lambda: self.step(tx.TransactionPersisted(tid, write_id)),
+            lambda: self.step(tx.TransactionPersistFailed(tid, write_id)),
+        )
