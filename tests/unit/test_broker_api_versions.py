@@ -10,7 +10,6 @@ from kio.index import load_request_schema
 
 from automq_ref.kafka.dispatch import API_VERSIONS
 
-
 END_TXN = 26
 BELOW_KAFKA_4_0 = {END_TXN: (0, 4)}
 

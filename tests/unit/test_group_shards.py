@@ -46,10 +46,10 @@ from automq_ref.io.storage.object_store import open_object_store
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.kafka import groups as groups_module
 from automq_ref.kafka.compaction import clean_partition
+from automq_ref.kafka.coordinator_topic import coordinator_partition, java_string_hashcode
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.group_import import encode_record
 from automq_ref.kafka.group_shard import GroupShard
-from automq_ref.kafka.coordinator_topic import coordinator_partition, java_string_hashcode
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.partition import stored_batches
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
