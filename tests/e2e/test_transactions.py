@@ -28,6 +28,7 @@ from kafka import KafkaProducer
 from automq_ref.protocol.kio_codec import build, decode_response, encode_request, request_class
 from tests.e2e.conftest import BrokerProcess
 from tests.e2e.test_bad_input import connect, receive_frame, send_frame
+from tests.waiting import wait_until
 
 PARTITIONS = 2
 READ_S = 3.0  # how long a reader keeps polling once it has seen what it waits for, or not
@@ -318,9 +319,16 @@ def test_describe_and_list_transactions_and_producers(broker: BrokerProcess) -> 
     assert int(active.producer_id) == int(state.producer_id)
     assert int(active.current_txn_start_offset) == 0
 
+    # The commit is answered once PrepareCommit is durable; CompleteCommit follows the markers.
     producer.commit_transaction(30)
-    listed = _ask(broker, 66, 1, {"state_filters": ["CompleteCommit"], "producer_id_filters": []})
-    assert transactional_id in {s.transactional_id for s in listed.transaction_states}
+
+    def completed() -> bool:
+        listed = _ask(
+            broker, 66, 1, {"state_filters": ["CompleteCommit"], "producer_id_filters": []}
+        )
+        return transactional_id in {s.transactional_id for s in listed.transaction_states}
+
+    wait_until(completed, "the transaction listed CompleteCommit")
     producers = _ask(broker, 61, 0, {"topics": [{"name": topic, "partition_indexes": [0]}]})
     (active,) = producers.topics[0].partitions[0].active_producers
     assert int(active.current_txn_start_offset) == -1
