@@ -504,7 +504,14 @@ def read_all(bootstrap: str, topic: str, partitions: int) -> Log:
     """Every record of every partition, read with kafka-python (assigned, no group) from the
     beginning to the end offsets asked for first: partition -> [(offset, value)]."""
     consumer = KafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest"
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        # kafka-python 3.0's offset lookup retries a NOT_LEADER_OR_FOLLOWER partition at the
+        # leader it cached, without asking for metadata: a consumer that met a broker's view
+        # from just before a partition moved kept asking the old leader until its 30 s timeout
+        # (once in CI, right after a fenced broker came back). Metadata this young ends that.
+        metadata_max_age_ms=1000,
     )
     try:
         assigned = [TopicPartition(topic, index) for index in range(partitions)]
