@@ -146,6 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="of the checked topic (default 3; 6 in a cluster)",
     )
+    check.add_argument(
+        "--workload",
+        default="queue",
+        choices=("queue", "txn"),
+        help="queue (default): idempotent sends and polls, the queue checks and "
+        "linearizability; txn: Kafka transactions of sends and read_committed polls, committed "
+        "and aborted, with the transactional checks (aborted reads, lost and duplicated "
+        "writes, G1c, internal and external non-monotonic polls; G0 counted as allowed)",
+    )
     check.add_argument("--out", type=Path, default=Path("check-out"), help="report directory")
     check.add_argument(
         "--broker-override",
@@ -160,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="MODE",
         help="run a deliberately broken broker, for the checker to catch: ack-before-fsync, "
-        "discard-wal-at-start (test only; repeatable; in a cluster broker 1 alone)",
+        "discard-wal-at-start, txn-markers-before-decision (with --workload txn) (test only; "
+        "repeatable; in a cluster broker 1 alone)",
     )
     _add_spark_commands(commands)
     arguments = parser.parse_args(argv)
@@ -355,6 +365,7 @@ def _check(arguments: argparse.Namespace) -> int:
         seed=seed,
         producers=clients or WorkloadSettings.producers,
         consumers=clients or WorkloadSettings.consumers,
+        workload=arguments.workload,
     )
     if arguments.runs is not None:
         from automq_ref.checker.soak import run_checks

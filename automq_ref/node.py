@@ -98,7 +98,7 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
-from automq_ref.kafka.transactions import TransactionCoordinator
+from automq_ref.kafka.transactions import MarkersHook, TransactionCoordinator
 from automq_ref.node_wal import open_wal as open_wal  # re-exported: tests open a node's WAL
 from automq_ref.node_wal import take_over_wal
 from automq_ref.node_zones import ZoneRouterParts, start_snapshot_reads
@@ -129,6 +129,8 @@ class Seams:
     clock: Clock = field(default_factory=SystemClock)
     open_wal: WalOpener | None = None  # None: :func:`open_wal`
     before_open: Callable[[BrokerConfig], None] | None = None  # run before anything is opened
+    # run before a transaction's Prepare* decision is appended (transactions.MarkersHook)
+    before_decision: MarkersHook | None = None
 
 
 @dataclass(frozen=True)
@@ -729,7 +731,9 @@ async def _start_on_wal(
     await session.heartbeat()
     groups = GroupCoordinator(storage, client, view, config, seams.clock)
     producer_ids = ProducerIdAllocator(client, config.node_id, registration.node_epoch)
-    transactions = TransactionCoordinator(view, config, seams.clock, producer_ids)
+    transactions = TransactionCoordinator(
+        view, config, seams.clock, producer_ids, seams.before_decision
+    )
     topics = await TopicRegistry.open(
         storage, client, view, config, listeners=(groups, transactions)
     )

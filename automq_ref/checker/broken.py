@@ -14,17 +14,26 @@ opened (``python -m automq_ref.checker.serve --broken MODE``).
   tail loses acknowledged records, which the history checker must catch.
 - ``discard-wal-at-start``: broken on purpose. The WAL
   file is deleted before it is opened, so what was acknowledged but not yet uploaded is lost.
+- ``txn-markers-before-decision``: broken on purpose. The transaction coordinator writes a
+  transaction's COMMIT or ABORT markers, one partition after another with
+  ``MARKERS_FIRST_PAUSE_S`` between them (a slow partition's broker), before its PrepareCommit
+  or PrepareAbort record is appended. A broker killed meanwhile comes back with the transaction
+  still Ongoing in its log and some partitions already marked: when the producer's next
+  instance fences it, the abort reaches only the partitions not marked yet, and the transaction
+  is torn, which the transactional workload's checks must catch.
 
 :func:`seams_for` turns a set of modes into ``(wal_opener, before_open)``: ``wal_opener(config,
 node_epoch)`` opens ``config.wal_file`` as the broker would, with the modes' device wrapper and
 sync policy; ``before_open(config)`` runs before it. Either is None when no mode needs it.
+:func:`decision_seam` gives the transaction coordinator's ``before_decision`` hook of the modes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -38,11 +47,19 @@ log = logging.getLogger(__name__)
 WAL_UNDO_JOURNAL: Final = "wal-undo-journal"
 ACK_BEFORE_FSYNC: Final = "ack-before-fsync"
 DISCARD_WAL_AT_START: Final = "discard-wal-at-start"
-MODES: Final = frozenset({WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC, DISCARD_WAL_AT_START})
+TXN_MARKERS_BEFORE_DECISION: Final = "txn-markers-before-decision"
+MODES: Final = frozenset(
+    {WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC, DISCARD_WAL_AT_START, TXN_MARKERS_BEFORE_DECISION}
+)
+# How long a txn-markers-before-decision coordinator waits after each partition's marker.
+MARKERS_FIRST_PAUSE_S: Final = 0.5
 # The longest an ack-before-fsync WAL keeps a group acknowledged but unsynced while groups come.
 ACK_BEFORE_FSYNC_SYNC_INTERVAL_S: Final = 1.0
 
 WalOpener = Callable[[BrokerConfig, int], Awaitable[BlockWal]]
+# The transaction coordinator's ``before_decision`` seam (``transactions.MarkersHook``): given a
+# writer per partition of the markers a decision leads to, run before the decision is appended.
+MarkersHook = Callable[[Sequence[Callable[[], Awaitable[None]]]], Awaitable[None]]
 DeviceWrapper = Callable[[BlockDevice], BlockDevice]
 
 
@@ -117,3 +134,19 @@ def _check(modes: Collection[str]) -> None:
     unknown = set(modes) - MODES
     if unknown:
         raise ValueError(f"unknown broken modes {sorted(unknown)}; known: {sorted(MODES)}")
+
+
+def decision_seam(modes: Collection[str]) -> MarkersHook | None:
+    """The coordinator's ``before_decision`` hook for ``modes`` (None: the broker's own order)."""
+    _check(modes)
+    if TXN_MARKERS_BEFORE_DECISION not in modes:
+        return None
+    log.warning("txn-markers-before-decision: markers before the decision is durable (test only)")
+    return markers_first
+
+
+async def markers_first(writers: Sequence[Callable[[], Awaitable[None]]]) -> None:
+    """``txn-markers-before-decision``: every marker, one at a time, before the decision."""
+    for write in writers:
+        await write()
+        await asyncio.sleep(MARKERS_FIRST_PAUSE_S)

@@ -1,5 +1,7 @@
 """``automq-ref check``: a broker process (or a cluster: ``brokers`` > 1, on an etcd member of its
-own), the queue workload under faults, both checkers, a report.
+own), a workload under faults, its checkers, a report. The queue workload (sends and polls) is
+judged by the queue checks and linearizability; the transactional one (``workload="txn"``) by
+the transactional checks, its allowed G0 cycles counted apart.
 
 The report (``report.json`` and ``report.txt`` in the output directory, beside
 ``history.jsonl`` and ``plot.png``) gives the verdict, the count of every anomaly kind with
@@ -20,14 +22,15 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from automq_ref.checker import linearizability, queue
+from automq_ref.checker import linearizability, queue, transactional
 from automq_ref.checker.broken import MODES as BROKEN_MODES
 from automq_ref.checker.history import pair, write_history
 from automq_ref.checker.nemesis import Environment
+from automq_ref.checker.txn_workload import run_txn_workload
 from automq_ref.checker.workload import (
     FINAL_READ_TIMEOUT_S,
     CheckTally,
@@ -39,7 +42,8 @@ from automq_ref.progress import Progress
 
 # The broker modes ``run_check(broken=...)`` accepts: the CLI's door to checker/broken.py, which
 # no module outside the checker imports itself.
-__all__ = ["BROKEN_MODES", "CheckOutcome", "run_check"]
+__all__ = ["BROKEN_MODES", "WORKLOADS", "CheckOutcome", "run_check"]
+WORKLOADS = ("queue", "txn")
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,11 @@ class CheckOutcome:
     fenced_restarts: dict[str, int] | None = None
     # partitions the final read could not read, every fault healed: the run is invalid
     unreadable: list[int] = field(default_factory=list)
+    workload: str = "queue"
+    # the transactional workload's allowed anomalies (G0), counted apart from the verdict
+    allowed: dict[str, int] | None = None
+    # the transactional workload's transactions per outcome (ok committed, fail aborted)
+    transactions: dict[str, int] | None = None
 
 
 def run_check(
@@ -73,19 +82,28 @@ def run_check(
     """Run the workload against ``brokers`` brokers (more than one: a cluster) under
     ``settings.nemeses``; ``broken`` names the deliberately broken modes of
     :mod:`automq_ref.checker.broken` the broker runs in (in a cluster, broker 1 alone);
-    ``wal`` the brokers' WAL (``file``, or ``s3``: the object WAL in the checked bucket)."""
+    ``wal`` the brokers' WAL (``file``, or ``s3``: the object WAL in the checked bucket);
+    ``settings.workload`` is ``queue`` (sends and polls: the queue checks and
+    linearizability) or ``txn`` (transactions: :mod:`automq_ref.checker.txn_workload`, checked
+    by :mod:`automq_ref.checker.transactional`; linearizability is not judged)."""
+    workload = settings.workload
+    if workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {workload!r}; known: {', '.join(WORKLOADS)}")
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     where = f", {brokers} brokers on etcd" if brokers > 1 else ""
     if wal != "file":
         where += f", {wal} WAL"
     print(
-        f"automq-ref check: seed {settings.seed}, nemeses {','.join(settings.nemeses)}{where}",
+        f"automq-ref check: {workload} workload, seed {settings.seed}, "
+        f"nemeses {','.join(settings.nemeses)}{where}",
         flush=True,
     )
     if broken and brokers > 1:
         print(f"automq-ref check: broker 1 runs broken: {', '.join(broken)}", flush=True)
     tally = CheckTally(settings.duration_s)
+    if workload == "txn":
+        tally.counted = "transactions committed"
     if brokers > 1:
         tally.stage = "starting etcd and the brokers"
     with Progress("automq-ref check", tally.status):
@@ -100,7 +118,7 @@ def run_check(
             wal=wal,
         )
         try:
-            result = run_workload(env, settings, tally)
+            result = (run_txn_workload if workload == "txn" else run_workload)(env, settings, tally)
         finally:
             tally.stage = "stopping the brokers" if brokers > 1 else "stopping the broker"
             env.close()
@@ -111,13 +129,22 @@ def run_check(
         )
         tally.stage = "checking the history"
         write_history(out_dir / "history.jsonl", result.ops)
-        queue_report = queue.check_all(result.ops)
-        linear = linearizability.check_history(result.ops)
+        txn_report = transactional.check_all(result.ops) if workload == "txn" else None
+        if txn_report is None:
+            queue_report = queue.check_all(result.ops)
+            linear: linearizability.LinearizabilityResult | None = linearizability.check_history(
+                result.ops
+            )
+        else:
+            queue_report, linear = txn_report.report, None
+        verdict = "not judged (transactional workload)" if linear is None else linear.verdict
         operations = Counter(f"{op.f}:{op.outcome}" for op in pair(result.ops))
         outcome = CheckOutcome(
-            valid=queue_report.valid and linear.verdict == "ok" and not result.unreadable,
+            valid=queue_report.valid
+            and verdict in ("ok", "not judged (transactional workload)")
+            and not result.unreadable,
             anomalies={kind: count for kind, count in queue_report.counts.items() if count},
-            linearizable=linear.verdict,
+            linearizable=verdict,
             operations=dict(operations),
             faults=[fault.kind for fault in result.faults],
             seed=settings.seed,
@@ -126,12 +153,17 @@ def run_check(
             brokers=brokers,
             fenced_restarts=fenced,
             unreadable=result.unreadable,
+            workload=workload,
+            allowed=None if txn_report is None else txn_report.allowed,
+            transactions=None if txn_report is None else txn_report.outcomes,
         )
         tally.stage = "drawing the plot"
-        _plot(result, outcome, out_dir / "plot.png")
+        plotted = result if txn_report is None else replace(result, ops=txn_report.projected)
+        _plot(plotted, outcome, out_dir / "plot.png")
         tally.stage = "done"
     examples: dict[str, list[dict[str, Any]]] = {}
-    for anomaly in queue_report.anomalies:
+    allowed_examples = () if txn_report is None else txn_report.allowed_examples
+    for anomaly in (*queue_report.anomalies, *allowed_examples):
         examples.setdefault(anomaly.kind, [])
         if len(examples[anomaly.kind]) < 5:
             examples[anomaly.kind].append(asdict(anomaly))
@@ -145,7 +177,7 @@ def run_check(
         "topic": result.topic,
         "fault_windows_ns": [asdict(fault) for fault in result.faults],
         "anomaly_examples": examples,
-        "linearizability": linear.describe(),
+        "linearizability": "not judged" if linear is None else linear.describe(),
     }
     first_ns = result.ops[0].time_ns if result.ops else 0
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, default=str))
@@ -158,7 +190,15 @@ def run_check(
             for fault in result.faults
         ),
         f"operations: {dict(sorted(outcome.operations.items()))}",
-        f"queue anomalies: {outcome.anomalies or 'none'}",
+        f"{'transactional' if txn_report else 'queue'} anomalies: {outcome.anomalies or 'none'}",
+        *(
+            [
+                f"transactions: {outcome.transactions}",
+                f"allowed in Kafka, not against the verdict: {outcome.allowed}",
+            ]
+            if txn_report is not None
+            else []
+        ),
         f"linearizable: {outcome.linearizable}",
     ]
     if outcome.unreadable:

@@ -13,7 +13,7 @@ import argparse
 import logging
 import sys
 
-from automq_ref.checker.broken import MODES, seams_for
+from automq_ref.checker.broken import MODES, decision_seam, seams_for
 from automq_ref.config import ConfigError, load_config
 from automq_ref.node import Seams, run
 
@@ -39,8 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         for problem in error.problems:
             print(f"automq_ref.checker.serve: {problem}", file=sys.stderr)
         return 2
-    open_wal, before_open = seams_for(set(arguments.broken))
-    return run(config, Seams(open_wal=open_wal, before_open=before_open))
+    modes = set(arguments.broken)
+    open_wal, before_open = seams_for(modes)
+    return run(
+        config,
+        Seams(open_wal=open_wal, before_open=before_open, before_decision=decision_seam(modes)),
+    )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,8 @@ class WorkloadSettings:
     min_faults: int = 0
     seed: int = 0
     send_interval_s: float = 0.002  # per producer
+    # "queue": this module's sends and polls; "txn": transactions (checker/txn_workload.py)
+    workload: str = "queue"
 
 
 @dataclass
@@ -99,7 +102,7 @@ class CheckTally:
     """What a running check has done so far, read by its progress line from another thread.
 
     Each producer thread counts its acknowledged sends in its own slot of ``acknowledged`` (one
-    writer per slot: the delivery path takes no lock, as :class:`_History` explains); the
+    writer per slot: the delivery path takes no lock, as :class:`History` explains); the
     nemesis loop alone writes ``faults`` and ``fault_now``; the reader only sums and copies."""
 
     duration_s: float
@@ -108,6 +111,7 @@ class CheckTally:
     faults: int = 0
     fault_now: str = ""  # the fault in force, while one is
     workload_started: float | None = None  # time.monotonic() when the clients started
+    counted: str = "sends acknowledged"  # what ``acknowledged`` counts
 
     def status(self, _elapsed_s: float) -> Status:
         faults = f"{self.faults} fault{'' if self.faults == 1 else 's'} injected"
@@ -118,12 +122,12 @@ class CheckTally:
             fraction = (time.monotonic() - self.workload_started) / max(self.duration_s, 1e-9)
         return Status(
             self.stage,
-            f"{sum(list(self.acknowledged)):,} sends acknowledged, {faults}",
+            f"{sum(list(self.acknowledged)):,} {self.counted}, {faults}",
             fraction,
         )
 
 
-class _History:
+class History:
     """Entries appended from client threads and librdkafka callbacks without a lock: a callback
     must not block on (or die holding) a lock, so each entry takes a number from a shared
     counter (atomic under the GIL) and goes into a deque; ``ops`` orders them by that number."""
@@ -150,27 +154,55 @@ def run_workload(
 ) -> WorkloadResult:
     tally = tally if tally is not None else CheckTally(settings.duration_s)
     tally.acknowledged = [0] * settings.producers
-    topic = f"checked-{uuid.uuid4().hex[:8]}"
+    topic = create_topic(env, settings, "checked")
     bootstrap = env.bootstrap
-    admin_config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": CLIENT_LOG}
+    history = History()
+    stop = threading.Event()
+    acknowledged = tally.acknowledged
+    faults = run_clients(
+        env,
+        settings,
+        tally,
+        (topic, history, stop),
+        lambda p: _produce(client_config(env, p), topic, settings, p, history, stop, acknowledged),
+        "producer",
+    )
+    tally.stage = "final read"
+    unreadable = final_read(bootstrap, topic, settings, history)
+    return WorkloadResult(history.ops, faults, topic, unreadable)
+
+
+def create_topic(env: Environment, settings: WorkloadSettings, prefix: str) -> str:
+    """A new topic ``<prefix>-<8 hex digits>`` of ``settings.partitions`` partitions."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin_config: dict[str, Any] = {"bootstrap.servers": env.bootstrap, "logger": CLIENT_LOG}
     admin = AdminClient(admin_config)
     admin.create_topics([NewTopic(topic, num_partitions=settings.partitions)])[topic].result()
-    history = _History()
-    stop = threading.Event()
+    return topic
+
+
+def run_clients(
+    env: Environment,
+    settings: WorkloadSettings,
+    tally: CheckTally,
+    run: tuple[str, History, threading.Event],
+    writer: Callable[[int], None],
+    writer_name: str,
+) -> list[FaultWindow]:
+    """The workload's middle: ``settings.producers`` threads running ``writer(slot)`` and
+    ``settings.consumers`` plain consumers of ``run``'s (topic, history, stop) while the
+    nemesis loop runs here; then ``stop`` is set and the threads joined (a client that hangs is
+    left behind, logged). The faults injected are returned."""
+    topic, history, stop = run
     faults: list[FaultWindow] = []
     threads = [
-        threading.Thread(
-            target=_produce,
-            args=(_client(env, p), topic, settings, p, history, stop, tally.acknowledged),
-            name=f"producer-{p}",
-            daemon=True,
-        )
-        for p in range(settings.producers)
+        threading.Thread(target=writer, args=(slot,), name=f"{writer_name}-{slot}", daemon=True)
+        for slot in range(settings.producers)
     ]
     threads += [
         threading.Thread(
-            target=_consume,
-            args=(_client(env, c), topic, settings, 100 + c, history, stop),
+            target=consume,
+            args=(client_config(env, c), topic, settings, 100 + c, history, stop),
             name=f"consumer-{100 + c}",
             daemon=True,
         )
@@ -180,7 +212,7 @@ def run_workload(
     for thread in threads:
         thread.start()
     try:
-        _nemesis(env, settings, faults, tally)
+        nemesis_loop(env, settings, faults, tally)
     finally:
         stop.set()
         tally.stage = "producers flushing"
@@ -194,12 +226,10 @@ def run_workload(
                     thread.name,
                     CLIENT_STOP_TIMEOUT_S,
                 )
-    tally.stage = "final read"
-    unreadable = _final_read(bootstrap, topic, settings, history)
-    return WorkloadResult(history.ops, faults, topic, unreadable)
+    return faults
 
 
-def _client(env: Environment, number: int) -> dict[str, str]:
+def client_config(env: Environment, number: int) -> dict[str, str]:
     """Where client ``number`` connects and who it says it is: every broker; or, when the
     clients declare zones (the zone router on), its zone's broker and ``automq_az=<zone>``."""
     if not env.zoned:
@@ -208,7 +238,7 @@ def _client(env: Environment, number: int) -> dict[str, str]:
     return {"bootstrap.servers": env.zone_bootstrap(zone), "client.id": f"automq_az={zone}"}
 
 
-def _nemesis(
+def nemesis_loop(
     env: Environment, settings: WorkloadSettings, faults: list[FaultWindow], tally: CheckTally
 ) -> None:
     rng = random.Random(settings.seed)
@@ -242,7 +272,7 @@ def _produce(
     topic: str,
     settings: WorkloadSettings,
     process: int,
-    history: _History,
+    history: History,
     stop: threading.Event,
     acknowledged: list[int],
 ) -> None:
@@ -270,7 +300,7 @@ def _produce_until_fatal(
     topic: str,
     settings: WorkloadSettings,
     process: int,
-    history: _History,
+    history: History,
     stop: threading.Event,
     tally: tuple[list[int], int],
 ) -> None:
@@ -349,12 +379,12 @@ def _why_fatal(error: BaseException) -> str:
     )
 
 
-def _consume(
+def consume(
     client: dict[str, str],
     topic: str,
     settings: WorkloadSettings,
     process: int,
-    history: _History,
+    history: History,
     stop: threading.Event,
 ) -> None:
     consumer = Consumer(
@@ -384,8 +414,8 @@ def _consume(
         consumer.close()
 
 
-def _final_read(
-    bootstrap: str, topic: str, settings: WorkloadSettings, history: _History
+def final_read(
+    bootstrap: str, topic: str, settings: WorkloadSettings, history: History
 ) -> list[int]:
     """Every partition from its start to its end, recorded as one final poll per partition;
     the partitions it could not read (their offsets not given within

@@ -15,7 +15,10 @@ executors: ``Respond`` resolves the caller's future; ``PersistTransaction`` appe
 (key and value in Kafka's ``__transaction_state`` layouts,
 :mod:`automq_ref.formats.transaction_record`; a null value for an id expired) to the partition
 and steps ``TransactionPersisted`` once it is durable, ``TransactionPersistFailed`` when the
-append is refused (so a decision is durable before anyone hears of it); ``WriteMarkers`` hands
+append is refused (so a decision is durable before anyone hears of it, and before any marker of
+it is written: the checker's broken mode ``txn-markers-before-decision`` turns that order round
+through the ``before_decision`` seam, and its transactional workload must catch the torn
+transactions that follow); ``WriteMarkers`` hands
 each partition's marker to the coordinator's marker writer, which steps ``MarkerWritten`` for
 each once it is durable in its partition. The coordinator epoch the markers carry is this
 partition's leader epoch, which grows each time the partition moves, so a partition refuses the
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import transaction_record as trec
@@ -43,6 +46,10 @@ log = logging.getLogger(__name__)
 # The marker writer: (shard, the WriteMarkers effect) -> written in the background, each
 # partition's MarkerWritten stepped through the shard.
 MarkerWriter = Callable[["TransactionShard", tx.WriteMarkers], None]
+# A seam for the checker (``node.Seams.before_decision``): run before a Prepare* decision is
+# appended, with the markers that decision leads to; None (the broker's own way) appends it
+# first, and markers follow only once it is durable.
+DecisionHook = Callable[["TransactionShard", tx.WriteMarkers], Awaitable[None]]
 
 
 def record_value(metadata: tx.TransactionMetadata) -> bytes:
@@ -80,10 +87,18 @@ class TransactionShard:
     """The machine of transaction log partition ``partition``: loading until :meth:`start`,
     serving until :meth:`stop`."""
 
-    def __init__(self, partition: Partition, clock: Clock, markers: MarkerWriter) -> None:
+    def __init__(
+        self,
+        partition: Partition,
+        clock: Clock,
+        markers: MarkerWriter,
+        before_decision: DecisionHook | None = None,
+    ) -> None:
         self.partition = partition
         self._clock = clock
         self._markers = markers
+        self._before_decision = before_decision
+        self._hooked: set[asyncio.Task[None]] = set()
         self._records: list[tuple[str, tx.TransactionMetadata | None]] = []
         self._driver: Driver[tx.CoordinatorState, tx.TransactionEvent, tx.TransactionEffect] | None
         self._driver = None
@@ -156,6 +171,8 @@ class TransactionShard:
 
     def stop(self) -> None:
         self.stopped = True
+        for task in self._hooked:
+            task.cancel()
         answers, self._answers = self._answers, {}
         for answer in answers.values():
             if not answer.done():
@@ -202,11 +219,34 @@ class TransactionShard:
         batch = build_record_batch(
             [(trec.encode_key(tid), value)], base_timestamp=self._clock.now_ms()
         )
-        append_durably(
-            self.partition,
-            batch,
-            0,
-            lambda: self.stopped,
-            lambda: self.step(tx.TransactionPersisted(tid, write_id)),
-            lambda: self.step(tx.TransactionPersistFailed(tid, write_id)),
+
+        def append() -> None:
+            append_durably(
+                self.partition,
+                batch,
+                0,
+                lambda: self.stopped,
+                lambda: self.step(tx.TransactionPersisted(tid, write_id)),
+                lambda: self.step(tx.TransactionPersistFailed(tid, write_id)),
+            )
+
+        record = effect.record
+        if self._before_decision is None or record is None or record.state not in tx.PREPARING:
+            append()
+            return
+        markers = tx.WriteMarkers(
+            tid,
+            record.producer_id,
+            record.producer_epoch,
+            record.state is tx.TransactionState.PrepareCommit,
+            record.partitions,
         )
+
+        async def hooked(hook: DecisionHook) -> None:
+            await hook(self, markers)
+            if not self.stopped:
+                append()
+
+        task = asyncio.get_running_loop().create_task(hooked(self._before_decision))
+        self._hooked.add(task)
+        task.add_done_callback(self._hooked.discard)

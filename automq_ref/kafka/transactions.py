@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
@@ -72,6 +73,11 @@ VERIFY_VERSION = 4  # AddPartitionsToTxn's broker-to-broker form (verify only)
 WRITE_TXN_MARKERS_VERSION = 1
 
 Described = tuple[str, KafkaErrorCode, tx.TransactionMetadata | None]
+# The broker's seam ``node.Seams.before_decision``: given a writer per partition of the markers
+# a Prepare* decision leads to (each writes its marker now, and returns once it is written),
+# run before that decision is appended. None, the broker's own way: no marker before the
+# decision is durable. Only the checker's broken mode sets it.
+MarkersHook = Callable[[Sequence[Callable[[], Awaitable[None]]]], Awaitable[None]]
 
 
 class TransactionCoordinator:
@@ -84,8 +90,10 @@ class TransactionCoordinator:
         config: BrokerConfig,
         clock: Clock,
         producer_ids: ProducerIdAllocator,
+        before_decision: MarkersHook | None = None,
     ) -> None:
         self._config = config
+        self._before_decision = before_decision
         self._view = view
         self._clock = clock
         self._producer_ids = producer_ids
@@ -147,7 +155,12 @@ class TransactionCoordinator:
     def partition_taken(self, partition: Partition) -> None:
         if partition.topic != TRANSACTION_STATE_TOPIC:
             return
-        shard = TransactionShard(partition, self._clock, self._write_markers)
+        shard = TransactionShard(
+            partition,
+            self._clock,
+            self._write_markers,
+            None if self._before_decision is None else self._markers_now,
+        )
         self._shards[partition.index] = shard
         self._loads[shard] = asyncio.create_task(
             self._load(shard), name=f"transaction-shard-load-{partition.index}"
@@ -380,6 +393,16 @@ class TransactionCoordinator:
             )
             self._markers.add(task)
             task.add_done_callback(self._markers.discard)
+
+    async def _markers_now(self, shard: TransactionShard, effect: tx.WriteMarkers) -> None:
+        """The ``before_decision`` seam's call: the hook gets one writer per partition."""
+        assert self._before_decision is not None
+        await self._before_decision(
+            [
+                functools.partial(self._write_marker, shard, effect, key)
+                for key in sorted(effect.partitions)
+            ]
+        )
 
     async def _write_marker(
         self, shard: TransactionShard, effect: tx.WriteMarkers, key: tx.PartitionKey

@@ -346,7 +346,9 @@ def seed_offset_mismatch(ops: list[Op], rng: random.Random) -> list[Op] | None:
 
 
 def seed_log_start_regression(ops: list[Op], rng: random.Random) -> list[Op] | None:
-    """A consumer poll reports a log start of 0 after a higher one was reported."""
+    """A consumer poll reports a log start of 0 after a higher one was reported. Only a poll
+    whose true log start is the one reported before is changed: were it higher, the records
+    between the two starts (trimmed) would look skipped, evidence of a poll skip as well."""
     known: dict[str, int] = {}
     candidates: list[tuple[int, str]] = []
     invoked: dict[int, dict[str, int]] = {}
@@ -357,7 +359,7 @@ def seed_log_start_regression(ops: list[Op], rng: random.Random) -> list[Op] | N
         floor = invoked.pop(op.process, {})
         starts = op.value.get("log_start", {})
         if op.f == "poll" and not _is_final(op):
-            candidates.extend((i, p) for p in starts if floor.get(p, 0) > 0)
+            candidates.extend((i, p) for p, s in starts.items() if 0 < floor.get(p, 0) == s)
         for p, s in starts.items():
             known[p] = max(known.get(p, 0), s)
     if not candidates:
