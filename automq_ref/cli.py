@@ -26,6 +26,9 @@ PROBE_TIMEOUT_S = 3.0
 LOG_LEVELS = ("debug", "info", "warning", "error")
 # The checked topic's partitions in a cluster: two led by each of three brokers.
 CLUSTER_PARTITIONS = 6
+# The transactional workload's processes: each waits for its commit before the next
+# transaction, so more of them keep the coordinator busy (and a kill meets a commit in flight).
+TXN_PRODUCERS = 4
 # The workload's (automq_ref/checker/workload.py), repeated here: the command line does not load
 # the checker's clients to print its help.
 WORKLOAD_FAULT_INTERVAL_S = 6.0
@@ -363,7 +366,8 @@ def _check(arguments: argparse.Namespace) -> int:
         fault_interval_s=arguments.fault_interval,
         nemeses=nemeses,
         seed=seed,
-        producers=clients or WorkloadSettings.producers,
+        producers=clients
+        or (TXN_PRODUCERS if arguments.workload == "txn" else WorkloadSettings.producers),
         consumers=clients or WorkloadSettings.consumers,
         workload=arguments.workload,
     )
