@@ -46,6 +46,15 @@ key range of its ``cluster.id`` on the etcd of its ``metadata.etcd.endpoints`` (
    RecordBatch bytes of one produce). The caller cuts records to the offsets it wants (a stream
    record may start below the log start or run past the end).
 
+6. *Transactions* (for ``read_committed``, only when asked: :func:`replay_transactions`). The
+   partition's transaction state at the end of what its objects hold is rebuilt as the
+   partition rebuilds it when it opens: from the MetaStream's last ``CHECKPOINT`` when it
+   describes that log (the same data stream and cleaned stream, its end between the log start
+   and the committed end), then every batch after it, read from the objects; without a usable
+   checkpoint, every batch from the log start. The result is the partition's last stable
+   offset as far as the objects go (a transaction without a committed marker is open) and its
+   aborted transactions (:mod:`automq_ref.spark.isolation`).
+
 What is visible: only what is committed to objects. Records a broker acknowledged that are still
 only in its WAL and log cache (not yet uploaded, or uploaded but not yet committed) are not seen,
 so the ``committed_end_offset`` of a partition may be below the high watermark a Kafka client
@@ -71,6 +80,11 @@ from automq_ref.formats.kv_integer import decode_kv_integer
 from automq_ref.formats.meta_stream import PartitionMeta, replay
 from automq_ref.formats.metadata_record import decode_record, decode_snapshot
 from automq_ref.formats.object_file import DataBlockIndex, parse_data_block
+from automq_ref.formats.partition_checkpoint import (
+    AbortedRow,
+    PartitionCheckpoint,
+    decode_checkpoint,
+)
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.topic_record import Topic, topics_in
@@ -84,6 +98,7 @@ from automq_ref.io.storage.stream_objects import (
     read_blocks,
     read_from_objects,
 )
+from automq_ref.spark.isolation import TransactionReplay, checkpoint_mismatch
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import NAMESPACE as NAMESPACE  # the broker's object keys
 from automq_ref.vocabulary.naming import object_key, partition_key
@@ -387,6 +402,16 @@ class ObjectRange:
 
 
 @dataclass(frozen=True, slots=True)
+class TransactionState:
+    """A partition's transactions as far as its committed objects go."""
+
+    stable_offset: int  # the last stable offset of [log start, committed end)
+    aborted: tuple[AbortedRow, ...]  # (producer id, first offset, marker offset), marker order
+    replayed_from: int  # where the replay read the log from: the checkpoint's end, or log start
+    checkpoint_ignored: str | None  # why the MetaStream's checkpoint was not used, if one was
+
+
+@dataclass(frozen=True, slots=True)
 class PartitionLayout:
     """One Kafka partition as its committed objects hold it."""
 
@@ -397,6 +422,7 @@ class PartitionLayout:
     log_start_offset: int
     committed_end_offset: int  # objects hold every offset in [log start, this)
     objects: tuple[ObjectRange, ...] = field(default=())
+    transactions: TransactionState | None = None  # only when asked (read_committed)
 
     def ranges(self, start: int, end: int) -> list[ObjectRange]:
         """The object ranges holding ``[start, end)`` (clipped to it), in offset order."""
@@ -552,12 +578,20 @@ async def _meta_records(
 
 
 async def resolve_partition(
-    image: sm.StreamMetadataImage, store: ObjectStore, topic: Topic, index: int
+    image: sm.StreamMetadataImage,
+    store: ObjectStore,
+    topic: Topic,
+    index: int,
+    *,
+    transactions: bool = False,
 ) -> PartitionLayout:
-    """Find one partition's data stream and the object ranges holding its committed offsets."""
+    """Find one partition's data stream and the object ranges holding its committed offsets
+    (and, with ``transactions``, replay its transactions: :func:`replay_transactions`)."""
     indexes = _index_cache(store)
     try:
-        return await _resolve_partition(indexes, store, image, topic, index)
+        return await _resolve_partition(
+            indexes, store, image, topic, index, transactions=transactions
+        )
     finally:
         await indexes.close()
 
@@ -568,6 +602,8 @@ async def _resolve_partition(
     image: sm.StreamMetadataImage,
     topic: Topic,
     index: int,
+    *,
+    transactions: bool = False,
 ) -> PartitionLayout:
     raw = image.kv.get(partition_key(topic.topic_id, index))
     if raw is None:
@@ -581,9 +617,67 @@ async def _resolve_partition(
     meta = await _meta_records(indexes, store, image, meta_stream_id)
     data_stream_id = meta.data_stream_id
     if data_stream_id is None:
-        return PartitionLayout(topic.name, index, meta_stream_id, None, 0, 0)
+        empty = TransactionState(0, (), 0, None) if transactions else None
+        return PartitionLayout(topic.name, index, meta_stream_id, None, 0, 0, (), empty)
     start, end, ranges = await _stream_ranges(indexes, image, data_stream_id)
-    return PartitionLayout(topic.name, index, meta_stream_id, data_stream_id, start, end, ranges)
+    layout = PartitionLayout(topic.name, index, meta_stream_id, data_stream_id, start, end, ranges)
+    if not transactions:
+        return layout
+    replayed = await replay_transactions(store, layout, meta)
+    return PartitionLayout(
+        topic.name, index, meta_stream_id, data_stream_id, start, end, ranges, replayed
+    )
+
+
+def _usable_checkpoint(
+    meta: PartitionMeta, layout: PartitionLayout
+) -> tuple[PartitionCheckpoint | None, str | None]:
+    """The MetaStream's last checkpoint if it describes the log the objects hold, else None
+    and why not (None and None: there is none)."""
+    if meta.checkpoint is None:
+        return None, None
+    try:
+        checkpoint = decode_checkpoint(meta.checkpoint)
+    except FormatError as error:
+        return None, f"unreadable: {error}"
+    assert layout.data_stream_id is not None
+    cleaned = None if meta.cleaned is None else (meta.cleaned.stream_id, meta.cleaned.end)
+    mismatch = checkpoint_mismatch(
+        checkpoint,
+        layout.data_stream_id,
+        cleaned,
+        layout.log_start_offset,
+        layout.committed_end_offset,
+    )
+    return (None, mismatch) if mismatch else (checkpoint, None)
+
+
+async def replay_transactions(
+    store: ObjectStore, layout: PartitionLayout, meta: PartitionMeta
+) -> TransactionState:
+    """The partition's transaction state over ``[log start, committed end)``: its usable
+    checkpoint (:func:`_usable_checkpoint`) and the batches after it, or every batch from the
+    log start, replayed in offset order as the partition replays them when it opens."""
+    checkpoint, ignored = _usable_checkpoint(meta, layout)
+    replay = TransactionReplay()
+    log_start, end = layout.log_start_offset, layout.committed_end_offset
+    start = log_start
+    if checkpoint is not None:
+        replay.restore(checkpoint)
+        start = checkpoint.end
+    try:
+        for object_range in layout.ranges(start, end):
+            for view in await read_object_range(store, object_range):
+                if checkpoint is not None and view.base_offset < start:
+                    continue  # the checkpoint covers it
+                replay.add(view)
+    except (StreamReadError, FormatError) as error:
+        raise ImageError(
+            f"partition {layout.topic}-{layout.partition}: replaying its transactions: {error}"
+        ) from error
+    return TransactionState(
+        replay.stable_offset(log_start, end), replay.aborted_from(log_start), start, ignored
+    )
 
 
 # ----------------------------------------------------------------------- whole layouts
@@ -604,8 +698,10 @@ async def resolve_layout(
     topic_filter: Callable[[str], bool] = lambda name: True,
     *,
     store_options: Mapping[str, Any] | None = None,
+    transactions: Callable[[str, int], bool] | None = None,
 ) -> Layout:
-    """Load the image and resolve every partition of the topics ``topic_filter`` accepts."""
+    """Load the image and resolve every partition of the topics ``topic_filter`` accepts,
+    replaying the transactions of those ``transactions`` accepts (none when None)."""
     metadata = await load_metadata(location)
     topics = metadata.topics
     partitions: dict[tuple[str, int], PartitionLayout] = {}
@@ -617,7 +713,12 @@ async def resolve_layout(
                     continue
                 for index in range(topic.partitions):
                     partitions[(name, index)] = await _resolve_partition(
-                        indexes, store, metadata.image, topic, index
+                        indexes,
+                        store,
+                        metadata.image,
+                        topic,
+                        index,
+                        transactions=transactions is not None and transactions(name, index),
                     )
         finally:
             await indexes.close()
@@ -629,9 +730,14 @@ def read_layout(
     topic_filter: Callable[[str], bool] = lambda name: True,
     *,
     store_options: Mapping[str, Any] | None = None,
+    transactions: Callable[[str, int], bool] | None = None,
 ) -> Layout:
     """:func:`resolve_layout` for callers without an event loop (Spark's driver)."""
-    return asyncio.run(resolve_layout(location, topic_filter, store_options=store_options))
+    return asyncio.run(
+        resolve_layout(
+            location, topic_filter, store_options=store_options, transactions=transactions
+        )
+    )
 
 
 def read_batches(

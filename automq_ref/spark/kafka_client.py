@@ -2,9 +2,13 @@
 
 The ``automq`` Spark source needs four requests and nothing else: ApiVersions (to pick versions),
 Metadata (topic names to partitions and their leaders), ListOffsets (earliest and latest offsets)
-and Fetch (raw record-batch bytes from an offset). It runs on the Spark driver, to plan, and in
-executors' Python workers, to read; both are plain synchronous code, so the client is one object
-holding one blocking socket per broker, no threads, no event loop, no consumer group.
+and Fetch (raw record-batch bytes from an offset). A client made with ``read_committed=True``
+asks both ListOffsets and Fetch at READ_COMMITTED (``isolation_level`` 1): the latest offset is
+then the last stable offset, a Fetch reads up to it and answers the aborted transactions its
+records may meet (:attr:`FetchResult.aborted_transactions`). It runs on the Spark driver, to
+plan, and in executors' Python workers, to read; both are plain synchronous code, so the client
+is one object holding one blocking socket per broker, no threads, no event loop, no consumer
+group.
 
 Messages are built and parsed with kio, the library the broker itself uses: a request is a kio
 dataclass (made from plain values with :func:`automq_ref.protocol.kio_codec.build`) written after
@@ -44,6 +48,8 @@ from automq_ref.errors import KafkaErrorCode
 __all__ = [
     "EARLIEST",
     "LATEST",
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
     "FetchResult",
     "KafkaClient",
     "KafkaClientError",
@@ -58,7 +64,11 @@ __all__ = [
 EARLIEST: Final = -2
 """ListOffsets timestamp asking for the log start offset."""
 LATEST: Final = -1
-"""ListOffsets timestamp asking for the high watermark (the next offset to be written)."""
+"""ListOffsets timestamp asking for the high watermark (the next offset to be written), or for
+the last stable offset at READ_COMMITTED."""
+READ_UNCOMMITTED: Final = 0
+READ_COMMITTED: Final = 1
+"""The ``isolation_level`` of ListOffsets (v2+) and Fetch (v4+)."""
 
 API_VERSIONS_KEY: Final = 18
 METADATA_KEY: Final = 3
@@ -73,6 +83,7 @@ CLIENT_VERSIONS: Final[dict[int, tuple[int, int]]] = {
     FETCH_KEY: (4, 17),
 }
 _API_VERSIONS_VERSION: Final = 3
+_LIST_OFFSETS_FIRST_ISOLATION_VERSION: Final = 2
 _FETCH_FIRST_TOPIC_ID_VERSION: Final = 13
 
 _RETRIABLE: Final = frozenset(
@@ -155,13 +166,18 @@ class TopicMetadata:
 @dataclass(frozen=True, slots=True)
 class FetchResult:
     """One partition of a Fetch response: ``records`` are raw RecordBatch bytes, possibly
-    starting before the fetch offset (the batch holding it) and ending inside a batch."""
+    starting before the fetch offset (the batch holding it) and ending inside a batch. At
+    READ_COMMITTED they end at the last stable offset, and ``aborted_transactions`` lists
+    (producer id, first offset) of the aborted transactions they may meet (at
+    READ_UNCOMMITTED: None)."""
 
     topic: str
     partition: int
     high_watermark: int
     log_start_offset: int
     records: bytes
+    last_stable_offset: int = -1
+    aborted_transactions: tuple[tuple[int, int], ...] | None = None
 
 
 def parse_bootstrap(servers: str | Sequence[str]) -> list[tuple[str, int]]:
@@ -304,7 +320,8 @@ class _Connection:
 
 class KafkaClient:
     """Blocking client for Metadata, ListOffsets and Fetch; not thread-safe; close it (or use
-    it as a context manager) to drop its sockets."""
+    it as a context manager) to drop its sockets. ``read_committed``: ListOffsets and Fetch at
+    READ_COMMITTED (Kafka's ``isolation.level=read_committed``)."""
 
     def __init__(
         self,
@@ -314,8 +331,10 @@ class KafkaClient:
         request_timeout_s: float = 30.0,
         retries: int = 4,
         retry_backoff_s: float = 0.1,
+        read_committed: bool = False,
     ) -> None:
         self.bootstrap = parse_bootstrap(bootstrap)
+        self.isolation_level = READ_COMMITTED if read_committed else READ_UNCOMMITTED
         self.client_id = client_id
         self.request_timeout_s = request_timeout_s
         self.retries = max(retries, 1)
@@ -472,7 +491,8 @@ class KafkaClient:
         self, partitions: Iterable[tuple[str, int]], timestamp: int
     ) -> dict[tuple[str, int], int]:
         """The offset for ``timestamp`` (:data:`EARLIEST`, :data:`LATEST` or a time in ms) of
-        each (topic, partition), asked of each partition's leader."""
+        each (topic, partition), asked of each partition's leader (at READ_COMMITTED, LATEST
+        is the last stable offset; a broker without ListOffsets v2 cannot answer that)."""
         wanted = sorted(set(partitions))
         result: dict[tuple[str, int], int] = {}
         for attempt in range(self.retries):
@@ -503,13 +523,16 @@ class KafkaClient:
                         None,
                         {
                             "replica_id": -1,
-                            "isolation_level": 0,
+                            "isolation_level": self.isolation_level,
                             "timeout": int(self.request_timeout_s * 1000),
                             "topics": [
                                 {"name": name, "partitions": entries}
                                 for name, entries in topics.items()
                             ],
                         },
+                        min_version=_LIST_OFFSETS_FIRST_ISOLATION_VERSION
+                        if self.isolation_level == READ_COMMITTED
+                        else None,
                     )
                 except KafkaConnectionError as error:
                     retriable = error  # the leader died or moved: ask Metadata again
@@ -600,7 +623,7 @@ class KafkaClient:
                 "max_wait": max_wait_ms,
                 "min_bytes": min_bytes,
                 "max_bytes": max_bytes,
-                "isolation_level": 0,
+                "isolation_level": self.isolation_level,
                 "session_id": 0,
                 "session_epoch": -1,
                 "topics": [
@@ -637,12 +660,17 @@ class KafkaClient:
                     )
                 code = int(data.error_code)
             if code == 0 and data is not None:
+                aborted = getattr(data, "aborted_transactions", None)
                 return FetchResult(
                     topic,
                     partition,
                     int(data.high_watermark),
                     int(getattr(data, "log_start_offset", -1)),
                     bytes(data.records or b""),
+                    int(getattr(data, "last_stable_offset", -1)),
+                    None
+                    if aborted is None
+                    else tuple((int(a.producer_id), int(a.first_offset)) for a in aborted),
                 )
             if code == KafkaErrorCode.OFFSET_OUT_OF_RANGE and data is not None:
                 raise OffsetOutOfRangeError(
@@ -659,14 +687,27 @@ class KafkaClient:
         raise AssertionError("unreachable")
 
     def _call_once(
-        self, address: tuple[str, int], api_key: int, version: int | None, values: dict[str, Any]
+        self,
+        address: tuple[str, int],
+        api_key: int,
+        version: int | None,
+        values: dict[str, Any],
+        *,
+        min_version: int | None = None,
     ) -> Any:
-        """One request to one broker (``version`` None: the highest both speak). A connection
-        that cannot be made or breaks is dropped and raised as :class:`KafkaConnectionError`:
-        the caller, asking a partition's leader, refreshes metadata before trying again."""
+        """One request to one broker (``version`` None: the highest both speak, which must be
+        at least ``min_version`` when given). A connection that cannot be made or breaks is
+        dropped and raised as :class:`KafkaConnectionError`: the caller, asking a partition's
+        leader, refreshes metadata before trying again."""
         try:
             connection = self._connect(address)
             chosen = connection.version(api_key) if version is None else version
+            if min_version is not None and chosen < min_version:
+                raise KafkaResponseError(
+                    KafkaErrorCode.UNSUPPORTED_VERSION,
+                    f"API key {api_key}: READ_COMMITTED needs v{min_version}, the broker at "
+                    f"{address[0]}:{address[1]} speaks up to v{chosen}",
+                )
             return connection.request(api_key, chosen, values)
         except OSError as error:
             stale = self._connections.pop(address, None)

@@ -58,12 +58,19 @@ kafka.request.timeout.ms    30000      socket timeout of one request
 kafka.fetch.max.bytes       16777216   Fetch ``max_bytes``
 kafka.max.partition.fetch.  4194304    Fetch ``partition_max_bytes`` (grown automatically
 bytes                                  when one batch is larger)
+kafka.isolation.level       read_un-   ``read_committed``: only committed transactions'
+                            committed  and non-transactional records, below the last
+                                       stable offset (see :mod:`automq_ref.spark.isolation`)
 ==========================  =========  ==================================================
 
 Columns: ``key binary, value binary, topic string, partition int, offset long, timestamp
 timestamp, timestampType int`` (0 = CreateTime, 1 = LogAppendTime) and, with
-``includeHeaders``, ``headers``. Control batches (transaction markers) are skipped; records of
-aborted transactions are returned (read_uncommitted, Spark's default).
+``includeHeaders``, ``headers``. Control batches (transaction markers) are skipped. With
+``kafka.isolation.level=read_uncommitted`` (the default, as in Spark's Kafka source, whose Kafka
+consumer's default it is) records of aborted and open transactions are returned; with
+``read_committed`` ListOffsets and Fetch are asked at READ_COMMITTED: latest offsets are last
+stable offsets, and the batches of the aborted transactions each Fetch answer lists are
+dropped, as Kafka's consumers drop them.
 
 How it reads. On the driver the source lists partitions (Metadata) and offsets (ListOffsets) and
 plans one Spark partition per topic-partition offset range (split into ranges of at most
@@ -109,6 +116,7 @@ from pyspark.sql.types import StructType
 
 from automq_ref.formats.record_batch import iter_batches
 from automq_ref.spark import rows
+from automq_ref.spark.isolation import ISOLATION_OPTION, drop_aborted, parse_isolation_level
 from automq_ref.spark.kafka_client import (
     EARLIEST,
     LATEST,
@@ -162,6 +170,7 @@ _KNOWN: Final = frozenset(
         "kafka.request.timeout.ms",
         "kafka.fetch.max.bytes",
         "kafka.max.partition.fetch.bytes",
+        ISOLATION_OPTION,
     }
 )
 _SPARK_ONLY: Final = frozenset(
@@ -213,12 +222,14 @@ class SourceOptions:
     request_timeout_ms: int = 30_000
     fetch_max_bytes: int = 16 * 1024 * 1024
     partition_fetch_max_bytes: int = 4 * 1024 * 1024
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
     def client(self) -> KafkaClient:
         return KafkaClient(
             self.bootstrap,
             client_id=self.client_id,
             request_timeout_s=self.request_timeout_ms / 1000,
+            read_committed=self.read_committed,
         )
 
 
@@ -358,6 +369,7 @@ def parse_options(options: Mapping[str, str]) -> SourceOptions:
     ):
         if key in given:
             values[attribute] = _positive_int(key, given[key])
+    values["read_committed"] = parse_isolation_level(given.get(ISOLATION_OPTION), AutoMQOptionError)
     return SourceOptions(**values)
 
 
@@ -514,7 +526,8 @@ def split_ranges(
 
 
 def read_range(options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBatch]:
-    """Fetch ``[task.start, task.end)`` and yield it as Arrow record batches."""
+    """Fetch ``[task.start, task.end)`` and yield it as Arrow record batches (at
+    read_committed, without the batches of aborted transactions)."""
     topic, partition, offset, end = task.topic, task.partition, task.start, task.end
     partition_max = options.partition_fetch_max_bytes
     empty = 0
@@ -555,18 +568,28 @@ def read_range(options: SourceOptions, task: KafkaRange) -> Iterator[pa.RecordBa
                     partition_max *= 2
                     continue
                 empty += 1
-                if result.high_watermark <= offset or empty >= _EMPTY_FETCHES_BEFORE_GIVING_UP:
+                # A READ_COMMITTED answer ends at the last stable offset.
+                bound, what = (
+                    (result.last_stable_offset, "last stable offset")
+                    if options.read_committed
+                    else (result.high_watermark, "high watermark")
+                )
+                if bound <= offset or empty >= _EMPTY_FETCHES_BEFORE_GIVING_UP:
                     _data_loss(
                         options,
-                        f"{topic}-{partition}: no records from offset {offset} (high "
-                        f"watermark {result.high_watermark}); offsets up to {end - 1} were "
-                        "expected",
+                        f"{topic}-{partition}: no records from offset {offset} ({what} "
+                        f"{bound}); offsets up to {end - 1} were expected",
                     )
                     return
                 continue
             empty = 0
+            kept = (
+                drop_aborted(views, result.aborted_transactions or ())
+                if options.read_committed
+                else views
+            )
             yield from rows.arrow_batches(
-                topic, partition, views, offset, end, include_headers=options.include_headers
+                topic, partition, kept, offset, end, include_headers=options.include_headers
             )
             offset = views[-1].next_offset
 
@@ -620,9 +643,14 @@ class AutoMQBatchReader(DataSourceReader):
                 )
                 begin = earliest[key]
             if end[key] > latest[key]:
+                ends = (
+                    "the partition's last stable offset is"
+                    if options.read_committed
+                    else "the partition ends at"
+                )
                 raise AutoMQOptionError(
                     f"option endingOffsets asks for {topic}-{partition} up to {end[key]}, but "
-                    f"the partition ends at {latest[key]}"
+                    f"{ends} {latest[key]}"
                 )
             if begin > end[key]:
                 raise AutoMQOptionError(

@@ -60,6 +60,12 @@ Options (names are case-insensitive, as all Spark options):
     it reads from the log start.
 ``includeHeaders``
     ``true`` adds the ``headers`` column.
+``kafka.isolation.level``
+    ``read_uncommitted`` (default, as Spark's Kafka source): every data record up to the
+    committed end, aborted and open transactions' too. ``read_committed``: the driver replays
+    each read partition's transactions from its MetaStream checkpoint and the batches after it
+    (:func:`automq_ref.spark.image.replay_transactions`); reads end at the last stable offset of
+    what is committed, and executors drop the batches of aborted transactions.
 
 One Spark partition per (object, Kafka partition) range: a stream set object holding several
 partitions gives one Spark partition for each of them, a stream object gives one.
@@ -76,6 +82,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
+from automq_ref.formats.partition_checkpoint import AbortedRow
 from automq_ref.spark import rows
 from automq_ref.spark.image import (
     EtcdLog,
@@ -88,6 +95,8 @@ from automq_ref.spark.image import (
     read_batches,
     read_layout,
 )
+from automq_ref.spark.isolation import ISOLATION_OPTION, aborted_within, parse_isolation_level
+from automq_ref.state_machines.compaction import aborted_ranges, in_aborted
 
 EARLIEST = -2
 LATEST = -1
@@ -100,7 +109,8 @@ class OptionError(ValueError):
 
 @dataclass(frozen=True)
 class ObjectRangePartition(InputPartition):
-    """One Spark partition: the records ``[start, end)`` of one Kafka partition in one object."""
+    """One Spark partition: the records ``[start, end)`` of one Kafka partition in one object;
+    at read_committed, with the aborted transactions those offsets may meet."""
 
     topic: str
     partition: int
@@ -108,6 +118,7 @@ class ObjectRangePartition(InputPartition):
     end: int
     object_store_uri: str
     object_range: ObjectRange
+    aborted: tuple[AbortedRow, ...] = ()
 
     @property
     def key(self) -> str:
@@ -156,6 +167,7 @@ class SourceOptions:
     ending: OffsetSpec
     fail_on_data_loss: bool
     include_headers: bool
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
 
 def _option(options: Mapping[str, str], name: str) -> str | None:
@@ -211,6 +223,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         ending=_parse_offsets(options, "endingOffsets", LATEST),
         fail_on_data_loss=_bool_option(options, "failOnDataLoss", True),
         include_headers=_bool_option(options, "includeHeaders", False),
+        read_committed=parse_isolation_level(_option(options, ISOLATION_OPTION), OptionError),
     )
 
 
@@ -348,8 +361,17 @@ def plan_partitions(layout: Layout, options: SourceOptions) -> list[ObjectRangeP
     for partition in selected:
         start = _start_offset(partition, options)
         end = _resolve(options.ending, partition, LATEST)
-        end = partition.committed_end_offset if end == LATEST else end
-        end = min(end, partition.committed_end_offset)
+        last = partition.committed_end_offset
+        aborted: tuple[AbortedRow, ...] = ()
+        if options.read_committed:
+            if partition.transactions is None:
+                raise ImageError(
+                    f"{partition.topic}-{partition.partition}: its transactions were not "
+                    "replayed, which read_committed needs"
+                )
+            last = min(last, partition.transactions.stable_offset)
+            aborted = partition.transactions.aborted
+        end = min(last if end == LATEST else end, last)
         for object_range in partition.ranges(start, end):
             planned.append(
                 ObjectRangePartition(
@@ -359,6 +381,7 @@ def plan_partitions(layout: Layout, options: SourceOptions) -> list[ObjectRangeP
                     object_range.end_offset,
                     uri,
                     object_range,
+                    aborted_within(aborted, object_range.start_offset, object_range.end_offset),
                 )
             )
     return planned
@@ -424,7 +447,10 @@ class AutoMQObjectsReader(DataSourceReader):
             names = "metadata.etcd.endpoints" if options.etcd else "path/metadata.dir"
             raise OptionError(f"options {names}/objectStore: {error}") from error
         layout = read_layout(
-            location, options.selection.accepts, store_options=options.store_options
+            location,
+            options.selection.accepts,
+            store_options=options.store_options,
+            transactions=options.selection.accepts_partition if options.read_committed else None,
         )
         return plan_partitions(layout, options)
 
@@ -436,6 +462,9 @@ class AutoMQObjectsReader(DataSourceReader):
             partition.object_range,
             store_options=self._options.store_options,
         )
+        if partition.aborted:
+            ranges = aborted_ranges(partition.aborted)
+            batches = [batch for batch in batches if not in_aborted(batch, ranges)]
         yield from rows.arrow_batches(
             partition.topic,
             partition.partition,

@@ -3,7 +3,12 @@
 Records are produced with confluent-kafka (every codec, keys, headers, explicit timestamps) and
 read back through Spark: batch reads must return exactly what was produced, streaming reads with
 a checkpoint must resume where they stopped (no record skipped, none repeated), and
-``maxOffsetsPerTrigger`` must cut the backlog into several micro-batches.
+``maxOffsetsPerTrigger`` must cut the backlog into several micro-batches. Transactions: with
+``kafka.isolation.level=read_committed`` a batch and a streaming read return exactly the records
+of committed transactions and the plain records below the last stable offset (nothing of an
+aborted transaction, of a transaction left open, or after it), with ``read_uncommitted`` (the
+default) every record written; the streaming query goes on past the LSO once the open
+transaction commits.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from automq_ref.checker.cluster import BrokerProcess
 from automq_ref.formats.record_batch import iter_batches
+from automq_ref.spark.isolation import ISOLATION_OPTION
 from automq_ref.spark.kafka_client import (
     KafkaClient,
     KafkaConnectionError,
@@ -38,6 +44,8 @@ from automq_ref.spark.kafka_source import (
     read_range,
     split_ranges,
 )
+from tests.spark.transactions import Written, write_transactions
+from tests.waiting import wait_until
 
 if TYPE_CHECKING:
     from pyspark.sql import Row as SparkRow
@@ -247,6 +255,10 @@ def test_option_parsing_errors_name_the_option() -> None:
         ({**base, "subscribe": "t", "startingTimestamp": "1"}, "startingtimestamp of Spark"),
         ({**base, "subscribe": "t", "kafka.security.protocol": "SSL"}, "kafka.security"),
         ({**base, "subscribe": "t", "bogus": "1"}, "unknown option 'bogus'"),
+        (
+            {**base, "subscribe": "t", "kafka.isolation.level": "READ_COMMITTED"},
+            "kafka.isolation.level must be read_uncommitted",
+        ),
     ]
     for options, message in cases:
         with pytest.raises(AutoMQOptionError, match=message):
@@ -255,6 +267,9 @@ def test_option_parsing_errors_name_the_option() -> None:
         {**base, "SUBSCRIBE": "a,b", "StartingOffsets": '{"a": {"0": 5, "1": -2}}'}
     )
     assert parsed.subscribe == ("a", "b") and parsed.starting == {"a": {0: 5, 1: -2}}
+    assert not parsed.read_committed  # read_uncommitted, Spark's (its Kafka consumer's) default
+    committed = parse_options({**base, "subscribe": "a", "KAFKA.ISOLATION.LEVEL": "read_committed"})
+    assert committed.read_committed and committed.client().isolation_level == 1
 
 
 def test_split_ranges_and_rate_limit() -> None:
@@ -333,6 +348,10 @@ def test_bad_options_fail_clearly_in_spark(
             automq, broker, subscribe=next(iter(codec_topics)), startingOffsets="latest"
         ).load().collect()
     assert "AutoMQOptionError" in str(raised.value)
+    with pytest.raises(Exception, match=r"kafka\.isolation\.level must be read_uncommitted"):
+        reader(
+            automq, broker, subscribe=next(iter(codec_topics)), **{ISOLATION_OPTION: "serializable"}
+        ).load().collect()
 
 
 # ------------------------------------------------------------------- streaming, Spark
@@ -381,3 +400,101 @@ def test_streaming_restart_resumes_exactly(
     got = sorted(zip(*(written.column(c).to_pylist() for c in written.column_names), strict=True))
     want = sorted((r[1], r[2], r[4]) for r in [*first, *second, *third])
     assert got == want
+
+
+# ---------------------------------------------------------------- transactions, Spark
+
+
+def triples(collected: list[SparkRow]) -> list[Written]:
+    return sorted((r.partition, r.offset, bytes(r.value)) for r in collected)
+
+
+def test_read_committed_reads_only_committed_records(
+    automq: SparkSession, broker: BrokerProcess
+) -> None:
+    written = write_transactions(broker.bootstrap)
+    topic = written.topic
+    try:
+        # The client alone: READ_COMMITTED answers stop at the LSO and list the aborted one.
+        with KafkaClient(broker.bootstrap, read_committed=True) as client:
+            result = client.fetch(topic, 0, 0)
+            assert result.last_stable_offset == written.stable[0]
+            assert result.aborted_transactions is not None
+            first_aborted = min(o for p, o, _ in written.aborted if p == 0)
+            assert [first for _, first in result.aborted_transactions] == [first_aborted]
+            views = list(iter_batches(result.records, allow_partial_tail=True))
+            assert views[-1].next_offset == written.stable[0]
+        with KafkaClient(broker.bootstrap) as client:
+            assert client.fetch(topic, 0, 0).aborted_transactions is None
+            assert client.latest_offsets([(topic, 0)])[(topic, 0)] > written.stable[0]
+        committed = {ISOLATION_OPTION: "read_committed"}
+        # Many small ranges and fetches, so that reads begin inside the aborted transaction.
+        small = {"minPartitions": "8", "kafka.max.partition.fetch.bytes": "200"}
+        for shape in ({}, small):
+            got = reader(automq, broker, subscribe=topic, **committed, **shape).load()
+            assert triples(got.collect()) == written.committed
+            for level in ({}, {ISOLATION_OPTION: "read_uncommitted"}):
+                everything = reader(automq, broker, subscribe=topic, **level, **shape).load()
+                assert triples(everything.collect()) == written.everything
+        # One task alone, from the log start and from inside the aborted transaction.
+        options = parse_options(
+            {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": topic, **committed}
+        )
+        inside = min(o for p, o, _ in written.aborted if p == 1) + 1
+        for start in (0, inside):
+            task = KafkaRange(topic, 1, start, written.stable[1])
+            read = [
+                (1, offset, value)
+                for batch in read_range(options, task)
+                for offset, value in zip(
+                    batch.column("offset").to_pylist(),
+                    batch.column("value").to_pylist(),
+                    strict=True,
+                )
+            ]
+            assert read == [w for w in written.committed if w[0] == 1 and w[1] >= start]
+        # endingOffsets past the LSO is refused at read_committed.
+        with pytest.raises(Exception, match="last stable offset is"):
+            reader(
+                automq,
+                broker,
+                subscribe=topic,
+                endingOffsets=f'{{"{topic}": {{"0": {written.stable[0] + 1}}}}}',
+                **committed,
+            ).load().collect()
+    finally:
+        written.open_producer.abort_transaction(30)
+
+
+def test_streaming_read_committed_waits_for_the_open_transaction(
+    automq: SparkSession, broker: BrokerProcess, tmp_path: Path
+) -> None:
+    written = write_transactions(broker.bootstrap)
+    committed = {ISOLATION_OPTION: "read_committed"}
+
+    def parquet() -> list[Written]:
+        table = pq.read_table(tmp_path / "data", columns=["partition", "offset", "value"])
+        return sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+    try:
+        assert sum(run_available_now(automq, broker, written.topic, tmp_path, **committed)) == len(
+            written.committed
+        )
+        assert parquet() == written.committed
+        written.open_producer.commit_transaction(30)
+    except BaseException:
+        written.open_producer.abort_transaction(30)
+        raise
+    keys = [(written.topic, 0), (written.topic, 1)]
+    with (
+        KafkaClient(broker.bootstrap, read_committed=True) as committed_client,
+        KafkaClient(broker.bootstrap) as uncommitted_client,
+    ):
+        wait_until(
+            lambda: (
+                committed_client.latest_offsets(keys) == uncommitted_client.latest_offsets(keys)
+            ),
+            "the open transaction's commit marker",
+        )
+    run_available_now(automq, broker, written.topic, tmp_path, **committed)
+    assert parquet() == sorted(written.committed + written.open_records + written.after_open)

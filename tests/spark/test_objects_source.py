@@ -2,9 +2,12 @@
 
 Records are produced with every codec, the broker is stopped gracefully (which uploads and
 commits everything), and Spark must return exactly the produced rows, one Spark partition per
-object range; DeleteRecords must hide the rows below the new log start; the same works against
-an S3 object store (moto), and for a broker of a cluster, its metadata log on etcd
-(``metadata.etcd.endpoints``, ``cluster.id``), where ``automq-ref verify`` passes too.
+object range; DeleteRecords must hide the rows below the new log start; with
+``kafka.isolation.level=read_committed`` a topic written with transactions (a committed, an
+aborted and an open one, plain records around them) reads exactly its committed and plain
+records below the last stable offset, with ``read_uncommitted`` (the default) every record; the
+same works against an S3 object store (moto), and for a broker of a cluster, its metadata log on
+etcd (``metadata.etcd.endpoints``, ``cluster.id``), where ``automq-ref verify`` passes too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from automq_ref.spark.produce import produce as produce_with_manifest
 from automq_ref.spark.verify import VerifySettings
 from automq_ref.spark.verify import main as verify
 from tests.etcd_fixture import running_etcd, unique_cluster_id
+from tests.spark.transactions import Transactions, Written, write_transactions
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -49,6 +53,7 @@ Sent = dict[int, list[tuple[bytes | None, bytes, list[tuple[str, bytes]], int]]]
 class Produced:
     data_dir: Path
     sent: dict[str, Sent]
+    transactions: Transactions | None = None  # topic "txn"; its open transaction left open
 
 
 def produce(bootstrap: str, topic: str, count: int, codec: str, sent: Sent) -> None:
@@ -115,8 +120,9 @@ def produced(broker: BrokerProcess) -> Produced:
     result = admin.delete_records([TopicPartition("trimmed", p, TRIMMED_TO) for p in (0, 1)])
     for future in result.values():
         future.result()
+    transactions = write_transactions(broker.bootstrap, "txn")
     assert broker.stop() == 0  # graceful: everything is uploaded and committed
-    return Produced(broker.data_dir, sent)
+    return Produced(broker.data_dir, sent, transactions)
 
 
 @pytest.fixture(scope="module")
@@ -236,6 +242,10 @@ def test_bad_options_name_the_option(objects: SparkSession, produced: Produced) 
         ({"path": path, "assign": "[0]"}, "assign"),
         ({"path": path, "subscribe": "codecs", "s3.accessKeyId": "x"}, "s3.accessKeyId"),
         (
+            {"path": path, "subscribe": "codecs", "kafka.isolation.level": "committed"},
+            "option kafka.isolation.level must be read_uncommitted",
+        ),
+        (
             {"path": path, "subscribe": "c", "metadata.etcd.endpoints": "a:1", "objectStore": "x"},
             "options path/metadata.dir and metadata.etcd.endpoints name two metadata logs",
         ),
@@ -270,6 +280,49 @@ def test_bad_options_name_the_option(objects: SparkSession, produced: Produced) 
         ).count()
     empty = read(objects, path=path, subscribe="no-such-topic")
     assert empty.count() == 0
+    with pytest.raises(Exception, match=r"kafka\.isolation\.level must be read_uncommitted"):
+        read(objects, path=path, subscribe="txn", kafka_isolation_level="snapshot").count()
+
+
+def written(frame: DataFrame) -> list[Written]:
+    return sorted((r.partition, r.offset, bytes(r.value)) for r in frame.collect())
+
+
+def test_read_committed_hides_aborted_and_open_transactions(
+    objects: SparkSession, produced: Produced
+) -> None:
+    txn = produced.transactions
+    assert txn is not None
+    path = str(produced.data_dir)
+    committed = read(objects, path=path, subscribe="txn", kafka_isolation_level="read_committed")
+    assert written(committed) == txn.committed
+    for level in ({}, {"kafka_isolation_level": "read_uncommitted"}):
+        assert written(read(objects, path=path, subscribe="txn", **level)) == txn.everything
+    # An explicit end past the last stable offset is cut to it, as at the committed end.
+    beyond = f'{{"txn": {{"0": {txn.stable[0] + 3}}}}}'
+    cut = read(
+        objects,
+        path=path,
+        assign='{"txn": [0]}',
+        endingOffsets=beyond,
+        kafka_isolation_level="read_committed",
+    )
+    assert written(cut) == [w for w in txn.committed if w[0] == 0]
+    # The graceful stop wrote each partition's checkpoint, its open transaction in it: the
+    # replay starts from it and reads no batch.
+    layout = im.read_layout(
+        im.locate(produced.data_dir), lambda t: t == "txn", transactions=lambda t, p: True
+    )
+    for p in (0, 1):
+        partition = layout.partitions[("txn", p)]
+        state = partition.transactions
+        assert state is not None and state.checkpoint_ignored is None
+        assert state.replayed_from == partition.committed_end_offset
+        assert state.stable_offset == txn.stable[p]
+        first_aborted = min(o for q, o, _ in txn.aborted if q == p)
+        assert [(first, last > first) for _, first, last in state.aborted] == [
+            (first_aborted, True)
+        ]
 
 
 @pytest.fixture

@@ -4,6 +4,10 @@ Three layers: the read-only metadata log reader (a broker holds the lock and kee
 a hand-built image and objects (a trimmed stream, a stream set object shared by two streams,
 several blocks per object, a stream object) checked offset by offset; and a real broker that
 uploads small objects often, whose committed ranges must cover exactly the offsets produced.
+The replay of a partition's transactions (for ``read_committed``) on a real broker's topic
+written with transactions: while the broker runs (no checkpoint yet: every batch from the log
+start) and after a graceful stop (from the checkpoint it wrote, no batch read), the same last
+stable offset and aborted ranges, which are the writer's.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from pathlib import Path
 import pytest
 
 from automq_ref.checker.cluster import BrokerProcess
+from automq_ref.formats.json_document import Json
+from automq_ref.formats.meta_stream import encode_checkpoint_record
 from automq_ref.formats.metadata_record import encode_record
 from automq_ref.formats.object_file import ObjectWriter
+from automq_ref.formats.partition_checkpoint import TransactionRow, encode_checkpoint
 from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.topic_record import Topic
@@ -35,7 +42,7 @@ from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.spark import image as im
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import object_key, partition_key, topic_key
-from tests.waiting import PATIENCE_S
+from tests.waiting import PATIENCE_S, wait_until
 
 # ------------------------------------------------------------- the read-only log reader
 
@@ -123,14 +130,19 @@ async def put_object(
     return written.size_bytes
 
 
-async def write_hand_built_broker(root: Path, *, claimed_end: int = 12) -> None:
+async def write_hand_built_broker(
+    root: Path, *, claimed_end: int = 12, checkpoint: Json = None
+) -> None:
     """log.dirs with: topic 'hand' (1 partition, log start 5); its data stream 11 holds [0, 12)
-    in a stream set object shared with stream 12, and [12, 20) in a stream object."""
+    in a stream set object shared with stream 12, and [12, 20) in a stream object; its
+    MetaStream ends with ``checkpoint`` as its CHECKPOINT record when given."""
     meta_records = [
         StreamRecordBatch(META, 0, 0, 1, b'{"k":"LOG","v":{"data":99}}'),
         StreamRecordBatch(META, 0, 1, 1, b'{"k":"LOG","v":{"data":11}}'),  # the last one wins
         StreamRecordBatch(META, 0, 2, 1, b'{"k":"LEADER_EPOCHS","v":[[0,0]]}'),
     ]
+    if checkpoint is not None:
+        meta_records.append(StreamRecordBatch(META, 0, 3, 1, encode_checkpoint_record(checkpoint)))
     async with LocalDirectoryObjectStore(root / "objects") as store:
         sizes = {
             META_OBJECT: await put_object(store, META_OBJECT, meta_records),
@@ -144,7 +156,7 @@ async def write_hand_built_broker(root: Path, *, claimed_end: int = 12) -> None:
         sm.S3StreamRecord(DATA, 0, 0, 0, sm.StreamState.CLOSED),
         sm.S3StreamRecord(OTHER, 0, 0, 0, sm.StreamState.CLOSED),
         *(sm.S3ObjectRecord(i, size, sm.S3ObjectState.COMMITTED, 0) for i, size in sizes.items()),
-        sm.S3StreamObjectRecord(META, 0, 3, META_OBJECT),
+        sm.S3StreamObjectRecord(META, 0, len(meta_records), META_OBJECT),
         sm.S3StreamSetObjectRecord(
             0,
             SET_OBJECT,
@@ -199,6 +211,27 @@ def test_hand_built_layout(tmp_path: Path) -> None:
     assert len(clipped[1].blocks) < len(stream_range.blocks)
     assert [offset for offset, _ in offsets_read(uri, clipped)] == list(range(7, 14))
     assert partition.ranges(20, 30) == []
+
+
+def test_transactions_start_from_the_checkpoint_that_fits(tmp_path: Path) -> None:
+    """A checkpoint up to 12: producer 1's transaction open since 8, aborted ranges [0, 3]
+    (wholly below the log start 5) and [6, 7]. The batches after it (non-transactional)
+    change nothing. The same checkpoint naming another data stream, or reaching past what the
+    objects hold, is not used: the replay reads every batch from the log start instead."""
+    rows = [TransactionRow(1, 0, 8, 0, -1)]
+    aborted = [(1, 0, 3), (1, 6, 7)]
+    cases = [
+        (DATA, 12, im.TransactionState(8, ((1, 6, 7),), 12, None)),
+        (DATA + 50, 12, im.TransactionState(20, (), 5, "written for data stream 61, not 11")),
+        (DATA, 21, im.TransactionState(20, (), 5, "covers up to 21, past the committed end 20")),
+    ]
+    for number, (stream, end, state) in enumerate(cases):
+        root = tmp_path / str(number)
+        value = encode_checkpoint(stream, None, end, [], [], rows, aborted)
+        asyncio.run(write_hand_built_broker(root, checkpoint=value))
+        layout = im.read_layout(im.locate(root), transactions=lambda topic, index: True)
+        assert layout.partitions[("hand", 0)].transactions == state
+        assert im.read_layout(im.locate(root)).partitions[("hand", 0)].transactions is None
 
 
 def test_objects_that_contradict_the_metadata_are_refused(tmp_path: Path) -> None:
@@ -304,3 +337,45 @@ def check_contiguous(partition: im.PartitionLayout) -> None:
         assert object_range.blocks[-1].end_offset >= object_range.end_offset
         cursor = object_range.end_offset
     assert cursor == partition.committed_end_offset
+
+
+def test_transactions_replayed_while_running_and_from_the_checkpoint(tmp_path: Path) -> None:
+    from automq_ref.spark.kafka_client import KafkaClient
+    from tests.spark.transactions import write_transactions
+
+    broker = BrokerProcess(tmp_path / "data", *SMALL_OBJECTS)
+    broker.start()
+    try:
+        txn = write_transactions(broker.bootstrap, "txn")
+        keys = [("txn", 0), ("txn", 1)]
+        with KafkaClient(broker.bootstrap) as client:
+            ends = {p: o for (_, p), o in client.latest_offsets(keys).items()}
+
+        def caught_up() -> im.Layout | None:
+            layout = im.read_layout(
+                im.locate(broker.data_dir), lambda t: t == "txn", transactions=lambda t, p: True
+            )
+            done = all(layout.partitions[key].committed_end_offset == ends[key[1]] for key in keys)
+            return layout if done else None
+
+        wait_until(caught_up, "the objects to hold every offset written")
+        running = caught_up()
+        assert running is not None
+    finally:
+        assert broker.stop() == 0  # graceful: a checkpoint per partition, the open txn in it
+    stopped = im.read_layout(
+        im.locate(tmp_path / "data"), lambda t: t == "txn", transactions=lambda t, p: True
+    )
+    for key in keys:
+        partition = key[1]
+        before = running.partitions[key].transactions
+        after = stopped.partitions[key].transactions
+        assert before is not None and after is not None
+        assert (before.replayed_from, before.checkpoint_ignored) == (0, None)
+        assert (after.replayed_from, after.checkpoint_ignored) == (ends[partition], None)
+        assert before.stable_offset == after.stable_offset == txn.stable[partition]
+        assert before.aborted == after.aborted
+        [(_, first, marker)] = after.aborted
+        aborted = [o for p, o, _ in txn.aborted if p == partition]
+        later = [o for p, o, v in txn.committed if p == partition and v.startswith(b"committed-2")]
+        assert first == min(aborted) and max(aborted) < marker < min(later)
