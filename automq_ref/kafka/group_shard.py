@@ -26,7 +26,7 @@ producer would be: the handler passes the guard, :meth:`GroupShard.request`), an
 holds them until the transaction's marker lands in the partition: the partition tells the shard
 of every marker written (its marker listeners), and the shard steps ``TxnMarker``; a replay
 holds a transactional batch's offsets until the control batch that ends it, and drops them on an
-abort. An append the partition
+abort or at a tombstone of their key (a group deleted meanwhile). An append the partition
 refuses at once is answered ``OffsetsPersistFailed`` (stepped after the transition that asked for
 it). A ``Rejected`` means this shell broke its side of the contract and raises
 ``CoordinatorError``.
@@ -234,13 +234,19 @@ class GroupShard:
             if value is None:
                 self._offsets.pop(decoded.group, None)
                 self._written.pop(decoded.group, None)
+                for held in self._held.values():
+                    held.pop(decoded.group, None)
             return
         if not isinstance(decoded, orec.OffsetKey):
             return
         group, tp = decoded.group, (decoded.topic, decoded.partition)
         if value is None:
+            # A tombstone also removes the key's offsets held for a transaction's marker
+            # (Kafka 4's replay): a deleted group's COMMIT marker shows nothing of it.
             self._offsets.get(group, {}).pop(tp, None)
             self._written.get(group, set()).discard(tp)
+            for held in self._held.values():
+                held.get(group, {}).pop(tp, None)
             return
         stored = orec.decode_offset_value(value)
         self._offsets.setdefault(group, {})[tp] = gc.OffsetRecord(

@@ -361,13 +361,15 @@ class GroupCoordinator:
         assert len(found) == len(results)
         return found
 
-    async def offset_fetch(self, groups: Sequence[gc.OffsetFetchGroup]) -> gc.OffsetFetchResponse:
+    async def offset_fetch(
+        self, groups: Sequence[gc.OffsetFetchGroup], require_stable: bool = False
+    ) -> gc.OffsetFetchResponse:
         async def ask(
             shard: GroupShard, positions: list[int]
         ) -> Sequence[gc.OffsetFetchGroupResult]:
             wanted = tuple(groups[p] for p in positions)
             response = await shard.request(
-                lambda request_id, now: gc.OffsetFetch(request_id, now, wanted)
+                lambda request_id, now: gc.OffsetFetch(request_id, now, wanted, require_stable)
             )
             assert isinstance(response, gc.OffsetFetchResponse)
             return response.groups

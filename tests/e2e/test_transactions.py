@@ -332,3 +332,125 @@ def test_describe_and_list_transactions_and_producers(broker: BrokerProcess) -> 
     producers = _ask(broker, 61, 0, {"topics": [{"name": topic, "partition_indexes": [0]}]})
     (active,) = producers.topics[0].partitions[0].active_producers
     assert int(active.current_txn_start_offset) == -1
+
+
+def _offset_fetch(
+    broker: BrokerProcess, group: str, topic: str, version: int, require_stable: bool
+) -> list[tuple[int, int, int]] | None:
+    """(partition, committed offset, error code) of each partition of ``topic`` as one
+    OffsetFetch (``version``: v7 answers one group, v8 in the groups form) answers; None while
+    the group itself is answered an error (its coordinator loading)."""
+    topics: list[dict[str, object]] = [
+        {"name": topic, "partition_indexes": list(range(PARTITIONS))}
+    ]
+    asked: dict[str, object] = {"require_stable": require_stable}
+    if version >= 8:
+        asked["groups"] = [{"group_id": group, "topics": topics}]
+        (fetched,) = _ask(broker, 9, version, asked).groups
+        error, found = fetched.error_code.value, fetched.topics
+    else:
+        answer = _ask(broker, 9, version, {**asked, "group_id": group, "topics": topics})
+        error, found = answer.error_code.value, answer.topics
+    if error != 0:
+        return None
+    return sorted(
+        (int(p.partition_index), int(p.committed_offset), p.error_code.value)
+        for t in found
+        for p in t.partitions
+    )
+
+
+def _completed(broker: BrokerProcess, transactional_id: str) -> bool:
+    """Whether ListTransactions shows the id CompleteCommit: every marker has landed."""
+    listed = _ask(broker, 66, 1, {"state_filters": ["CompleteCommit"], "producer_id_filters": []})
+    return transactional_id in {s.transactional_id for s in listed.transaction_states}
+
+
+def test_offsets_of_an_open_transaction_are_unstable_to_require_stable(
+    broker: BrokerProcess,
+) -> None:
+    """A TxnOffsetCommit whose transaction has not ended: OffsetFetch with require_stable
+    answers its partition UNSTABLE_OFFSET_COMMIT (88), in v7 and per group in v8, and
+    librdkafka's read_committed consumer (which sets it) retries until its timeout; without
+    require_stable the last committed offset. Once the transaction commits, its offset."""
+    topic, group = create_topic(broker), unique("stable")
+
+    def consumer(isolation: str) -> Consumer:
+        return Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap,
+                "group.id": group,
+                "enable.auto.commit": False,
+                "isolation.level": isolation,
+            }
+        )
+
+    committed_reader, uncommitted_reader = consumer("read_committed"), consumer("read_uncommitted")
+    try:
+        committed_reader.commit(offsets=[TopicPartition(topic, 0, 3)], asynchronous=False)
+        transactional_id = unique("tid")
+        producer = transactional(broker, transactional_id)
+        producer.begin_transaction()
+        send(producer, topic, [b"x"])
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 7)], committed_reader.consumer_group_metadata(), 30
+        )
+
+        unstable = [(0, -1, 88), (1, -1, 0)]
+        assert _offset_fetch(broker, group, topic, 7, True) == unstable
+        assert _offset_fetch(broker, group, topic, 8, True) == unstable
+        assert _offset_fetch(broker, group, topic, 7, False) == [(0, 3, 0), (1, -1, 0)]
+        assert _offset_fetch(broker, group, topic, 8, False) == [(0, 3, 0), (1, -1, 0)]
+        (seen,) = uncommitted_reader.committed([TopicPartition(topic, 0)], timeout=10)
+        assert seen.offset == 3
+        with pytest.raises(KafkaException):
+            committed_reader.committed([TopicPartition(topic, 0)], timeout=2)
+
+        producer.commit_transaction(30)
+        wait_until(lambda: _completed(broker, transactional_id), "the transaction completed")
+        assert _offset_fetch(broker, group, topic, 7, True) == [(0, 7, 0), (1, -1, 0)]
+        assert _offset_fetch(broker, group, topic, 8, True) == [(0, 7, 0), (1, -1, 0)]
+        (seen,) = committed_reader.committed([TopicPartition(topic, 0)], timeout=10)
+        assert seen.offset == 7
+    finally:
+        committed_reader.close()
+        uncommitted_reader.close()
+
+
+def test_a_deleted_groups_transactional_offsets_stay_deleted_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """A group deleted while a transaction holds its offsets: the transaction's commit shows
+    nothing of the group, in the coordinator's memory and in its replay after a restart."""
+    broker = BrokerProcess(tmp_path / "data")
+    broker.start()
+    try:
+        topic, group = create_topic(broker), unique("deleted")
+        metadata = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+        transactional_id = unique("tid")
+        producer = transactional(broker, transactional_id)
+        producer.begin_transaction()
+        send(producer, topic, [b"x"])
+        producer.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, 7)], metadata.consumer_group_metadata(), 30
+        )
+        metadata.close()
+        assert _offset_fetch(broker, group, topic, 8, True) == [(0, -1, 88), (1, -1, 0)]
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        admin.delete_consumer_groups([group], request_timeout=30)[group].result()
+        assert _offset_fetch(broker, group, topic, 8, True) == [(0, -1, 0), (1, -1, 0)]
+        producer.commit_transaction(30)
+        wait_until(lambda: _completed(broker, transactional_id), "the transaction completed")
+
+        nothing = [(0, -1, 0), (1, -1, 0)]
+        assert _offset_fetch(broker, group, topic, 8, False) == nothing
+        assert broker.stop() == 0
+        broker.start()
+        wait_until(
+            lambda: _offset_fetch(broker, group, topic, 8, False) is not None,
+            "the group's coordinator loaded",
+        )
+        assert _offset_fetch(broker, group, topic, 8, False) == nothing
+    finally:
+        if broker.alive():
+            broker.stop()

@@ -93,6 +93,7 @@ class Outstanding:
 class Write:
     record: g.DurableRecord | g.TxnMarker  # a marker is in the log once stepped
     status: str = "in flight"  # "persisted", "failed"
+    emptied: bool = False  # its group was deleted while it was in flight: it applies nothing
 
     @property
     def request_id(self) -> int:
@@ -137,6 +138,13 @@ class GroupMachine(RuleBasedStateMachine):
                     assert effect.request_id not in answers, "answered twice in one step"
                     answers[effect.request_id] = effect.response
                 case g.PersistOffsets() | g.PersistGroupDeletion():
+                    if isinstance(effect, g.PersistGroupDeletion):
+                        for write in self._in_flight():
+                            if (
+                                isinstance(write.record, g.PersistOffsets)
+                                and write.record.group_id in effect.group_ids
+                            ):
+                                write.emptied = True
                     self.writes.append(Write(effect))
                 case g.Rejected():
                     raise AssertionError(f"the clients kept the contract, yet {event}: {effect}")
@@ -533,25 +541,47 @@ class GroupMachine(RuleBasedStateMachine):
     @rule(
         group_id=st.sampled_from(COMMIT_GROUPS),
         partitions=st.none() | st.lists(st.sampled_from(PARTITIONS), max_size=3).map(tuple),
+        require_stable=st.booleans(),
     )
-    def offset_fetch(self, group_id: str, partitions: tuple[tuple[str, int], ...] | None) -> None:
+    def offset_fetch(
+        self,
+        group_id: str,
+        partitions: tuple[tuple[str, int], ...] | None,
+        require_stable: bool = False,
+    ) -> None:
         request_id = self.next_request_id()
-        event = g.OffsetFetch(request_id, self.now_ms, (g.OffsetFetchGroup(group_id, partitions),))
+        asked = (g.OffsetFetchGroup(group_id, partitions),)
+        event = g.OffsetFetch(request_id, self.now_ms, asked, require_stable)
         transition = g.step(self.state, event, PARAMS)
         assert transition.state == self.state
         (answer,) = transition.effects
         assert isinstance(answer, g.Respond)
         assert isinstance(answer.response, g.OffsetFetchResponse)
         fetched = {(p.topic, p.partition): p for p in answer.response.groups[0].partitions}
+        unsettled = self._unsettled(group_id) if require_stable else set()
+        for key, result in fetched.items():
+            unstable = result.error_code is E.UNSTABLE_OFFSET_COMMIT
+            assert unstable == (key in unsettled), (key, result, unsettled)
+            assert result.error_code in (E.NONE, E.UNSTABLE_OFFSET_COMMIT)
+            if unstable:
+                assert (result.offset, result.metadata) == (g.NO_OFFSET, "")
         if self._deletion_in_flight():
             return
         durable = g.recover(self._persisted()).offsets.get(group_id, {})
         expected = partitions if partitions is not None else tuple(sorted(durable))
         assert list(fetched) == list(dict.fromkeys(expected))
         for key, result in fetched.items():
+            if key in unsettled:
+                continue
             committed = durable.get(key)
             assert result.offset == (committed.offset if committed else g.NO_OFFSET)
             assert result.metadata == (committed.metadata if committed else "")
+
+    @rule(group_id=st.sampled_from(COMMIT_GROUPS))
+    def offset_fetch_stable(self, group_id: str) -> None:
+        """A read_committed consumer's OffsetFetch (require_stable) of every partition: random
+        fetches rarely ask for the one partition a transaction holds."""
+        self.offset_fetch(group_id, PARTITIONS, require_stable=True)
 
     @rule(states=st.sampled_from([(), ("Stable",), ("empty", "preparingrebalance")]))
     def list_groups(self, states: tuple[str, ...]) -> None:
@@ -591,6 +621,30 @@ class GroupMachine(RuleBasedStateMachine):
 
     def _persisted(self) -> list[g.DurableRecord | g.TxnMarker]:
         return [w.record for w in self.writes if w.status == "persisted"]
+
+    def _unsettled(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions with a commit not settled: one in flight (not emptied by a
+        deletion of its group), or a producer's durable one with neither that producer's
+        marker nor a deletion of the group after it in the log."""
+        unsettled: set[tuple[str, int]] = set()
+        for position, write in enumerate(self.writes):
+            record = write.record
+            if not isinstance(record, g.PersistOffsets) or record.group_id != group_id:
+                continue
+            if write.emptied or write.status == "failed":
+                continue
+            if write.status == "persisted":
+                if record.producer_id < 0:
+                    continue
+                later = [w.record for w in self.writes[position + 1 :]]
+                if any(
+                    (isinstance(r, g.TxnMarker) and r.producer_id == record.producer_id)
+                    or (isinstance(r, g.PersistGroupDeletion) and group_id in r.group_ids)
+                    for r in later
+                ):
+                    continue  # its transaction ended, or its group was deleted since
+            unsettled.update((r.topic, r.partition) for r in record.offsets)
+        return unsettled
 
     def _deletion_in_flight(self) -> bool:
         return any(isinstance(w.record, g.PersistGroupDeletion) for w in self._in_flight())

@@ -495,6 +495,76 @@ def test_failed_persistence_answers_an_error() -> None:
     assert c.refusals == [g.Rejected(E.INVALID_REQUEST, f"no write in flight for request {rid}")]
 
 
+def test_require_stable_answers_unsettled_commits_unstable() -> None:
+    """OffsetFetch with ``require_stable``: a partition whose commit is in flight, or held for
+    a transaction's marker, is UNSTABLE_OFFSET_COMMIT (offset -1); the others, and every
+    partition without ``require_stable``, answer the last offset shown."""
+    c = Coordinator()
+    keys = (("t", 0), ("t", 1), ("u", 0))
+
+    def fetch(require_stable: bool) -> list[tuple[tuple[str, int], int, E]]:
+        rid = c.request(
+            g.OffsetFetch, groups=(g.OffsetFetchGroup("g", keys),), require_stable=require_stable
+        )
+        response = c.answers[rid]
+        assert isinstance(response, g.OffsetFetchResponse)
+        (group,) = response.groups
+        assert group.error_code is E.NONE
+        return [((p.topic, p.partition), p.offset, p.error_code) for p in group.partitions]
+
+    def commit(key: tuple[str, int], offset: int, producer_id: int | None = None) -> int:
+        entry = g.OffsetCommitEntry(key[0], key[1], offset)
+        if producer_id is None:
+            return c.request(
+                g.OffsetCommit,
+                group_id="g",
+                generation_id=-1,
+                member_id="",
+                group_instance_id=None,
+                offsets=(entry,),
+            )
+        return c.request(
+            g.TxnOffsetCommit,
+            group_id="g",
+            producer_id=producer_id,
+            producer_epoch=0,
+            generation_id=-1,
+            member_id="",
+            group_instance_id=None,
+            offsets=(entry,),
+        )
+
+    c.apply(g.OffsetsPersisted(commit(("t", 0), 5)))
+    c.apply(g.OffsetsPersisted(commit(("t", 1), 6)))
+    txn = commit(("t", 0), 10, producer_id=7)  # in flight
+    assert fetch(True) == [
+        (("t", 0), -1, E.UNSTABLE_OFFSET_COMMIT),
+        (("t", 1), 6, E.NONE),
+        (("u", 0), -1, E.NONE),
+    ]
+    c.apply(g.OffsetsPersisted(txn))  # durable, held for producer 7's marker
+    assert c.answers[txn] == g.OffsetCommitResponse(
+        (g.OffsetCommitPartitionResult("t", 0, E.NONE),)
+    )
+    plain = commit(("u", 0), 3)  # a plain commit in flight is unsettled too
+    assert fetch(True) == [
+        (("t", 0), -1, E.UNSTABLE_OFFSET_COMMIT),
+        (("t", 1), 6, E.NONE),
+        (("u", 0), -1, E.UNSTABLE_OFFSET_COMMIT),
+    ]
+    assert fetch(False) == [(("t", 0), 5, E.NONE), (("t", 1), 6, E.NONE), (("u", 0), -1, E.NONE)]
+    c.apply(g.OffsetsPersisted(plain))
+    # A replay of the log holds the transaction's offsets the same way.
+    assert g.unstable_offset(g.recover(c.writes), "g", ("t", 0))
+    c.apply(g.TxnMarker(7, commit=True))
+    assert fetch(True) == [(("t", 0), 10, E.NONE), (("t", 1), 6, E.NONE), (("u", 0), 3, E.NONE)]
+    aborted = commit(("t", 1), 99, producer_id=8)
+    c.apply(g.OffsetsPersisted(aborted))
+    assert fetch(True)[1] == (("t", 1), -1, E.UNSTABLE_OFFSET_COMMIT)
+    c.apply(g.TxnMarker(8, commit=False))
+    assert fetch(True)[1] == (("t", 1), 6, E.NONE)
+
+
 def test_reusing_the_request_id_of_a_write_in_flight_is_refused() -> None:
     c = Coordinator()
     rid = next(c.request_ids)
@@ -568,6 +638,46 @@ def test_commit_in_flight_when_its_group_is_deleted() -> None:
     c.apply(g.OffsetsPersisted(rid))
     assert c.state.offsets.get("solo") is None
     assert g.recover(c.writes).offsets == {}
+
+
+def test_transactional_offsets_of_a_deleted_group_are_dropped() -> None:
+    """A group deleted while a transaction holds offsets of it (durable, or still in flight):
+    the transaction's COMMIT shows nothing of it, in memory as in a replay of the log (Kafka 4:
+    an offset's tombstone removes the pending transactional offsets of its key)."""
+    c = Coordinator()
+
+    def txn_commit(producer_id: int, key: tuple[str, int]) -> int:
+        return c.request(
+            g.TxnOffsetCommit,
+            group_id="g",
+            producer_id=producer_id,
+            producer_epoch=0,
+            generation_id=-1,
+            member_id="",
+            group_instance_id=None,
+            offsets=(g.OffsetCommitEntry(key[0], key[1], 5),),
+        )
+
+    held = txn_commit(1, ("t", 0))
+    c.apply(g.OffsetsPersisted(held))
+    c.tick(60_000)  # a group whose only offsets are held is kept, as Kafka's hasOffsets
+    assert c.group("g").state is GroupState.EMPTY
+    assert g.recover(c.writes).groups.keys() == {"g"}
+    in_flight = txn_commit(2, ("t", 1))
+    delete = c.request(g.DeleteGroups, group_ids=("g",))
+    assert c.answers.get(delete) is None  # answered once the tombstones are durable
+    assert not g.unstable_offset(c.state, "g", ("t", 0))
+    c.apply(g.OffsetsPersisted(in_flight))
+    c.apply(g.OffsetsPersisted(delete))
+    log: list[g.DurableRecord | g.TxnMarker] = [*c.writes]
+    for producer_id in (1, 2):
+        c.apply(g.TxnMarker(producer_id, commit=True))
+        log.append(g.TxnMarker(producer_id, commit=True))
+    assert c.state.offsets.get("g") is None
+    assert g.recover(log).offsets == {}
+    deleted = c.answers[delete]
+    assert isinstance(deleted, g.DeleteGroupsResponse)
+    assert deleted.results == (g.DeletedGroupResult("g", E.NONE),)
 
 
 def test_next_deadline_and_forgetting_empty_groups() -> None:

@@ -367,7 +367,10 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
         groups = tuple(gc.OffsetFetchGroup(g.group_id, wanted(g.topics)) for g in body.groups)
     else:
         groups = (gc.OffsetFetchGroup(body.group_id, wanted(body.topics)),)
-    response = await context.groups.offset_fetch(groups)
+    # v7+: a partition whose commit is not settled (in flight, or a transaction's offsets held
+    # for its marker) is answered UNSTABLE_OFFSET_COMMIT, per partition; the client retries.
+    require_stable = request.api_version >= 7 and bool(body.require_stable)
+    response = await context.groups.offset_fetch(groups, require_stable)
     if request.api_version >= 8:
         return r.respond(
             request,

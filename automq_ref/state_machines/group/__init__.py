@@ -72,7 +72,10 @@ order. ``DeleteGroups`` (only Empty groups: ``NON_EMPTY_GROUP`` otherwise, ``GRO
 for unknown ones) removes the group and its offsets at once and answers once the tombstone is
 durable (``PersistGroupDeletion``); a commit of that group still in flight is answered but no
 longer applied (its record precedes the tombstone in the log, so replay agrees). ``recover``
-folds the durable records back into a state after a restart.
+folds the durable records back into a state after a restart. An OffsetFetch with
+``require_stable`` (v7+; librdkafka's read_committed consumers) answers a partition whose commit
+is still in flight, or held in a transaction not ended, ``UNSTABLE_OFFSET_COMMIT`` (Kafka's
+``hasPendingOffsetCommitsForTopicPartition``); the client asks again.
 
 Group metadata is not durable (no ``PersistGroup``): after a restart every group is Empty at
 generation 0 with its offsets, old member ids are unknown (``UNKNOWN_MEMBER_ID``) and clients
@@ -83,9 +86,10 @@ Where this deviates from Kafka, on purpose: requests Kafka silently drops are an
 JoinGroup or SyncGroup superseded by a newer one from the same member: ``REBALANCE_IN_PROGRESS``;
 the SyncGroup of a member removed while it waited: ``UNKNOWN_MEMBER_ID``); protocol votes that tie
 go to the protocol voted for by the earliest member (Kafka: hash order); an Empty group with no
-members, pending members, offsets or writes in flight is forgotten at the next Tick (Kafka: the
-periodic offsets cleanup). Not modelled: ``group.max.size``, offset retention, transactional
-offset commits, JoinGroup v9's ``skip_assignment`` (clients use v5..v7), KIP-848 groups.
+members, pending members, offsets (shown or held for a transaction) or writes in flight is
+forgotten at the next Tick (Kafka: the periodic offsets cleanup). Not modelled:
+``group.max.size``, offset retention, JoinGroup v9's ``skip_assignment`` (clients use v5..v7),
+KIP-848 groups.
 
 Timers fire only on ``Tick``: within one tick, per group in id order, pending members expire,
 then members, then the join timer, then the sync timer; a timer re-armed at the tick's own time
@@ -158,6 +162,7 @@ from automq_ref.state_machines.group.invariants import (
 from automq_ref.state_machines.group.offsets import (
     committed_offset,
     recover,
+    unstable_offset,
 )
 from automq_ref.state_machines.group.queries import (
     next_deadline_ms,
@@ -293,5 +298,6 @@ __all__ = [
     "recover",
     "select_protocol",
     "step",
+    "unstable_offset",
     "waiting_requests",
 ]

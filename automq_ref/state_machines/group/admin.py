@@ -109,7 +109,10 @@ def _on_delete_groups(state: CoordinatorState, event: DeleteGroups) -> GroupTran
 
 
 def _forget_group(state: CoordinatorState, group_id: str) -> CoordinatorState:
-    """Drop the group and its offsets; commits of it still in flight will not apply."""
+    """Drop the group and its offsets; commits of it still in flight will not apply, and
+    offsets held for a transaction's marker are dropped too (Kafka 4's ``deleteAllOffsets``:
+    an offset's tombstone removes the pending transactional offsets of its key, so a later
+    COMMIT marker shows nothing of the deleted group, in memory as in a replay)."""
     groups = {gid: g for gid, g in state.groups.items() if gid != group_id}
     offsets = {gid: o for gid, o in state.offsets.items() if gid != group_id}
     pending = {
@@ -118,4 +121,8 @@ def _forget_group(state: CoordinatorState, group_id: str) -> CoordinatorState:
         else write
         for rid, write in state.pending_writes.items()
     }
-    return replace(state, groups=groups, offsets=offsets, pending_writes=pending)
+    held = {
+        producer_id: {gid: o for gid, o in by_group.items() if gid != group_id}
+        for producer_id, by_group in state.txn_offsets.items()
+    }
+    return replace(state, groups=groups, offsets=offsets, pending_writes=pending, txn_offsets=held)

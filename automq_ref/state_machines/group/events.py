@@ -143,6 +143,9 @@ class OffsetFetch:
     request_id: int
     now_ms: int
     groups: tuple[OffsetFetchGroup, ...]
+    # v7+: a partition with a commit not settled yet (in flight, or a transaction's offsets
+    # waiting for its marker) is answered UNSTABLE_OFFSET_COMMIT instead of its last offset.
+    require_stable: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,6 +151,12 @@ def inv_offsets_belong_to_groups(state: CoordinatorState) -> None:
     for write in state.pending_writes.values():
         if write.offsets and write.group_ids[0] not in state.groups:
             raise InvariantViolation(f"a commit in flight for {write.group_ids}, not held")
+    for producer_id, by_group in state.txn_offsets.items():
+        for group_id, held in by_group.items():
+            if held and group_id not in state.groups:
+                raise InvariantViolation(
+                    f"offsets of {group_id} held for producer {producer_id}, a group not held"
+                )
 
 
 INVARIANTS: Final = (

@@ -434,9 +434,12 @@ def _on_sync_timer(group: Group, now_ms: int, params: GroupParams) -> tuple[Grou
 
 
 def _forgettable(state: CoordinatorState, group: Group) -> bool:
+    """An Empty group with nothing of its own left: no offsets, none in flight, none held for a
+    transaction's marker (Kafka's ``hasOffsets`` counts its pending transactional offsets)."""
     return (
         group.state is GroupState.EMPTY
         and not group.pending_members
         and not state.offsets.get(group.group_id)
         and not any(group.group_id in w.group_ids for w in state.pending_writes.values())
+        and not any(held.get(group.group_id) for held in state.txn_offsets.values())
     )

@@ -1,7 +1,8 @@
 """Committed offsets: OffsetCommit (answered once ``OffsetsPersisted`` says the write is durable,
 or failed by ``OffsetsPersistFailed``), TxnOffsetCommit (the same, but the offsets wait, per
 producer id, for the transaction's marker: ``TxnMarker`` shows them on a commit and drops them
-on an abort, as Kafka's pending transactional offsets), OffsetFetch, and ``recover``, which
+on an abort, as Kafka's pending transactional offsets), OffsetFetch (with ``require_stable``,
+``UNSTABLE_OFFSET_COMMIT`` for a partition whose commit is not settled), and ``recover``, which
 folds the durable records (and the markers between them) back into a state after a restart.
 """
 
@@ -235,6 +236,16 @@ def committed_offset(state: CoordinatorState, group_id: str, key: TopicPartition
     )
 
 
+def unstable_offset(state: CoordinatorState, group_id: str, key: TopicPartition) -> bool:
+    """Whether ``group_id``'s offset of ``key`` has a commit not settled yet: a commit still in
+    flight (Kafka's pending offset commits) or a transaction's offsets held for its marker
+    (its pending transactional offset commits), ``hasPendingOffsetCommitsForTopicPartition``."""
+    for write in state.pending_writes.values():
+        if write.group_ids == (group_id,) and any(k == key for k, _ in write.offsets):
+            return True
+    return any(key in groups.get(group_id, {}) for groups in state.txn_offsets.values())
+
+
 def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransition:
     results: list[OffsetFetchGroupResult] = []
     for request in event.groups:
@@ -242,7 +253,14 @@ def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransi
         keys = request.partitions
         if keys is None:
             keys = tuple(sorted(state.offsets.get(request.group_id, {})))
-        partitions = tuple(committed_offset(state, request.group_id, key) for key in keys)
+        partitions = tuple(
+            FetchedOffset(
+                key[0], key[1], NO_OFFSET, NO_LEADER_EPOCH, "", Error.UNSTABLE_OFFSET_COMMIT
+            )
+            if event.require_stable and unstable_offset(state, request.group_id, key)
+            else committed_offset(state, request.group_id, key)
+            for key in keys
+        )
         results.append(OffsetFetchGroupResult(request.group_id, Error.NONE, partitions))
     return _respond(state, Respond(event.request_id, OffsetFetchResponse(tuple(results))))
 
@@ -252,8 +270,8 @@ def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransi
 
 def recover(records: Iterable[DurableRecord | TxnMarker]) -> CoordinatorState:
     """The coordinator after a restart: the durable records and the markers replayed in log
-    order; every group with offsets is Empty at generation 0; transactional offsets whose
-    marker is not in the log are held for it."""
+    order; every group with offsets (shown or held) is Empty at generation 0; transactional
+    offsets whose marker is not in the log are held for it."""
     offsets: dict[str, dict[TopicPartition, CommittedOffset]] = {}
     held: dict[int, dict[str, dict[TopicPartition, CommittedOffset]]] = {}
     for record in records:
@@ -276,6 +294,11 @@ def recover(records: Iterable[DurableRecord | TxnMarker]) -> CoordinatorState:
             case PersistGroupDeletion():
                 for group_id in record.group_ids:
                     offsets.pop(group_id, None)
-    groups = {group_id: Group(group_id) for group_id, committed in offsets.items() if committed}
+                    for by_group in held.values():
+                        by_group.pop(group_id, None)
     kept = {group_id: committed for group_id, committed in offsets.items() if committed}
+    # A group is held while it has offsets, shown or held for a transaction's marker (Kafka
+    # loads a group with only pending transactional offsets too).
+    holding = {gid for by_group in held.values() for gid, pending in by_group.items() if pending}
+    groups = {group_id: Group(group_id) for group_id in sorted({*kept, *holding})}
     return CoordinatorState(groups=groups, offsets=kept, txn_offsets=held)
