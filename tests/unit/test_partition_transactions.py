@@ -3,7 +3,7 @@ through automq_ref/kafka/partition.py): transactional batches land only once ver
 end transactions, the last stable offset holds at the oldest open transaction, the
 aborted-transactions index answers by Kafka's rule and is trimmed with the log, all of it is
 rebuilt by a reopen (from the checkpoint and by a scan), a READ_COMMITTED Fetch stops at the LSO,
-and the control batch codec round-trips."""
+so does a READ_COMMITTED ListOffsets by timestamp, and the control batch codec round-trips."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
+from kio.schema.list_offsets.v7.request import ListOffsetsPartition, ListOffsetsTopic
 from kio.schema.types import TopicName
-from kio.static.primitive import i32, i64
+from kio.static.primitive import i8, i32, i64
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.control_batch import (
@@ -362,7 +363,9 @@ async def test_a_trim_drops_the_aborted_entries_below_the_log_start(node: Node) 
 # ----------------------------------------------------------------------------- reading
 
 
-async def fetch(node: Node, name: str, offset: int, isolation: int) -> Any:
+async def fetch(
+    node: Node, name: str, offset: int, isolation: int, max_bytes: int = 1 << 20
+) -> Any:
     """One Fetch (v12) of partition 0 of ``name`` at ``offset``: its partition answer."""
     response: Any = await call(
         node.front_end.admit,
@@ -386,7 +389,7 @@ async def fetch(node: Node, name: str, offset: int, isolation: int) -> Any:
                         fetch_offset=i64(offset),
                         last_fetched_epoch=i32(-1),
                         log_start_offset=i64(-1),
-                        partition_max_bytes=i32(1 << 20),
+                        partition_max_bytes=i32(max_bytes),
                     ),
                 ),
             ),
@@ -439,6 +442,94 @@ async def test_a_read_committed_fetch_stops_at_the_lso(node: Node) -> None:
     assert offsets(released) == [4, 5, 6, 7]  # the stored record holding 5 starts at 4
     assert int(released.last_stable_offset) == 8
     assert [(int(a.producer_id), int(a.first_offset)) for a in released.aborted_transactions] == []
+
+
+async def test_a_read_committed_answer_lists_the_aborted_transactions_its_records_overlap(
+    node: Node,
+) -> None:
+    """Kafka's rule: the entries whose last offset is at or past the fetch offset and whose
+    first offset lies below the end of the last batch answered, not every one up to the LSO."""
+    partition = await topic(node, "overlap")
+    await append(partition, plain_batch())  # 0
+    await begin(partition, txn_batch(0))  # 1
+    await partition.write_marker(PRODUCER, 0, 0, commit=False)  # 2
+    await append(partition, plain_batch())  # 3
+
+    def aborted(answer: Any) -> list[tuple[int, int]]:
+        return [(int(a.producer_id), int(a.first_offset)) for a in answer.aborted_transactions]
+
+    first = await fetch(node, "overlap", 0, isolation=1, max_bytes=1)  # batch 0 alone
+    assert offsets(first) == [0] and aborted(first) == []
+    whole = await fetch(node, "overlap", 0, isolation=1)
+    assert offsets(whole) == [0, 1, 2, 3] and aborted(whole) == [(PRODUCER, 1)]
+    middle = await fetch(node, "overlap", 2, isolation=1, max_bytes=1)  # the marker alone
+    assert offsets(middle) == [2] and aborted(middle) == [(PRODUCER, 1)]
+    after = await fetch(node, "overlap", 3, isolation=1)
+    assert offsets(after) == [3] and aborted(after) == []
+    nothing = await fetch(node, "overlap", 4, isolation=1)
+    assert offsets(nothing) == [] and aborted(nothing) == []
+
+
+async def list_offset(node: Node, name: str, timestamp: int, isolation: int) -> tuple[int, ...]:
+    """One ListOffsets (v7) of partition 0 of ``name``: (offset, timestamp, leader epoch)."""
+    response: Any = await call(
+        node.front_end.admit,
+        PEER,
+        2,  # ListOffsets
+        7,
+        replica_id=-1,
+        isolation_level=i8(isolation),
+        topics=(
+            ListOffsetsTopic(
+                name=TopicName(name),
+                partitions=(
+                    ListOffsetsPartition(
+                        partition_index=i32(0),
+                        current_leader_epoch=i32(-1),
+                        timestamp=i64(timestamp),
+                    ),
+                ),
+            ),
+        ),
+    )
+    (answer,) = response.topics[0].partitions
+    assert int(answer.error_code) == 0
+    return int(answer.offset), int(answer.timestamp), int(answer.leader_epoch)
+
+
+async def test_a_read_committed_timestamp_lookup_stops_at_the_lso(node: Node) -> None:
+    """Kafka's rule: a record a timestamp (or -3, the largest) finds at or past the last
+    fetchable offset, the LSO for READ_COMMITTED, is answered as none (-1, -1, epoch -1)."""
+    partition = await topic(node, "by-time")
+    at = (NOW - 3_000, NOW - 2_000, NOW - 1_000)
+
+    def timed(timestamp: int, **fields: Any) -> bytes:
+        return build_record_batch([(b"k", b"v", (), timestamp)], **fields)
+
+    await append(partition, timed(at[0]))  # 0
+    guard = partition.begin_transaction_verification(OTHER, 0)
+    txn = timed(at[1], producer_id=OTHER, producer_epoch=0, base_sequence=0, is_transactional=True)
+    await append(partition, txn, guard)  # 1: a transaction left open
+    await append(partition, timed(at[2]))  # 2
+    assert (partition.last_stable_offset, partition.high_watermark) == (1, 3)
+    epoch = partition.epoch
+    none = (-1, -1, -1)
+
+    assert await list_offset(node, "by-time", at[0], 1) == (0, at[0], epoch)  # below the LSO
+    assert await list_offset(node, "by-time", at[0] + 1, 1) == none  # finds 1, the open one
+    assert await list_offset(node, "by-time", at[2], 1) == none  # finds 2, past the LSO
+    assert await list_offset(node, "by-time", -3, 1) == none  # the largest is 2
+    assert await list_offset(node, "by-time", -1, 1) == (1, -1, epoch)
+    # READ_UNCOMMITTED finds them all (below the high watermark).
+    assert await list_offset(node, "by-time", at[0] + 1, 0) == (1, at[1], epoch)
+    assert await list_offset(node, "by-time", at[2], 0) == (2, at[2], epoch)
+    assert await list_offset(node, "by-time", -3, 0) == (2, at[2], epoch)
+    assert await list_offset(node, "by-time", NOW, 0) == none  # nothing that late
+
+    assert await partition.write_marker(OTHER, 0, 0, commit=True) is KafkaErrorCode.NONE  # 3
+    assert partition.last_stable_offset == 4
+    assert await list_offset(node, "by-time", at[0] + 1, 1) == (1, at[1], epoch)
+    assert await list_offset(node, "by-time", at[2], 1) == (2, at[2], epoch)
 
 
 async def test_a_clean_keeps_markers_drops_aborted_records_and_stops_at_the_lso(

@@ -3,7 +3,10 @@ partition's offsets.
 
 ListOffsets answers the earliest (-2, and -4/-5: local and tiered are the same here), the latest
 (-1; the last stable offset for READ_COMMITTED, ``isolation_level`` 1), the record with the
-largest timestamp (-3), or the first record at or after a timestamp. DeleteRecords moves a
+largest timestamp (-3), or the first record at or after a timestamp; a record found (-3 or a
+timestamp) at or past the last fetchable offset (the last stable offset for READ_COMMITTED, the
+high watermark otherwise) is answered as none, offset and timestamp -1, as Kafka's
+``Partition.fetchOffsetForTimestamp`` filters it. DeleteRecords moves a
 partition's log start forward (-1: to the high watermark); an internal topic's is refused
 ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it. ListOffsets for a partition placed on this
 broker but not open yet (moved here, its open waiting for the old broker's or a failover's
@@ -70,6 +73,8 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
             offset, timestamp = await _list_offset(
                 partition, int(list_partition.timestamp), committed
             )
+            if offset < 0:
+                epoch = -1  # none found: Kafka answers no leader epoch either
             partitions.append(
                 ListOffsetsPartition(index, timestamp=timestamp, offset=offset, leader_epoch=epoch)
             )
@@ -87,17 +92,23 @@ async def _list_offset(
             return partition.last_stable_offset, -1
         return partition.high_watermark, -1
     assert isinstance(partition, Partition)  # a snapshot-read copy answers the two above
+    # A record found must be fetchable at the request's isolation level: below the last
+    # stable offset for READ_COMMITTED (not in a transaction still open), else below the high
+    # watermark; one at or past it is answered as none (Kafka's lastFetchableOffset filter).
+    fetchable = partition.last_stable_offset if committed else partition.high_watermark
     if timestamp == -3:  # the record with the largest timestamp
         found = partition.max_timestamp_offset()
         if found is None:
             return -1, -1
         batch_last, max_timestamp = found
-        return await _record_at_timestamp(partition, batch_last, max_timestamp, exact=True)
-    located = partition.offset_for_timestamp(timestamp)
-    if located is None:
-        return -1, -1
-    batch_offset, _ = located
-    return await _record_at_timestamp(partition, batch_offset, timestamp, exact=False)
+        offset, at = await _record_at_timestamp(partition, batch_last, max_timestamp, exact=True)
+    else:
+        located = partition.offset_for_timestamp(timestamp)
+        if located is None:
+            return -1, -1
+        batch_offset, _ = located
+        offset, at = await _record_at_timestamp(partition, batch_offset, timestamp, exact=False)
+    return (offset, at) if offset < fetchable else (-1, -1)
 
 
 async def _record_at_timestamp(
