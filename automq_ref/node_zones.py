@@ -39,7 +39,12 @@ from automq_ref.kafka.request import Context
 from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotReads
 from automq_ref.kafka.snapshot_sessions import WAL_TRIM_DELAY_S, SnapshotSessions
 from automq_ref.kafka.topic_registry import TopicRegistry
-from automq_ref.kafka.zone_router_in import ProduceLinkResolver, RouterIn, admit_routed
+from automq_ref.kafka.zone_router_in import (
+    ProduceLinkResolver,
+    RouterIn,
+    admit_routed,
+    verify_routed,
+)
 from automq_ref.kafka.zone_router_out import RouterOut, link_sender
 from automq_ref.kafka.zones import proxy_mapping
 from automq_ref.vocabulary.naming import NAMESPACE
@@ -136,7 +141,9 @@ class ZoneRouterParts:
         main, RouterOut carries a zoned client's produce as a proxy."""
         if self.channel is None:
             return
-        router_in = RouterIn(admit_routed(context), self.read, route_epochs)
+        router_in = RouterIn(
+            admit_routed(context), self.read, route_epochs, verify=verify_routed(context)
+        )
         context.router_in = router_in
         context.router_out = RouterOut(
             node_id=config.node_id,

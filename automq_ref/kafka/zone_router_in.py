@@ -24,7 +24,11 @@ for one partition) and admits it as a client's produce would be
 idempotent producers, sizes), with acks = -1 whatever the client asked (the data must be
 durable before the epoch can be committed) and the channel offset, so that the partition's WAL
 holds a link record and its LogCache the data. An entry whose payload cannot be read or decoded
-is answered ``UNKNOWN_SERVER_ERROR`` on its own.
+is answered ``UNKNOWN_SERVER_ERROR`` on its own. A transactional batch that would begin a
+transaction at its partition is verified with the transaction coordinator first (KIP-890, as
+Produce does: :func:`verify_routed`), at the head of its queue: the entries behind it wait, so
+its append still comes before theirs, and it is admitted with the verification's guard (or
+answered the verification's error).
 
 :class:`ProduceLinkResolver` is the other half of the link records: recovery (a restart, or a
 failover target) reads the channel record a link points to and rebuilds the stored batch from
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -52,6 +57,7 @@ from automq_ref.formats.zone_router import (
 )
 from automq_ref.io.storage.router_channel import ChannelUnavailableError
 from automq_ref.kafka.handlers.produce import admit_partition, answer_partition
+from automq_ref.kafka.handlers.transactions import verify_produce
 from automq_ref.kafka.request import Context
 from automq_ref.protocol.produce import PartitionProduceData, decode_produce_request
 from automq_ref.protocol.produce_response import ProducePartitionAnswer
@@ -89,7 +95,8 @@ class RoutedDataError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RoutedPartition:
-    """What one channel payload holds: one partition's records of a client's produce."""
+    """What one channel payload holds: one partition's records of a client's produce (and,
+    once verified here, the guard it is admitted with)."""
 
     api_version: int
     flag: int
@@ -97,6 +104,8 @@ class RoutedPartition:
     timeout_ms: int
     topic: str
     partition: PartitionProduceData
+    transactional_id: str | None = None
+    verification_guard: int = 0
 
 
 def decode_routed(payload: bytes) -> RoutedPartition:
@@ -114,7 +123,13 @@ def decode_routed(payload: bytes) -> RoutedPartition:
         raise RoutedDataError(f"the request holds {len(partitions)} partitions, not 1")
     topic, partition = partitions[0]
     return RoutedPartition(
-        routed.api_version, routed.flag, body.acks, body.timeout_ms, topic, partition
+        routed.api_version,
+        routed.flag,
+        body.acks,
+        body.timeout_ms,
+        topic,
+        partition,
+        body.transactional_id,
     )
 
 
@@ -167,10 +182,15 @@ class Entry:
     )
     topic: str = ""
     owner: int = -1
+    routed: RoutedPartition | None = None  # decoded once its data is there
+    verifying: asyncio.Future[int | KafkaErrorCode] | None = None
 
 
 # Admit one routed partition now (in queue order) and answer it once durable.
 Admit = Callable[[RoutedPartition, ChannelOffset], Awaitable[ProducePartitionAnswer]]
+# Whether a routed partition must be verified before it is admitted: None if not (decided at
+# once), else the verification (its guard, or the error the entry is answered).
+Verify = Callable[[RoutedPartition], Awaitable[int | KafkaErrorCode] | None]
 
 
 def admit_routed(context: Context) -> Admit:
@@ -188,17 +208,49 @@ def admit_routed(context: Context) -> Admit:
             -1,
             internal_allowed=bool(routed.flag & INTERNAL_TOPICS_ALLOWED),
             channel_offset=offset,
+            verification_guard=routed.verification_guard,
         )
         return answer_partition(routed.topic, routed.partition.index, outcome)
 
     return admit
 
 
+def verify_routed(context: Context) -> Verify:
+    """KIP-890's verification of a routed partition whose first batch is transactional and
+    would begin a transaction at its partition (led here), as Produce verifies a client's
+    (:func:`~automq_ref.kafka.handlers.transactions.verify_produce`)."""
+
+    def verify(routed: RoutedPartition) -> Awaitable[int | KafkaErrorCode] | None:
+        partition = context.topics.partitions.get((routed.topic, routed.partition.index))
+        if partition is None or not routed.partition.records:
+            return None
+        try:
+            first = next(iter_batches(routed.partition.records))
+        except Exception:  # the append answers the malformed batch
+            return None
+        if not first.is_transactional:
+            return None
+        header = first.header()
+        if not partition.transaction_needs_verification(header.producer_id, header.producer_epoch):
+            return None
+        return verify_produce(
+            context,
+            routed.api_version,
+            routed.transactional_id,
+            partition,
+            header.producer_id,
+            header.producer_epoch,
+        )
+
+    return verify
+
+
 class RouterIn:
     """This broker's main side (module docstring). ``admit`` appends one routed partition
     (:func:`admit_routed`); ``read`` reads a channel payload (this node's RouterChannel's
     ``read``: its cache, else any node's channel); ``route_epochs`` is None outside a cluster
-    (every epoch admitted)."""
+    (every epoch admitted); ``verify`` (:func:`verify_routed`) verifies a transactional entry
+    before it is admitted."""
 
     def __init__(
         self,
@@ -206,8 +258,10 @@ class RouterIn:
         read: ChannelRead,
         route_epochs: EpochGate | None,
         stripes: int | None = None,
+        verify: Verify | None = None,
     ) -> None:
         self._admit = admit
+        self._verify = verify
         self._read = read
         self._route_epochs = route_epochs
         self._stripes = stripes or min(MAX_STRIPES, (os.cpu_count() or 1) * STRIPES_PER_CPU)
@@ -275,14 +329,40 @@ class RouterIn:
     def _drain(self, stripe: int) -> None:
         queue = self._queues.get(stripe)
         while queue and queue[0].data.done():
-            entry = queue.popleft()
+            entry = queue[0]
             try:
+                if not self._ready(entry, stripe):
+                    return  # its verification is under way: the queue waits for it
+                queue.popleft()
                 self._append(entry)
             except Exception as error:  # a bug: answered, never left hanging
+                if queue and queue[0] is entry:
+                    queue.popleft()
                 log.exception("zone router append failed")
                 self._fail(entry, f"append failed: {error}")
         if queue is not None and not queue:
             del self._queues[stripe]
+
+    def _ready(self, entry: Entry, stripe: int) -> bool:
+        """Whether the head entry (its data there) may be appended now: decoded, and verified
+        if it must be (the verification starts here and drains the queue again when done)."""
+        data = entry.data
+        if data.cancelled() or data.exception() is not None or entry.verifying is not None:
+            return entry.verifying is None or entry.verifying.done()
+        if entry.routed is None:
+            offset, payload = data.result()
+            entry.owner = offset.channel_owner
+            try:
+                entry.routed = decode_routed(payload)
+            except RoutedDataError:
+                return True  # _append answers it
+            entry.topic = entry.routed.topic
+            verification = None if self._verify is None else self._verify(entry.routed)
+            if verification is not None:
+                entry.verifying = asyncio.ensure_future(verification)
+                entry.verifying.add_done_callback(lambda _: self._drain(stripe))
+                return False
+        return True
 
     def _append(self, entry: Entry) -> None:
         data = entry.data
@@ -292,12 +372,26 @@ class RouterIn:
             return
         offset, payload = data.result()
         entry.owner = offset.channel_owner
-        try:
-            routed = decode_routed(payload)
-        except RoutedDataError as error:
-            self._fail(entry, f"its channel data: {error}")
-            return
+        routed = entry.routed
+        if routed is None:
+            try:
+                routed = decode_routed(payload)
+            except RoutedDataError as error:
+                self._fail(entry, f"its channel data: {error}")
+                return
         entry.topic = routed.topic
+        verifying = entry.verifying
+        if verifying is not None:
+            if verifying.cancelled() or verifying.exception() is not None:
+                failure = "cancelled" if verifying.cancelled() else verifying.exception()
+                self._fail(entry, f"its transaction's verification: {failure}")
+                return
+            verified = verifying.result()
+            if isinstance(verified, KafkaErrorCode):
+                index = routed.partition.index
+                entry.answer.set_result(ProducePartitionAnswer(index, verified.value))
+                return
+            routed = dataclasses.replace(routed, verification_guard=verified)
         task = asyncio.ensure_future(self._admit(routed, offset))
         task.add_done_callback(lambda done: _settle(entry, done))
 

@@ -5,10 +5,13 @@ Per partition of the request, in the request's order (at admission, so a connect
 keep their order), :func:`~automq_ref.kafka.zones.route_out` decides:
 
 - **local** (this broker leads it, or nobody placed it): with
-  ``automq.zonerouter.local.write.mode=direct`` appended at once, as without the router; with
+  ``automq.zonerouter.local.write.mode=direct``, or for a client that declares no zone,
+  appended at once, as without the router (a transactional batch verified first, by the
+  produce handler: the ``verified`` guards :meth:`RouterOut.route` is given); with
   ``router_channel`` (the default) appended to the channel too and then to the partition with a
   link record, through the main side's order queues (:class:`~automq_ref.kafka.zone_router_in.
-  RouterIn`), counted in flight for its route epoch like a remote entry;
+  RouterIn`, which verifies transactional batches itself), counted in flight for its route
+  epoch like a remote entry;
 - **route** to the leader (this broker is the leader's proxy in this zone): the partition's
   records, as a Produce request body of the client's version holding that partition alone, in
   a ZoneRouterPack data block, are appended to the channel for the leader under the order hint
@@ -36,7 +39,7 @@ import asyncio
 import collections
 import logging
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -272,8 +275,25 @@ class RouterOut:
         # (and make cluster's test) can tell from the log which partitions went through here.
         self._announced: set[tuple[str, int, int]] = set()
 
-    def route(self, context: Context, request: Request, body: Any) -> Reply:
-        """Admit a client's Produce (the produce handler's admission, with the router on)."""
+    def appends_at_once(self, context: Context, request: Request) -> bool:
+        """Whether the partitions of ``request`` led here are appended at once (direct mode,
+        or a client that declares no zone), not through the channel."""
+        config = context.config
+        return (
+            self.direct
+            or client_zone(request.client_id, request.peer.host, config.zone_cidr_blocks) is None
+        )
+
+    def route(
+        self,
+        context: Context,
+        request: Request,
+        body: Any,
+        verified: Mapping[tuple[str, int], int | KafkaErrorCode] | None = None,
+    ) -> Reply:
+        """Admit a client's Produce (the produce handler's admission, with the router on).
+        ``verified``: per partition appended at once, the verification guard of its
+        transactional batch, or the error it is answered."""
         image = context.topics.view.image
         zone = client_zone(request.client_id, request.peer.host, context.config.zone_cidr_blocks)
         mapping = proxy_mapping(image.brokers.values())
@@ -307,7 +327,14 @@ class RouterOut:
                 if decision.route is Route.LOCAL and (
                     self.direct or leader is None or zone is None
                 ):
-                    outcome = admit_partition(context, name, index, records, acks)
+                    guard = (verified or {}).get((name, index), 0)
+                    outcome = (
+                        guard
+                        if isinstance(guard, KafkaErrorCode)
+                        else admit_partition(
+                            context, name, index, records, acks, verification_guard=guard
+                        )
+                    )
                     pending.append(asyncio.ensure_future(answer_partition(name, index, outcome)))
                     continue
                 payload = routed_pack(

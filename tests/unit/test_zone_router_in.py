@@ -3,7 +3,8 @@ epochs: per order hint, appends are issued in arrival order whatever order the c
 finish in (and hints do not wait for one another); a fenced route epoch is refused whole,
 with nothing read or appended; an admitted request stays in flight for its epoch until every
 entry's append is answered; an entry whose data cannot be read or decoded is answered on its
-own; the produce link resolver rebuilds the batches at the link's offsets.
+own; a transactional entry is verified at the head of its queue, the entries behind it waiting;
+the produce link resolver rebuilds the batches at the link's offsets.
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ class Appends:
     calls: list[tuple[str, int, ChannelOffset]] = field(default_factory=list)
     durable: dict[ChannelOffset, asyncio.Future[None]] = field(default_factory=dict)
     base: int = 0
+    guards: list[int] = field(default_factory=list)
 
     def __call__(
         self, routed: RoutedPartition, where: ChannelOffset
     ) -> asyncio.Future[ProducePartitionAnswer]:
         self.calls.append((routed.topic, routed.partition.index, where))
+        self.guards.append(routed.verification_guard)
         durable = self.durable[where] = asyncio.get_running_loop().create_future()
         base = self.base
         self.base += 1
@@ -232,3 +235,47 @@ async def test_a_payload_with_two_partitions_is_not_routed_data() -> None:
 
         body = encode_produce_request_body(9, None, -1, 1, [("t", [(0, b"a"), (1, b"b")])])
         decode_routed(ZoneRouterPack((RoutedProduceRequest(9, 0, body),)).encode())
+
+
+async def test_a_transactional_entry_is_verified_at_the_head_of_its_queue() -> None:
+    """An entry that must be verified (KIP-890) holds its queue until the verification ends:
+    then it is appended with the guard, or answered the error and not appended; the entries
+    behind it follow in order, and other queues do not wait."""
+    channel, appends = Channel(), Appends()
+    verifying: dict[str, asyncio.Future[int | KafkaErrorCode]] = {}
+
+    def verify(routed: RoutedPartition) -> asyncio.Future[int | KafkaErrorCode] | None:
+        if bytes(routed.partition.records or b"") != b"begin":
+            return None
+        verifying[routed.topic] = asyncio.get_running_loop().create_future()
+        return verifying[routed.topic]
+
+    router = RouterIn(appends, channel.read, Gate(), stripes=16, verify=verify)
+    first, second = offset(1, hint=5), offset(2, hint=5)
+    refused, after = offset(3, hint=6), offset(4, hint=6)
+    plain = offset(5, hint=7)
+    channel.payloads = {
+        first: payload("t", 0, b"begin"),
+        second: payload("t", 0, b"more"),
+        refused: payload("u", 1, b"begin"),
+        after: payload("u", 1, b"more"),
+        plain: payload("v", 2),
+    }
+    answer = router.admit(request([first, second, refused, after, plain]))
+    await settle()
+    for where in (after, second, refused, first, plain):
+        channel.finish(where)
+    await settle()
+    assert set(verifying) == {"t", "u"}
+    assert [call[2] for call in appends.calls] == [plain]  # the others wait
+    verifying["t"].set_result(7)
+    await settle()
+    assert [call[2] for call in appends.calls] == [plain, first, second]
+    assert appends.guards == [0, 7, 0]
+    verifying["u"].set_result(KafkaErrorCode.INVALID_TXN_STATE)
+    await settle()
+    assert [call[2] for call in appends.calls] == [plain, first, second, after]
+    appends.make_durable()
+    response = await answer
+    codes = [decode_produce_answer(data).error_code for data in response.responses]
+    assert codes == [0, 0, KafkaErrorCode.INVALID_TXN_STATE.value, 0, 0]

@@ -61,8 +61,16 @@ async def handle_produce(context: Context, request: Request) -> Reply:
     acks = body.acks
     await _hold_for_opening(context, body)
     if context.router_out is not None:
-        # The zone router decides, per partition, here, through the channel, or refused.
-        return context.router_out.route(context, request, body)
+        # The zone router decides, per partition, here, through the channel, or refused; what
+        # it appends here at once is verified here first (what goes through the channel is
+        # verified where it is appended, zone_router_in.verify_routed).
+        router = context.router_out
+        verified = (
+            await _verify(context, request.api_version, body)
+            if body.transactional_id is not None and router.appends_at_once(context, request)
+            else {}
+        )
+        return router.route(context, request, body, verified)
     verified = (
         await _verify(context, request.api_version, body)
         if body.transactional_id is not None
