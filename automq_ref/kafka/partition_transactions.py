@@ -173,13 +173,31 @@ class PartitionTransactions:
         """(producer id, first offset) of each aborted transaction a read of
         ``[fetch_offset, upper_bound)`` may meet: last offset >= ``fetch_offset``, first
         offset < ``upper_bound`` (Kafka's rule)."""
-        aborted = self.aborted
-        position = bisect.bisect_left(aborted, fetch_offset, key=_last_offset)
         return [
             (producer_id, first)
-            for producer_id, first, _ in itertools.islice(aborted, position, None)
+            for producer_id, first, _ in self.aborted_rows(fetch_offset)
             if first < upper_bound
         ]
+
+    def aborted_rows(
+        self, start: int, upper_bound: int | None = None, end: int | None = None
+    ) -> list[AbortedRow]:
+        """The index entries, in index order, with last offset in ``[start, end)`` (no end:
+        from ``start`` on) and first offset below ``upper_bound`` (no bound: any): what a
+        snapshot-read copy of the partition is sent (:mod:`automq_ref.kafka.snapshot_sessions`)."""
+        aborted = self.aborted
+        position = bisect.bisect_left(aborted, start, key=_last_offset)
+        stop = len(aborted) if end is None else bisect.bisect_left(aborted, end, key=_last_offset)
+        rows = aborted[position:stop]
+        if upper_bound is None:
+            return rows
+        return [row for row in rows if row[1] < upper_bound]
+
+    def aborted_end_below(self, end: int) -> int:
+        """One past the last offset of the newest index entry that ends below ``end``; 0 when
+        none does."""
+        position = bisect.bisect_left(self.aborted, end, key=_last_offset)
+        return 0 if position == 0 else self.aborted[position - 1][2] + 1
 
     def trim(self, log_start: int) -> None:
         """The log now starts at ``log_start``: index entries wholly below it go."""

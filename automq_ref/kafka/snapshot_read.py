@@ -32,6 +32,11 @@ With tracing on, every step's state (``tla_state``) is kept as a trace that TLC 
 against the spec; without it, the machine starts afresh once its records are all applied and
 its WAL is long, so its state stays small.
 
+Transactions. A copy answers a READ_COMMITTED read as its main would: up to the main's last
+stable offset, with the aborted transactions the answered records overlap, from what the
+answers tell it of its main's transaction state and, for reads below what they told, from
+questions to the main (:mod:`automq_ref.kafka.snapshot_transactions`).
+
 Offsets below a partition's *floor* are read from committed objects, as any reader of the
 stream reads them (``S3Storage.read`` over the metadata image): what the partition held when
 the proxy first heard of it (the main commits its WAL before a session's first answer), and what
@@ -69,7 +74,13 @@ from automq_ref.formats.zone_router import LinkRecord, RecordOffset
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, StorageError
 from automq_ref.io.storage.wal_object import DATA_ALIGN_BYTES
+from automq_ref.kafka.log_state import cut_at
 from automq_ref.kafka.snapshot_sessions import CLEANED_SUFFIX, LOG_STREAM
+from automq_ref.kafka.snapshot_transactions import (
+    AbortedLookup,
+    AbortedQueries,
+    CopyTransactions,
+)
 from automq_ref.protocol.partition_snapshot import (
     MAX_VERSION,
     GetPartitionSnapshotRequest,
@@ -184,6 +195,7 @@ class SnapshotPartition:
         record_trace: bool = False,
         trace_path: Path | None = None,
         on_cache_change: Callable[[int], None] = lambda delta: None,
+        lookup: AbortedLookup | None = None,
     ) -> None:
         self.topic = topic
         self.index = index
@@ -192,6 +204,7 @@ class SnapshotPartition:
         self.data_stream_id = _data_stream(snapshot)
         start, end = _offsets(snapshot)
         self._log_start = start
+        self.transactions = CopyTransactions(f"{topic}-{index}", snapshot, end, lookup)
         self.cleaned = _cleaned(snapshot)  # below its end: the cleaned stream's objects
         self.floor = end  # below: read from committed objects
         self.exposed = end  # fetches read below it
@@ -267,7 +280,10 @@ class SnapshotPartition:
         start, end = _offsets(snapshot)
         self._log_start = start
         self.cleaned = _cleaned(snapshot)
+        self.transactions.told(snapshot, start, end, newest=end >= self.target_end)
         self.target_end = max(self.target_end, end)
+        if self.exposed >= self.target_end:
+            self.transactions.applied()
 
     async def ingest(self, records: list[StreamRecordBatch]) -> None:
         """Replay the partition's records of one answer (WAL order = offset order) and apply
@@ -413,6 +429,8 @@ class SnapshotPartition:
                 return
             self._step(cw.ApplySnapshot())
         self.exposed = end
+        if end >= self.target_end:
+            self.transactions.applied()
         self._appended.set()
         self._appended = asyncio.Event()
         self._rebase()
@@ -458,6 +476,25 @@ class SnapshotPartition:
         """(log start offset, high watermark, log end offset), as ``Partition.fetch_bounds``."""
         return self._log_start, self.exposed, self.exposed
 
+    @property
+    def last_stable_offset(self) -> int:
+        return self.stable_offset(self.exposed)
+
+    def stable_offset(self, high_watermark: int) -> int:
+        """The main's LSO for the applied end (``high_watermark``, read just now)."""
+        return self.transactions.stable_offset(high_watermark, self._log_start)
+
+    def aborted_held(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]] | None:
+        """:meth:`aborted_transactions`'s answer if the copy holds it (no await), else None."""
+        return self.transactions.held(fetch_offset, upper_bound)
+
+    async def aborted_transactions(
+        self, fetch_offset: int, upper_bound: int
+    ) -> list[tuple[int, int]]:
+        """(producer id, first offset) of the main's aborted transactions a read of
+        ``[fetch_offset, upper_bound)`` may meet, as ``Partition.aborted_transactions``."""
+        return await self.transactions.aborted(fetch_offset, upper_bound)
+
     def end_offset_for_epoch(self, leader_epoch: int) -> tuple[int, int]:
         """(epoch, end offset) as OffsetForLeaderEpoch answers, from what the copy knows: the
         current epoch ends at the applied end. The copy has no epoch history; for an older
@@ -476,12 +513,13 @@ class SnapshotPartition:
         self._appended = asyncio.Event()
 
     async def read(
-        self, offset: int, max_bytes: int, min_one: bool = True
+        self, offset: int, max_bytes: int, min_one: bool = True, upper: int | None = None
     ) -> list[bytes | memoryview]:
-        """Whole stored batches from the one holding ``offset`` up to the applied end, no more
-        than ``max_bytes`` together (the first even past it with ``min_one``): what the leader
-        returns for the same offsets."""
-        end = self.exposed
+        """Whole stored batches from the one holding ``offset`` up to the applied end (or
+        ``upper`` below it, the LSO of a READ_COMMITTED Fetch), no more than ``max_bytes``
+        together (the first even past it with ``min_one``): what the leader returns for the
+        same offsets."""
+        end = self.exposed if upper is None else min(upper, self.exposed)
         if offset >= end or (max_bytes <= 0 and not min_one):
             return []
         if offset < self._log_start:
@@ -538,6 +576,9 @@ class SnapshotPartition:
                 cursor = last
             if full:
                 break
+        if upper is not None and cursor > upper:
+            # A stored record holds one append's batches: the last may hold some past upper.
+            return cut_at(payloads, upper)
         return payloads
 
     def _covered(self, offset: int) -> bool:
@@ -630,6 +671,7 @@ class MainSubscriber:
         self.answers = 0
         self.wal_reads = 0
         self.delta_answers = 0
+        self.queries = AbortedQueries(main, address, node_id)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -641,6 +683,7 @@ class MainSubscriber:
             self._task.cancel()
             with contextlib.suppress(BaseException):
                 await self._task
+        await self.queries.close()
         for partition in self.partitions.values():
             partition.close()
         self.partitions.clear()
@@ -770,6 +813,7 @@ class MainSubscriber:
                     f"-{name}-{snapshot.partition_index}.ndjson"
                 ),
                 on_cache_change=self._on_cache_change,
+                lookup=self.queries.lookup_for(topic_id, snapshot.partition_index),
             )
             if first_base is not None:
                 held.start_at(first_base.get(held.data_stream_id, held.floor))

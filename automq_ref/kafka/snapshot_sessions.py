@@ -22,6 +22,16 @@ records appended since its previous answer (:class:`WalDelta`, up to
 carries no data (null) and the WAL end only, and the proxy reads the WAL objects (or, past them,
 committed objects); the buffer then syncs again from the next records.
 
+Transactions. A partition's facts carry its last stable offset at the high watermark they
+report (``first_unstable_offset``), so a proxy answers a READ_COMMITTED read what this broker
+would. Its aborted-transactions index travels in pieces, never whole: an ADD says where the
+newest entry ending below the end it reports ends (``aborted_below``), and each PATCH carries
+the entries whose ABORT marker lies in the offsets it adds (from the end the session sent
+before to the new one), which the records it describes hold anyway. What a proxy's copy does
+not hold (entries ending below the end of the ADD it began with) it asks for when a read needs
+it, with ``aborted_queries`` (:meth:`SnapshotSessions.query`): the entries one read's range
+overlaps, answered at once from the index.
+
 Long poll. An answer with nothing new waits up to :data:`LONG_POLL_S` (100 ms) and is sent as
 soon as the WAL grows. ``request_commit`` makes the main upload its WAL: before the first answer
 of a new session (the proxy reads everything below that answer's end from committed objects),
@@ -35,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import uuid
@@ -42,9 +53,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.zone_router import RecordOffset
 from automq_ref.io.clock import Clock
+from automq_ref.kafka.partition_transactions import PartitionTransactions
 from automq_ref.protocol.partition_snapshot import (
+    QUERY_SESSION_ID,
+    AbortedAnswer,
+    AbortedQuery,
+    AbortedRange,
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
     LogMetadata,
@@ -75,12 +92,15 @@ class LedPartition(Protocol):
     index: int
     epoch: int
     data_stream_id: int
+    transactions: PartitionTransactions
 
     @property
     def high_watermark(self) -> int: ...
 
     @property
     def log_start_offset(self) -> int: ...
+
+    def stable_offset(self, high_watermark: int) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +110,19 @@ class PartitionFacts:
     leader_epoch: int
     log_start: int
     log_end: int  # the end of the durable prefix (the high watermark)
+    stable: int  # the last stable offset at log_end
     data_stream_id: int
     # A compacted topic's cleaned stream and where it ends (the log below is read from it).
     cleaned_stream_id: int | None = None
     cleaned_end: int = 0
 
-    def snapshot(self, index: int, operation: SnapshotOperation) -> PartitionSnapshot:
+    def snapshot(
+        self,
+        index: int,
+        operation: SnapshotOperation,
+        aborted: tuple[AbortedRange, ...] = (),
+        aborted_below: int | None = None,
+    ) -> PartitionSnapshot:
         live_start = self.log_start
         segments = []
         stream_map = [(LOG_STREAM, self.data_stream_id)]
@@ -119,19 +146,23 @@ class PartitionFacts:
             leader_epoch=self.leader_epoch,
             operation=operation,
             log_metadata=LogMetadata(tuple(segments), tuple(stream_map)),
-            first_unstable_offset=LogOffset(self.log_end),
+            first_unstable_offset=LogOffset(self.stable),
             log_end_offset=LogOffset(self.log_end),
             stream_metadata=tuple(stream_ends),
+            aborted=aborted,
+            aborted_below=aborted_below,
         )
 
 
 def facts_of(partition: LedPartition) -> PartitionFacts | None:
     """The partition's facts now (None: its streams closed meanwhile)."""
     try:
+        high_watermark = partition.high_watermark
         return PartitionFacts(
             partition.epoch,
             partition.log_start_offset,
-            partition.high_watermark,
+            high_watermark,
+            partition.stable_offset(high_watermark),
             partition.data_stream_id,
             getattr(partition, "cleaned_stream_id", None),
             getattr(partition, "cleaned_end", 0),
@@ -141,6 +172,10 @@ def facts_of(partition: LedPartition) -> PartitionFacts | None:
 
 
 PartitionKey = tuple[uuid.UUID, int]
+
+
+def _ranges(rows: list[tuple[int, int, int]]) -> tuple[AbortedRange, ...]:
+    return tuple(AbortedRange(producer_id, first, last) for producer_id, first, last in rows)
 
 
 def partition_delta(
@@ -283,17 +318,46 @@ class SnapshotSessions:
             log.info("snapshot session %d expired", session_id)
             del self._sessions[session_id]
 
-    def _current(self) -> dict[PartitionKey, PartitionFacts]:
+    def _current(
+        self, led: dict[PartitionKey, LedPartition] | None = None
+    ) -> dict[PartitionKey, PartitionFacts]:
+        """The facts of every partition led here now (``led`` learns the partitions)."""
         now = {}
         for partition in self._partitions():
+            key = (partition.topic_id, partition.index)
             facts = facts_of(partition)
             if facts is not None:
-                now[(partition.topic_id, partition.index)] = facts
+                now[key] = facts
+                if led is not None:
+                    led[key] = partition
         return now
+
+    def query(self, queries: tuple[AbortedQuery, ...]) -> tuple[AbortedAnswer, ...]:
+        """Each query's entries of the aborted-transactions index, from the partition's index
+        now (only entries below its high watermark: their markers are durable)."""
+        led = {(p.topic_id, p.index): p for p in self._partitions()}
+        answers = []
+        for query in queries:
+            partition = led.get((query.topic_id, query.partition_index))
+            if partition is None:
+                code = KafkaErrorCode.NOT_LEADER_OR_FOLLOWER.value
+                answers.append(AbortedAnswer(query.topic_id, query.partition_index, code))
+                continue
+            rows = partition.transactions.aborted_rows(
+                query.start_offset,
+                query.upper_offset,
+                min(query.end_offset, partition.high_watermark),
+            )
+            answers.append(AbortedAnswer(query.topic_id, query.partition_index, 0, _ranges(rows)))
+        return tuple(answers)
 
     async def handle(
         self, request: GetPartitionSnapshotRequest, version: int
     ) -> GetPartitionSnapshotResponse:
+        if request.session_id == QUERY_SESSION_ID:  # a query alone: no session, no wait
+            return GetPartitionSnapshotResponse(
+                session_id=QUERY_SESSION_ID, aborted_answers=self.query(request.aborted_queries)
+            )
         now_s = self._clock.monotonic_s()
         self._expire(now_s)
         session = self._sessions.get(request.session_id)
@@ -315,6 +379,10 @@ class SnapshotSessions:
                 if session.session_id not in self._sessions:
                     break
         response = self._answer(session, version, first=new)
+        if request.aborted_queries:
+            response = dataclasses.replace(
+                response, aborted_answers=self.query(request.aborted_queries)
+            )
         if request.request_commit:
             self.commits_requested += 1
             if new:
@@ -337,10 +405,22 @@ class SnapshotSessions:
         self, session: _Session, version: int, *, first: bool
     ) -> GetPartitionSnapshotResponse:
         """Built without awaiting: the offsets and the WAL end describe one durable prefix."""
-        current = self._current()
+        led: dict[PartitionKey, LedPartition] = {}
+        current = self._current(led)
         topics: dict[uuid.UUID, list[PartitionSnapshot]] = {}
-        for (topic_id, index), operation, facts in partition_delta(session.sent, current):
-            topics.setdefault(topic_id, []).append(facts.snapshot(index, operation))
+        for key, operation, facts in partition_delta(session.sent, current):
+            topic_id, index = key
+            aborted: tuple[AbortedRange, ...] = ()
+            below = None
+            if operation is SnapshotOperation.ADD:
+                below = led[key].transactions.aborted_end_below(facts.log_end)
+            elif operation is SnapshotOperation.PATCH:
+                # The entries whose markers lie in the offsets this answer adds.
+                rows = led[key].transactions.aborted_rows(
+                    session.sent[key].log_end, end=facts.log_end
+                )
+                aborted = _ranges(rows)
+            topics.setdefault(topic_id, []).append(facts.snapshot(index, operation, aborted, below))
         session.sent = current
         wal_end, data = session.delta.take(self._wal_end)
         session.epoch += 1

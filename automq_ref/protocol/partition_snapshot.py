@@ -19,6 +19,20 @@ streams' end offsets, from v1 the last time-index entry); from v1 ``confirm_wal_
 (bytes: an encoded WAL record offset) and ``confirm_wal_config`` (the main's WAL, set in a
 session's first answer), from v2 ``confirm_wal_delta_data`` (nullable bytes: the encoded stream
 record batches the main's WAL made durable since the previous answer; null: read the WAL).
+
+Transactions (this implementation's tagged fields, in every version; AutoMQ's proxies read a
+partition's transaction index from its own stream, which this broker does not keep). A
+partition's ``first_unstable_offset`` is its last stable offset at ``log_end_offset``. Tags of a
+:class:`PartitionSnapshot`: 0, ``aborted`` (the entries of its aborted-transactions index whose
+last offset, the ABORT marker's, lies in the range this answer adds to what the session
+described: ``(producer id i64, first offset i64, last offset i64)`` each), written when there
+is one; 1, ``aborted_below`` (i64, in an ADD: one past the last offset of the newest index entry
+that ends below ``log_end_offset``, 0 for none). Tag 0 of the request, ``aborted_queries``
+(``topic id, partition i32, start i64, upper i64, end i64`` each: the index entries with last
+offset in ``[start, end)`` and first offset below ``upper``), is answered at once in tag 0 of
+the response, ``aborted_answers`` (per query, in order: topic id, partition, error code i16,
+the entries); a request with session id :data:`QUERY_SESSION_ID` asks only that, touching no
+session.
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from __future__ import annotations
 import enum
 import struct
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -43,6 +58,7 @@ API_KEY: Final = 516
 MIN_VERSION: Final = 0
 MAX_VERSION: Final = 2
 ROUTE_REQUEST_VERSION: Final = 1  # the request's Version field (AutoMQ's route request version)
+QUERY_SESSION_ID: Final = -1  # a request that only asks its aborted_queries
 
 _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
@@ -58,11 +74,44 @@ class SnapshotOperation(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class AbortedRange:
+    """One entry of a partition's aborted-transactions index."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the offset of the transaction's ABORT marker
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedQuery:
+    """The index entries of one partition with last offset in ``[start_offset, end_offset)``
+    and first offset below ``upper_offset``."""
+
+    topic_id: uuid.UUID
+    partition_index: int
+    start_offset: int
+    upper_offset: int
+    end_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedAnswer:
+    """The answer to one :class:`AbortedQuery` (``error_code`` 0, or the partition is not led
+    by the answering broker: ``NOT_LEADER_OR_FOLLOWER``)."""
+
+    topic_id: uuid.UUID
+    partition_index: int
+    error_code: int
+    aborted: tuple[AbortedRange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GetPartitionSnapshotRequest:
     session_id: int = 0
     session_epoch: int = 0
     request_commit: bool = False
     version: int = ROUTE_REQUEST_VERSION
+    aborted_queries: tuple[AbortedQuery, ...] = ()  # tag 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +168,8 @@ class PartitionSnapshot:
     log_end_offset: LogOffset | None = None
     stream_metadata: tuple[StreamEnd, ...] | None = None
     last_timestamp_offset: TimestampOffset | None = None  # v1+
+    aborted: tuple[AbortedRange, ...] = ()  # tag 0
+    aborted_below: int | None = None  # tag 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +188,7 @@ class GetPartitionSnapshotResponse:
     confirm_wal_end_offset: bytes = b""  # v1+
     confirm_wal_config: str = ""  # v1+
     confirm_wal_delta_data: bytes | None = field(default=None)  # v2+
+    aborted_answers: tuple[AbortedAnswer, ...] = ()  # tag 0
 
 
 # ================================================================================= encoding
@@ -163,7 +215,8 @@ def encode_request(request: GetPartitionSnapshotRequest, version: int) -> bytes:
     if version >= 1:
         out.append(_I8.pack(1 if request.request_commit else 0))
         out.append(_I16.pack(request.version))
-    out.append(_NO_TAGS)
+    queries = request.aborted_queries
+    out.append(_tags({0: _aborted_queries(queries)} if queries else {}))
     return b"".join(out)
 
 
@@ -179,6 +232,53 @@ def encode_request_frame(
         + _NO_TAGS
     )
     return header + encode_request(request, version)
+
+
+def _tags(fields: dict[int, bytes]) -> bytes:
+    """A tagged-field section holding ``fields`` (tag -> encoded value), in tag order."""
+    out = [encode_uvarint(len(fields))]
+    for tag in sorted(fields):
+        out.append(encode_uvarint(tag) + encode_uvarint(len(fields[tag])) + fields[tag])
+    return b"".join(out)
+
+
+def _aborted_ranges(ranges: tuple[AbortedRange, ...]) -> bytes:
+    out = [encode_array_length(len(ranges), flexible=True)]
+    for entry in ranges:
+        out.append(
+            _I64.pack(entry.producer_id)
+            + _I64.pack(entry.first_offset)
+            + _I64.pack(entry.last_offset)
+            + _NO_TAGS
+        )
+    return b"".join(out)
+
+
+def _aborted_queries(queries: tuple[AbortedQuery, ...]) -> bytes:
+    out = [encode_array_length(len(queries), flexible=True)]
+    for query in queries:
+        out.append(
+            query.topic_id.bytes
+            + _I32.pack(query.partition_index)
+            + _I64.pack(query.start_offset)
+            + _I64.pack(query.upper_offset)
+            + _I64.pack(query.end_offset)
+            + _NO_TAGS
+        )
+    return b"".join(out)
+
+
+def _aborted_answers(answers: tuple[AbortedAnswer, ...]) -> bytes:
+    out = [encode_array_length(len(answers), flexible=True)]
+    for answer in answers:
+        out.append(
+            answer.topic_id.bytes
+            + _I32.pack(answer.partition_index)
+            + _I16.pack(answer.error_code)
+            + _aborted_ranges(answer.aborted)
+            + _NO_TAGS
+        )
+    return b"".join(out)
 
 
 def _slice(value: SliceRange) -> bytes:
@@ -251,7 +351,12 @@ def _partition(partition: PartitionSnapshot, version: int) -> bytes:
     if version >= 1:
         last = partition.last_timestamp_offset
         out.append(_nullable(None if last is None else _timestamp_offset(last)))
-    out.append(_NO_TAGS)
+    tags = {}
+    if partition.aborted:
+        tags[0] = _aborted_ranges(partition.aborted)
+    if partition.aborted_below is not None:
+        tags[1] = _I64.pack(partition.aborted_below)
+    out.append(_tags(tags))
     return b"".join(out)
 
 
@@ -275,7 +380,8 @@ def encode_response(response: GetPartitionSnapshotResponse, version: int) -> byt
         out.append(encode_string(response.confirm_wal_config, flexible=True))
     if version >= 2:
         out.append(_bytes(response.confirm_wal_delta_data))
-    out.append(_NO_TAGS)
+    answers = response.aborted_answers
+    out.append(_tags({0: _aborted_answers(answers)} if answers else {}))
     return b"".join(out)
 
 
@@ -294,6 +400,69 @@ def _skip_tags(reader: Reader, what: str) -> None:
         reader.uvarint(f"{what} tag")
         size = reader.uvarint(f"{what} tagged field size")
         reader._take(size, f"{what} tagged field")
+
+
+def _read_tags(
+    reader: Reader, what: str, known: dict[int, Callable[[Reader], object]]
+) -> dict[int, object]:
+    """A tagged-field section: the fields of ``known`` tags decoded (each must fill its size
+    exactly), the others skipped."""
+    found: dict[int, object] = {}
+    for _ in range(reader.uvarint(f"{what} tagged fields")):
+        tag = reader.uvarint(f"{what} tag")
+        size = reader.uvarint(f"{what} tagged field size")
+        start = reader._take(size, f"{what} tagged field")
+        decode = known.get(tag)
+        if decode is not None:
+            inner = Reader(reader.view[start : start + size])
+            found[tag] = decode(inner)
+            _no_trailing(inner, f"{what} tag {tag}")
+    return found
+
+
+def _decode_aborted_ranges(reader: Reader) -> tuple[AbortedRange, ...]:
+    ranges = []
+    for _ in range(_count(reader, "Aborted") or 0):
+        entry = AbortedRange(
+            reader.int64("ProducerId"), reader.int64("FirstOffset"), reader.int64("LastOffset")
+        )
+        _skip_tags(reader, "AbortedRange")
+        ranges.append(entry)
+    return tuple(ranges)
+
+
+def _decode_uuid(reader: Reader, what: str) -> uuid.UUID:
+    start = reader._take(16, what)
+    return uuid.UUID(bytes=bytes(reader.view[start : start + 16]))
+
+
+def _decode_aborted_queries(reader: Reader) -> tuple[AbortedQuery, ...]:
+    queries = []
+    for _ in range(_count(reader, "AbortedQueries") or 0):
+        query = AbortedQuery(
+            _decode_uuid(reader, "TopicId"),
+            reader.int32("PartitionIndex"),
+            reader.int64("StartOffset"),
+            reader.int64("UpperOffset"),
+            reader.int64("EndOffset"),
+        )
+        _skip_tags(reader, "AbortedQuery")
+        queries.append(query)
+    return tuple(queries)
+
+
+def _decode_aborted_answers(reader: Reader) -> tuple[AbortedAnswer, ...]:
+    answers = []
+    for _ in range(_count(reader, "AbortedAnswers") or 0):
+        answer = AbortedAnswer(
+            _decode_uuid(reader, "TopicId"),
+            reader.int32("PartitionIndex"),
+            reader.int16("ErrorCode"),
+            _decode_aborted_ranges(reader),
+        )
+        _skip_tags(reader, "AbortedAnswer")
+        answers.append(answer)
+    return tuple(answers)
 
 
 def _bool(reader: Reader, what: str) -> bool:
@@ -334,9 +503,13 @@ def decode_request(
     if version >= 1:
         request_commit = _bool(reader, "RequestCommit")
         route_version = reader.int16("Version")
-    _skip_tags(reader, "request")
+    tags = _read_tags(reader, "request", {0: _decode_aborted_queries})
     _no_trailing(reader, "request")
-    return GetPartitionSnapshotRequest(session_id, session_epoch, request_commit, route_version)
+    queries = tags.get(0, ())
+    assert isinstance(queries, tuple)
+    return GetPartitionSnapshotRequest(
+        session_id, session_epoch, request_commit, route_version, queries
+    )
 
 
 def decode_request_frame(
@@ -433,9 +606,16 @@ def _decode_partition(reader: Reader, version: int) -> PartitionSnapshot:
     last = None
     if version >= 1 and _present(reader, "LastTimestampOffset"):
         last = _decode_timestamp_offset(reader, "LastTimestampOffset")
-    _skip_tags(reader, "PartitionSnapshot")
+    tags = _read_tags(
+        reader,
+        "PartitionSnapshot",
+        {0: _decode_aborted_ranges, 1: lambda inner: inner.int64("AbortedBelow")},
+    )
+    aborted = tags.get(0, ())
+    below = tags.get(1)
+    assert isinstance(aborted, tuple) and (below is None or isinstance(below, int))
     return PartitionSnapshot(
-        index, leader_epoch, operation, log_metadata, unstable, end, streams, last
+        index, leader_epoch, operation, log_metadata, unstable, end, streams, last, aborted, below
     )
 
 
@@ -456,8 +636,7 @@ def decode_response(
     session_epoch = reader.int32("SessionEpoch")
     topics = []
     for _ in range(_count(reader, "Topics") or 0):
-        start = reader._take(16, "TopicId")
-        topic_id = uuid.UUID(bytes=bytes(reader.view[start : start + 16]))
+        topic_id = _decode_uuid(reader, "TopicId")
         partitions = tuple(
             _decode_partition(reader, version) for _ in range(_count(reader, "Partitions") or 0)
         )
@@ -469,10 +648,20 @@ def decode_response(
         config = reader.string(True, "ConfirmWalConfig")
     if version >= 2:
         delta = _decode_bytes(reader, "ConfirmWalDeltaData", nullable=True)
-    _skip_tags(reader, "response")
+    tags = _read_tags(reader, "response", {0: _decode_aborted_answers})
     _no_trailing(reader, "response")
+    answers = tags.get(0, ())
+    assert isinstance(answers, tuple)
     return GetPartitionSnapshotResponse(
-        error_code, throttle, session_id, session_epoch, tuple(topics), end_offset, config, delta
+        error_code,
+        throttle,
+        session_id,
+        session_epoch,
+        tuple(topics),
+        end_offset,
+        config,
+        delta,
+        answers,
     )
 
 

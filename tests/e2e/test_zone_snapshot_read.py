@@ -20,17 +20,18 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka import TopicPartition as KafkaPartition
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
 from tests.e2e.test_cluster import (
     NODES,
     Cluster,
     agreed_leaders,
     create_topic,
+    leaders,
     running_cluster,
     unique,
 )
-from tests.waiting import PATIENCE_S
+from tests.waiting import PATIENCE_S, wait_until
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
@@ -216,3 +217,156 @@ def test_reads_in_az2_survive_a_main_restarting(zoned: Cluster) -> None:
             assert [value for _, value in got[index]] == expected[index], index
     finally:
         consumer.close()
+
+
+TXN_PER_PARTITION = 3  # records per partition and transaction
+
+
+def txn_values(tag: str, partitions: int) -> dict[int, list[bytes]]:
+    return {
+        index: [f"{tag}:{index}:{n}".encode() for n in range(TXN_PER_PARTITION)]
+        for index in range(partitions)
+    }
+
+
+def send_all(producer: Producer, topic: str, values: dict[int, list[bytes]]) -> None:
+    failures: list[object] = []
+    for index, records in values.items():
+        for value in records:
+            producer.produce(
+                topic,
+                value=value,
+                partition=index,
+                on_delivery=lambda error, _: failures.append(error) if error else None,
+            )
+    assert producer.flush(PATIENCE_S) == 0
+    assert not failures, failures[:3]
+
+
+def joined(*parts: dict[int, list[bytes]]) -> dict[int, list[bytes]]:
+    return {index: [v for part in parts for v in part[index]] for index in parts[0]}
+
+
+def az2_consumer(bootstrap: str, topic: str, partitions: int, isolation: str) -> Consumer:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": "automq_az=az2",
+            "group.id": unique("unused"),
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "fetch.wait.max.ms": 200,
+        }
+    )
+    consumer.assign([KafkaPartition(topic, index, OFFSET_BEGINNING) for index in range(partitions)])
+    return consumer
+
+
+def drain(consumer: Consumer, got: dict[int, list[bytes]], want: int) -> dict[int, list[bytes]]:
+    """Poll into ``got`` until it holds ``want`` values, then on for READ_S: all it reads."""
+    deadline = time.monotonic() + PATIENCE_S
+    quiet_until = None
+    while quiet_until is None or time.monotonic() < quiet_until:
+        assert time.monotonic() < deadline, {i: len(v) for i, v in got.items()}
+        message = consumer.poll(0.3)
+        if message is not None:
+            assert message.error() is None, message.error()
+            index, value = message.partition(), message.value()
+            assert index is not None and value is not None
+            got[index].append(value)
+        if quiet_until is None and sum(map(len, got.values())) >= want:
+            quiet_until = time.monotonic() + READ_S
+    return got
+
+
+READ_S = 3.0
+
+
+def test_read_committed_in_az2_sees_what_the_leaders_would_answer(zoned: Cluster) -> None:
+    """A transactional producer without a zone (appended at each leader at once) commits,
+    aborts and leaves a transaction open, one declaring az1 (routed through node 1: its channel
+    for the partitions of nodes 3 and 2, its own for node 1's) commits one in between, on
+    partitions led by nodes 1, 3 and 2; a producer without transactions writes after them.
+    Consumers declaring az2 read through node 2, which serves the partitions of nodes 1 and 3
+    from its snapshot-read copies: READ_COMMITTED gets exactly the committed records and
+    nothing past the open transaction until it commits, READ_UNCOMMITTED all of them. Node 2's
+    partition moved to node 1 (node 2's new copy of it begins past the aborted transaction, so
+    it asks node 1 for the entries a read overlaps), a new READ_COMMITTED reader gets the
+    same."""
+    topic = unique("snapread-txn")
+    create_topic(zoned.brokers[1].bootstrap, topic, 3, assignment=[[1], [3], [2]])
+    assert agreed_leaders(zoned, topic) == {0: 1, 1: 3, 2: 2}
+    partitions = 3
+    producer, in_az1 = (
+        Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "transactional.id": unique("tid"),
+                "transaction.timeout.ms": 120_000,
+                **({"client.id": f"automq_az={zone}"} if zone else {}),
+            }
+        )
+        for bootstrap, zone in ((zoned.bootstrap(), None), (zoned.brokers[1].bootstrap, "az1"))
+    )
+    producer.init_transactions(PATIENCE_S)
+    in_az1.init_transactions(PATIENCE_S)
+    committed_1, aborted_2, committed_3, open_4 = (
+        txn_values(tag, partitions) for tag in ("c1", "a2", "c3", "o4")
+    )
+    for writer, values, commit in (
+        (producer, committed_1, True),
+        (producer, aborted_2, False),
+        (in_az1, committed_3, True),
+    ):
+        writer.begin_transaction()
+        send_all(writer, topic, values)
+        if commit:
+            writer.commit_transaction(PATIENCE_S)
+        else:
+            writer.abort_transaction(PATIENCE_S)
+    producer.begin_transaction()
+    send_all(producer, topic, open_4)
+    plain_5 = txn_values("p5", partitions)
+    send_all(Producer({"bootstrap.servers": zoned.bootstrap(), "acks": "all"}), topic, plain_5)
+
+    node2 = zoned.brokers[2].bootstrap
+    committed = az2_consumer(node2, topic, partitions, "read_committed")
+    try:
+        got: dict[int, list[bytes]] = {index: [] for index in range(partitions)}
+        want = joined(committed_1, committed_3)
+        assert drain(committed, got, 2 * partitions * TXN_PER_PARTITION) == want
+        uncommitted = az2_consumer(node2, topic, partitions, "read_uncommitted")
+        try:
+            everything = joined(committed_1, aborted_2, committed_3, open_4, plain_5)
+            seen: dict[int, list[bytes]] = {index: [] for index in range(partitions)}
+            assert drain(uncommitted, seen, 5 * partitions * TXN_PER_PARTITION) == everything
+        finally:
+            uncommitted.close()
+        producer.commit_transaction(PATIENCE_S)
+        want = joined(committed_1, committed_3, open_4, plain_5)
+        assert drain(committed, got, 4 * partitions * TXN_PER_PARTITION) == want
+    finally:
+        committed.close()
+    log = zoned.brokers[2].log_path.read_text(errors="replace")
+    for index in (0, 1):  # led by nodes 1 and 3: served from node 2's copies
+        assert f"snapshot read serves {topic}-{index} " in log, index
+
+    # Partition 2 moves to node 1: node 2's copy of it begins past every marker, so a read from
+    # the start asks node 1 for the aborted transactions it overlaps.
+    asked_before = log.count(f"aborted transactions of {topic}-2 below")
+    admin = KafkaAdminClient(bootstrap_servers=zoned.bootstrap())
+    try:
+        moved = admin.alter_partition_reassignments({TopicPartition(topic, 2): [1]})
+        assert moved == {TopicPartition(topic, 2): None}
+    finally:
+        admin.close()
+    wait_until(lambda: leaders(zoned, topic) == {0: 1, 1: 3, 2: 1}, f"{topic}-2 moved to node 1")
+    again = az2_consumer(node2, topic, partitions, "read_committed")
+    try:
+        got = {index: [] for index in range(partitions)}
+        assert drain(again, got, 4 * partitions * TXN_PER_PARTITION) == want
+    finally:
+        again.close()
+    log = zoned.brokers[2].log_path.read_text(errors="replace")
+    assert f"snapshot read serves {topic}-2 " in log
+    assert log.count(f"aborted transactions of {topic}-2 below") == asked_before + 1

@@ -4,20 +4,29 @@ RouterChannel in a local directory, with fake partitions and a fake committed-ob
 the snapshot-read partition follows deltas, the main's WAL objects (read-only, when the delta
 overflowed) and link records (resolved through the channel); replays of records already held
 change nothing; a gap no replay filled waits for committed objects; a main restart takes back
-nothing a fetch returned. Each partition's ConfirmWal machine checks its invariants after every
-step, and the trace of a run is validated against specs/ConfirmWal.tla by TLC."""
+nothing a fetch returned; the main's LSO travels with the end it describes and holds committed
+reads, the aborted entries of what each answer adds are held, and a copy that began past an
+entry asks the main for the ones a read overlaps, over a connection of its own. Each
+partition's ConfirmWal machine checks its invariants after every step, and the trace of a run
+is validated against specs/ConfirmWal.tla by TLC."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
+import struct
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from automq_ref.formats.control_batch import build_marker_batch
+from automq_ref.formats.record_batch import RecordBatchView, iter_batches
+from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.zone_router import LinkRecord
 from automq_ref.io.clock import SystemClock
@@ -27,9 +36,12 @@ from automq_ref.io.storage.router_channel import (
     RouterChannel,
     RouterChannelReader,
 )
+from automq_ref.io.storage.storage_errors import StorageError
 from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
+from automq_ref.kafka.partition_transactions import PartitionTransactions
 from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotPartition, read_wal_records
 from automq_ref.kafka.snapshot_sessions import SnapshotSessions
+from automq_ref.protocol.partition_snapshot import decode_request_frame, encode_response_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
@@ -50,6 +62,7 @@ class Led:
     epoch: int
     data_stream_id: int
     end: int = 0
+    transactions: PartitionTransactions = field(default_factory=lambda: PartitionTransactions(0))
 
     @property
     def high_watermark(self) -> int:
@@ -58,6 +71,9 @@ class Led:
     @property
     def log_start_offset(self) -> int:
         return 0
+
+    def stable_offset(self, high_watermark: int) -> int:
+        return self.transactions.stable_offset(high_watermark, self.log_start_offset)
 
 
 class Committed:
@@ -103,9 +119,18 @@ class Main:
         others = [b for b in self.committed.batches if b.stream_id != STREAM]
         self.committed.batches = [*others, *self.appended]
 
-    async def append(self, payload: bytes, link: LinkRecord | None = None) -> None:
+    async def append_batches(self, *batches: bytes) -> None:
+        """Kafka batches of one record each, as one stored record at the partition's end; the
+        transactional ones go into its transaction state as the partition's append puts them."""
+        for batch in batches:
+            view = RecordBatchView(batch)
+            if view.is_transactional:
+                self.led.transactions.add(view)
+        await self.append(b"".join(batches), count=len(batches))
+
+    async def append(self, payload: bytes, link: LinkRecord | None = None, count: int = 1) -> None:
         base = self.led.end
-        data = StreamRecordBatch(STREAM, self.led.epoch, base, 1, payload)
+        data = StreamRecordBatch(STREAM, self.led.epoch, base, count, payload)
         written = (
             data
             if link is None
@@ -113,7 +138,7 @@ class Main:
         )
         encoded = written.encode()
         result = await self.wal.append(encoded)
-        self.led.end += 1
+        self.led.end += count
         self.appended.append(data)
         self.sessions.on_append(encoded, result.record_offset, result.next_offset)
 
@@ -132,10 +157,12 @@ async def open_wal(store: ObjectStore, epoch: int) -> ObjectWal:
     return wal
 
 
-def subscriber(main: Main, *, wal_readable: bool = True) -> MainSubscriber:
+def subscriber(
+    main: Main, *, wal_readable: bool = True, address: tuple[str, int] | None = None
+) -> MainSubscriber:
     return MainSubscriber(
         MAIN,
-        address=lambda node: None,
+        address=lambda node: address,
         topic_name=lambda topic_id: "t" if topic_id == TOPIC else None,
         committed=main.committed,
         resolver=ChannelLinkResolver(RouterChannelReader({0: main.store}, NS)),
@@ -312,4 +339,140 @@ async def test_a_compacted_log_below_the_cleaned_end_comes_from_the_cleaned_stre
     await main.append(b"live 4")
     await poll(sub, main)
     assert await everything(partition) == [b"compacted 0-3", b"live 4"]
+    await main.wal.close()
+
+
+PRODUCER, OTHER = 42, 43
+
+
+def txn(producer: int, offset: int) -> bytes:
+    return build_record_batch(
+        [(b"k", b"v", (), 0)],
+        base_offset=offset,
+        producer_id=producer,
+        producer_epoch=0,
+        base_sequence=offset,
+        is_transactional=True,
+    )
+
+
+def plain(offset: int) -> bytes:
+    return build_record_batch([(b"k", b"plain", (), 0)], base_offset=offset)
+
+
+def abort(producer: int, offset: int) -> bytes:
+    return build_marker_batch(producer, 0, 0, False, 0, base_offset=offset)
+
+
+def offsets_of(payloads: list[bytes | memoryview]) -> list[int]:
+    return [view.base_offset for payload in payloads for view in iter_batches(payload)]
+
+
+@contextlib.asynccontextmanager
+async def listening(main: Main) -> AsyncIterator[tuple[str, int]]:
+    """The main's AutomqGetPartitionSnapshot answered on a local port (as its listener does)."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            while True:
+                (size,) = struct.unpack(">i", await reader.readexactly(4))
+                version, correlation, _, request = decode_request_frame(
+                    await reader.readexactly(size)
+                )
+                answer = await main.sessions.handle(request, version)
+                frame = encode_response_frame(answer, version, correlation)
+                writer.write(struct.pack(">i", len(frame)) + frame)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[:2]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_a_copy_answers_read_committed_as_its_main(store: ObjectStore) -> None:
+    """The main's LSO comes with the end it describes and holds a committed read below it (a
+    stored record holding batches on both sides is cut there); the aborted entries of what
+    each answer adds are held; a copy that began past an entry asks the main, over its own
+    connection and several questions in one request, for the entries a read overlaps."""
+    main = Main(store, await open_wal(store, 1))
+    async with listening(main) as address:
+        sub = subscriber(main, address=address)
+        await poll(sub, main)
+        partition = sub.partitions[("t", 0)]
+        await main.append_batches(txn(PRODUCER, 0))  # 0: open
+        await main.append_batches(plain(1))  # 1
+        await poll(sub, main)
+        assert (partition.exposed, partition.last_stable_offset) == (2, 0)
+        assert await partition.read(0, 1 << 20, upper=partition.last_stable_offset) == []
+        assert offsets_of(await partition.read(0, 1 << 20)) == [0, 1]
+        await main.append_batches(abort(PRODUCER, 2))  # 2: PRODUCER's transaction aborted
+        await main.append_batches(plain(3), txn(OTHER, 4))  # 3, and 4: OTHER's, open
+        await poll(sub, main)
+        assert (partition.exposed, partition.last_stable_offset) == (5, 4)
+        assert offsets_of(await partition.read(0, 1 << 20, upper=4)) == [0, 1, 2, 3]
+        assert partition.aborted_held(0, 4) == [(PRODUCER, 0)]
+        assert partition.aborted_held(2, 4) == [(PRODUCER, 0)]
+        assert partition.aborted_held(3, 4) == [] and partition.transactions.lookups == 0
+        # A copy that begins now holds no entry, and knows one ended below its start (at 2).
+        late = subscriber(main, address=address)
+        await poll(late, main)
+        copy = late.partitions[("t", 0)]
+        assert copy.last_stable_offset == 4 and copy.aborted_held(3, 4) == []
+        assert copy.aborted_held(0, 4) is None and copy.aborted_held(2, 4) is None
+        asked = await asyncio.gather(
+            copy.aborted_transactions(0, 4),
+            copy.aborted_transactions(2, 3),
+            copy.aborted_transactions(1, 1),  # first offset 0 < 1: it overlaps
+            copy.aborted_transactions(0, 0),  # an empty read's range meets nothing
+        )
+        assert list(asked) == [[(PRODUCER, 0)], [(PRODUCER, 0)], [(PRODUCER, 0)], []]
+        assert copy.transactions.lookups == 4
+        assert late.queries.requests == 1  # one request for all four
+        # OTHER's transaction aborts: both copies hold its entry from the answer.
+        await main.append_batches(abort(OTHER, 5))
+        await poll(sub, main)
+        await poll(late, main)
+        for held in (partition, copy):
+            assert held.last_stable_offset == held.exposed == 6
+            assert held.aborted_held(3, 6) == [(OTHER, 4)]
+        assert await copy.aborted_transactions(0, 6) == [(PRODUCER, 0), (OTHER, 4)]
+        await late.close()
+        await sub.close()
+    # The main no longer answers: a read that needs its entries fails, one that does not is
+    # answered.
+    gone = subscriber(main, address=address)
+    await poll(gone, main)
+    unreachable = gone.partitions[("t", 0)]
+    assert unreachable.aborted_held(6, 6) == []  # at or past where the last entry ends
+    with pytest.raises(StorageError, match="aborted transactions of node 1"):
+        await unreachable.aborted_transactions(0, 6)
+    await gone.close()
+    await main.wal.close()
+
+
+async def test_the_lso_moves_with_the_end_it_was_told_with(store: ObjectStore) -> None:
+    """An answer whose records are not all there yet (a gap waits for committed objects) does
+    not move the LSO: the copy answers the LSO and end it last applied, a pair its main had."""
+    main = Main(store, await open_wal(store, 1))
+    sub = subscriber(main, wal_readable=False)
+    await poll(sub, main)
+    partition = sub.partitions[("t", 0)]
+    await main.append_batches(txn(PRODUCER, 0))
+    await poll(sub, main)
+    assert (partition.exposed, partition.last_stable_offset) == (1, 0)
+    await main.append_batches(build_marker_batch(PRODUCER, 0, 0, True, 0, base_offset=1))
+    for n in range(15):  # past the 32 KiB delta, and the WAL cannot be read
+        await main.append(bytes([n]) * 3000)
+    await poll(sub, main)
+    assert partition.target_end == 17 and (partition.exposed, partition.last_stable_offset) == (
+        1,
+        0,
+    )
+    await main.commit(0)
+    await poll(sub, main)
+    assert (partition.exposed, partition.last_stable_offset) == (17, 17)
     await main.wal.close()

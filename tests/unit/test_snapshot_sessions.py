@@ -3,7 +3,10 @@ session's first answer adds every partition led here and names the WAL; later an
 changes (PATCH, REMOVE, ADD); the WAL delta rides along while it fits in 32 KiB and is null
 (read the WAL) once it overflowed; the long poll ends early when the WAL grows; an unknown
 session or a wrong epoch starts a new session; idle sessions expire after 60 s; requestCommit
-uploads before a new session's first answer and lazily (1 s) otherwise. And the two storage
+uploads before a new session's first answer and lazily (1 s) otherwise; a partition's facts
+carry its last stable offset, an ADD where its older aborted entries end and a PATCH the
+entries of the offsets it adds; aborted-transaction queries are answered at once from the
+index (only entries below the high watermark), outside any session. And the two storage
 hooks it uses, on a real S3Storage: the append listeners and the delayed WAL trims."""
 
 from __future__ import annotations
@@ -12,18 +15,29 @@ import asyncio
 import itertools
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.control_batch import build_marker_batch
+from automq_ref.formats.record_batch import RecordBatchView
+from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.formats.stream_record_batch import decode as decode_batch
 from automq_ref.formats.zone_router import RecordOffset
 from automq_ref.io.clock import SystemClock
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore
 from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.kafka import snapshot_sessions as ss
+from automq_ref.kafka.partition_transactions import PartitionTransactions
 from automq_ref.protocol.partition_snapshot import (
+    QUERY_SESSION_ID,
+    AbortedAnswer,
+    AbortedQuery,
+    AbortedRange,
     GetPartitionSnapshotRequest,
     GetPartitionSnapshotResponse,
+    LogOffset,
+    PartitionSnapshot,
     SnapshotOperation,
 )
 from tests.storage_fixtures import NODE_ID, start_storage
@@ -40,6 +54,7 @@ class Led:
     data_stream_id: int
     end: int = 0
     start: int = 0
+    transactions: PartitionTransactions = field(default_factory=lambda: PartitionTransactions(0))
 
     @property
     def high_watermark(self) -> int:
@@ -48,6 +63,9 @@ class Led:
     @property
     def log_start_offset(self) -> int:
         return self.start
+
+    def stable_offset(self, high_watermark: int) -> int:
+        return self.transactions.stable_offset(high_watermark, self.log_start_offset)
 
 
 class Clock(SystemClock):
@@ -188,6 +206,98 @@ async def test_request_commit_uploads_at_once_for_a_new_session_else_lazily() ->
     await main.ask(first.session_id, first.session_epoch, commit=True)
     await asyncio.sleep(0)
     assert main.commits == [0.0, ss.LAZY_COMMIT_S]
+
+
+PRODUCER, OTHER = 42, 43
+
+
+def land(main: Main, index: int, batch: bytes | None = None) -> None:
+    """One record at partition ``index``'s end, durable: a Kafka batch (transactional, or a
+    marker) goes into its transaction state as the partition's append puts it there."""
+    led = main.led[index]
+    if batch is not None:
+        led.transactions.add(RecordBatchView(batch))
+    main.append(index, 10)
+
+
+def data(producer: int, offset: int) -> bytes:
+    return build_record_batch(
+        [(b"k", b"v", (), 0)],
+        base_offset=offset,
+        producer_id=producer,
+        producer_epoch=0,
+        base_sequence=offset,
+        is_transactional=True,
+    )
+
+
+def snapshot_of(response: GetPartitionSnapshotResponse, index: int) -> PartitionSnapshot:
+    [found] = [p for t in response.topics for p in t.partitions if p.partition_index == index]
+    return found
+
+
+async def test_answers_carry_the_lso_and_the_aborted_entries_of_the_offsets_they_add() -> None:
+    """A partition's facts carry its LSO; an ADD says where the entries ending below its end
+    end, never the entries; a PATCH carries the entries whose markers lie in the offsets it
+    adds."""
+    main = Main()
+    land(main, 0, data(PRODUCER, 0))  # 0: PRODUCER's transaction
+    land(main, 0, build_marker_batch(PRODUCER, 0, 0, False, 0, base_offset=1))  # 1: aborted
+    land(main, 0, data(OTHER, 2))  # 2: OTHER's, open
+    first = await main.ask()
+    added = snapshot_of(first, 0)
+    assert added.operation is SnapshotOperation.ADD
+    assert added.first_unstable_offset == LogOffset(2) and added.log_end_offset == LogOffset(3)
+    assert added.aborted == () and added.aborted_below == 2
+    quiet = snapshot_of(first, 1)  # no transaction: the LSO is the end, nothing ended below it
+    assert quiet.first_unstable_offset == quiet.log_end_offset == LogOffset(0)
+    assert quiet.aborted_below == 0
+    land(main, 0, build_marker_batch(OTHER, 0, 0, False, 0, base_offset=3))  # 3: aborted
+    land(main, 0)  # 4: a plain record
+    second = await main.ask(first.session_id, first.session_epoch)
+    patched = snapshot_of(second, 0)
+    assert patched.operation is SnapshotOperation.PATCH and patched.aborted_below is None
+    assert patched.aborted == (AbortedRange(OTHER, 2, 3),)
+    assert patched.first_unstable_offset == patched.log_end_offset == LogOffset(5)
+    land(main, 0)  # 5: nothing aborted in what the next answer adds
+    third = await main.ask(second.session_id, second.session_epoch)
+    assert snapshot_of(third, 0).aborted == ()
+
+
+async def test_queries_answer_the_entries_a_read_overlaps_at_once_and_touch_no_session() -> None:
+    main = Main()
+    land(main, 0, data(PRODUCER, 0))
+    land(main, 0, build_marker_batch(PRODUCER, 0, 0, False, 0, base_offset=1))
+    land(main, 0, data(OTHER, 2))
+    land(main, 0, build_marker_batch(OTHER, 0, 0, False, 0, base_offset=3))
+    # A third abort whose marker is not durable yet (past the high watermark, 4): never told.
+    main.led[0].transactions.add(RecordBatchView(data(PRODUCER, 4)))
+    main.led[0].transactions.add(
+        RecordBatchView(build_marker_batch(PRODUCER, 0, 0, False, 0, base_offset=5))
+    )
+    queries = (
+        AbortedQuery(TOPIC, 0, 0, 10, 3),  # last offset below 3
+        AbortedQuery(TOPIC, 0, 0, 2, 100),  # first offset below 2
+        AbortedQuery(TOPIC, 0, 2, 10, 100),  # last offset from 2 on, below the end (4)
+        AbortedQuery(TOPIC, 9, 0, 10, 100),  # not led here
+    )
+    before = dict(main.sessions.sessions)
+    started = time.monotonic()
+    answer = await main.sessions.handle(
+        GetPartitionSnapshotRequest(QUERY_SESSION_ID, -1, aborted_queries=queries), 2
+    )
+    assert time.monotonic() - started < ss.LONG_POLL_S  # no long poll
+    assert dict(main.sessions.sessions) == before and answer.topics == ()
+    assert answer.aborted_answers == (
+        AbortedAnswer(TOPIC, 0, 0, (AbortedRange(PRODUCER, 0, 1),)),
+        AbortedAnswer(TOPIC, 0, 0, (AbortedRange(PRODUCER, 0, 1),)),
+        AbortedAnswer(TOPIC, 0, 0, (AbortedRange(OTHER, 2, 3),)),
+        AbortedAnswer(TOPIC, 9, KafkaErrorCode.NOT_LEADER_OR_FOLLOWER.value),
+    )
+    # A session's request may ask too: the answer carries both.
+    first = await main.sessions.handle(GetPartitionSnapshotRequest(aborted_queries=queries[:1]), 2)
+    assert first.session_id in main.sessions.sessions and operations(first)
+    assert first.aborted_answers == answer.aborted_answers[:1]
 
 
 async def test_the_storage_reports_durable_records_and_delays_its_wal_trims(

@@ -24,24 +24,27 @@ bandwidth limiter").
 Isolation (Fetch v4+): a READ_COMMITTED Fetch (``isolation_level`` 1) reads a partition only
 up to its last stable offset (:attr:`Partition.last_stable_offset`): what lies past it is not
 answered, does not count toward ``min_bytes`` and does not end the long poll, and each answer
-carries the aborted transactions its records may meet
-(:meth:`Partition.aborted_transactions` from the fetch offset to the LSO). Both isolation
-levels answer the LSO as ``last_stable_offset``; control batches go to clients as stored
-(clients drop them). A partition that never saw a transaction pays one flag test for this. A
-snapshot-read copy (zone router) knows no transaction state: it answers its high watermark as
-the LSO and no aborted transactions.
+carries the aborted transactions its records overlap (:meth:`Partition.aborted_transactions`:
+last offset at or past the fetch offset, first offset below the end of the last batch answered,
+Kafka's rule; none when no records are answered). Both isolation levels answer the LSO as
+``last_stable_offset``; control batches go to clients as stored (clients drop them). A
+partition that never saw a transaction pays one flag test for this. A snapshot-read copy (zone
+router) answers the same from its main's transaction state
+(:class:`~automq_ref.kafka.snapshot_read.SnapshotPartition`: the main's LSO with the end it
+applied, the aborted transactions from the entries it holds or, for a read below them, from its
+main); a copy that cannot learn them answers that partition ``KAFKA_STORAGE_ERROR``, no records.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.formats.record_batch import RecordBatchView
+from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.io.storage.s3stream import StorageError
 from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
@@ -200,19 +203,16 @@ async def _fetch_once(
             responses.append(FetchableTopicResponse(partitions=topic_answers, topic=key))
     origin = ReadOrigin()
     found = await _read_partitions(reads, int(request.body.max_bytes), origin, committed)
+    aborted = await _aborted(reads, found) if committed else None
     total = 0
     waits: list[Readable] = []
     # The high watermark is read here, after every read's await: a partition that received
     # data while the others were read answers now instead of joining the long poll.
-    for (partition, fetch_partition), answer, (code, chunks) in zip(
-        reads, answers, found, strict=True
+    for position, ((partition, fetch_partition), answer, (code, chunks)) in enumerate(
+        zip(reads, answers, found, strict=True)
     ):
         high_watermark = partition.high_watermark
-        stable = (
-            partition.stable_offset(high_watermark)
-            if isinstance(partition, Partition)
-            else high_watermark
-        )
+        stable = partition.stable_offset(high_watermark)
         if chunks:
             size = sum(map(len, chunks))
             partition.bytes_out += size
@@ -228,37 +228,72 @@ async def _fetch_once(
                 waits.append(partition)
         answer.high_watermark, answer.last_stable_offset = high_watermark, stable
         answer.log_start_offset = partition.log_start_offset
-        if committed:
-            answer.aborted_transactions = _aborted(partition, fetch_partition, stable)
+        if aborted is not None:
+            answer.aborted_transactions = aborted[position]
     return _Read(responses, total, waits, answer_now, origin.from_objects)
 
 
 Read = tuple[KafkaErrorCode, list[bytes | memoryview]]
 
 
-def _aborted(partition: Readable, fetch_partition: Any, stable: int) -> list[AbortedTransaction]:
-    """The aborted transactions a READ_COMMITTED answer from the fetch offset meets."""
-    if not isinstance(partition, Partition) or not partition.transactions.aborted:
-        return []
+async def _aborted(
+    reads: list[tuple[Readable, Any]], found: list[Read]
+) -> list[list[AbortedTransaction]]:
+    """Each READ_COMMITTED answer's aborted transactions: those its records overlap. A
+    snapshot-read copy that must ask its main for them is asked with the others at once; one
+    whose main does not answer has its records taken back (``found`` is changed in place: they
+    cannot go without the transactions to drop)."""
+    rows: list[list[tuple[int, int]]] = [[] for _ in reads]
+    asking: dict[int, Awaitable[list[tuple[int, int]]]] = {}
+    for position, ((partition, fetch_partition), (_, chunks)) in enumerate(
+        zip(reads, found, strict=True)
+    ):
+        if not chunks:
+            continue
+        fetch_offset = int(fetch_partition.fetch_offset)
+        if isinstance(partition, Partition):
+            if partition.transactions.aborted:
+                upper = _answered_end(chunks)
+                rows[position] = partition.aborted_transactions(fetch_offset, upper)
+            continue
+        upper = _answered_end(chunks)
+        held = partition.aborted_held(fetch_offset, upper)
+        if held is None:
+            asking[position] = partition.aborted_transactions(fetch_offset, upper)
+        else:
+            rows[position] = held
+    if asking:
+        answers = await asyncio.gather(*asking.values(), return_exceptions=True)
+        for position, answer in zip(asking, answers, strict=True):
+            if isinstance(answer, BaseException):
+                partition = reads[position][0]
+                log.error("fetch from %s-%d: %s", partition.topic, partition.index, answer)
+                found[position] = (KafkaErrorCode.KAFKA_STORAGE_ERROR, [])
+            else:
+                rows[position] = answer
     return [
-        AbortedTransaction(producer_id=producer_id, first_offset=first_offset)
-        for producer_id, first_offset in partition.aborted_transactions(
-            int(fetch_partition.fetch_offset), stable
-        )
+        [AbortedTransaction(producer_id=producer, first_offset=first) for producer, first in held]
+        for held in rows
     ]
+
+
+def _answered_end(chunks: list[bytes | memoryview]) -> int:
+    """The offset after the last batch of ``chunks`` (stored records, in offset order)."""
+    end = -1
+    for view in iter_batches(chunks[-1], verify_crc=False, compacted=True):
+        end = view.next_offset
+    return end
 
 
 def _upper(partition: Readable, committed: bool) -> int | None:
     """Where a read stops short of the high watermark: a READ_COMMITTED one, at the LSO."""
-    if not committed or not isinstance(partition, Partition):
-        return None
-    return partition.last_stable_offset
+    return partition.last_stable_offset if committed else None
 
 
 def _bounds(partition: Readable, committed: bool) -> tuple[int, int, int]:
     """(log start, the end a read may reach: the high watermark or the LSO, log end)."""
     log_start, high_watermark, log_end = partition.fetch_bounds()
-    if committed and isinstance(partition, Partition):
+    if committed:
         return log_start, partition.stable_offset(high_watermark), log_end
     return log_start, high_watermark, log_end
 
@@ -451,6 +486,7 @@ async def _read(
 ) -> list[bytes | memoryview]:
     """``partition.read``, telling ``origin`` whether it read objects (a partition led here);
     ``committed``: up to the LSO."""
+    upper = _upper(partition, committed)
     if isinstance(partition, Partition):
-        return await partition.read(offset, limit, first, origin, _upper(partition, committed))
-    return await partition.read(offset, limit, min_one=first)
+        return await partition.read(offset, limit, first, origin, upper)
+    return await partition.read(offset, limit, min_one=first, upper=upper)
