@@ -292,7 +292,7 @@ def test_read_committed_in_az2_sees_what_the_leaders_would_answer(zoned: Cluster
     nothing past the open transaction until it commits, READ_UNCOMMITTED all of them. Node 2's
     partition moved to node 1 (node 2's new copy of it begins past the aborted transaction, so
     it asks node 1 for the entries a read overlaps), a new READ_COMMITTED reader gets the
-    same."""
+    same. ListOffsets latest through the proxy answers the LSO at READ_COMMITTED."""
     topic = unique("snapread-txn")
     create_topic(zoned.brokers[1].bootstrap, topic, 3, assignment=[[1], [3], [2]])
     assert agreed_leaders(zoned, topic) == {0: 1, 1: 3, 2: 2}
@@ -340,6 +340,14 @@ def test_read_committed_in_az2_sees_what_the_leaders_would_answer(zoned: Cluster
             everything = joined(committed_1, aborted_2, committed_3, open_4, plain_5)
             seen: dict[int, list[bytes]] = {index: [] for index in range(partitions)}
             assert drain(uncommitted, seen, 5 * partitions * TXN_PER_PARTITION) == everything
+            # ListOffsets latest answers the LSO at READ_COMMITTED, copies and leader alike:
+            # the open transaction's first offset, after three transactions and their markers.
+            for index in range(partitions):
+                where = KafkaPartition(topic, index)
+                _, stable = committed.get_watermark_offsets(where, PATIENCE_S, cached=False)
+                _, high = uncommitted.get_watermark_offsets(where, PATIENCE_S, cached=False)
+                assert (index, stable) == (index, 3 * (TXN_PER_PARTITION + 1)), high
+                assert high == stable + 2 * TXN_PER_PARTITION, (index, stable, high)
         finally:
             uncommitted.close()
         producer.commit_transaction(PATIENCE_S)

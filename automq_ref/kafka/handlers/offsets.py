@@ -59,7 +59,9 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
                 # A proxy answers for its main's partition, from its snapshot-read copy.
                 proxied = snapshot_partition(context, request, list_topic.name, index)
                 if proxied is not None and int(list_partition.timestamp) in (-1, -2, -4, -5):
-                    offset, timestamp = await _list_offset(proxied, int(list_partition.timestamp))
+                    offset, timestamp = await _list_offset(
+                        proxied, int(list_partition.timestamp), committed
+                    )
                     partitions.append(
                         ListOffsetsPartition(
                             index, timestamp=timestamp, offset=offset, leader_epoch=proxied.epoch
@@ -88,7 +90,7 @@ async def _list_offset(
     if timestamp in (-2, -4, -5):  # earliest; earliest local; earliest tiered
         return partition.log_start_offset, -1
     if timestamp == -1:  # latest
-        if committed and isinstance(partition, Partition):
+        if committed:  # a snapshot-read copy knows the leader's LSO at its high watermark
             return partition.last_stable_offset, -1
         return partition.high_watermark, -1
     assert isinstance(partition, Partition)  # a snapshot-read copy answers the two above
