@@ -9,6 +9,7 @@
 (* Machine: automq_ref/state_machines/transaction.py (the coordinator,     *)
 (* and the partition's side in transaction_partition.py).                  *)
 (* Properties: tests/properties/test_transaction.py::TransactionMachine.   *)
+(* Traces: tests/properties/test_transaction_trace.py (its runs, with TLC).*)
 (* Sources: Kafka's transaction coordinator (TransactionCoordinator,       *)
 (* TransactionMetadata: the states and their valid previous states;        *)
 (* InitProducerId, AddPartitionsToTxn, EndTxn, the timeout abort through   *)
@@ -233,10 +234,13 @@ AbortFenced ==
 \* ACTION: AddPartitionsToTxn(transactionalId, producerId, epoch, partitions) from an
 \* instance (v3 and lower: the client's form). Another epoch: PRODUCER_FENCED (the instance
 \* stops). Prepare*, PrepareEpochFence: CONCURRENT_TRANSACTIONS (a stutter: it asks again).
-\* Empty, Ongoing, Complete*: Ongoing, with the partitions added.
+\* Empty, Ongoing, Complete*: Ongoing, with the partitions added. The instance sends it while
+\* its transaction may commit, but one of its writes may be refused or given up on before the
+\* answer comes (a request takes time in the machine and in a client), so the answer may find
+\* it abortable: the partitions are added all the same, and it can only abort.
 AddPartitionsToTxn(i, P) ==
     /\ instanceState[i] \in {"Ready", "InTransaction"}
-    /\ ~mustBump[i] /\ ~abortable[i]
+    /\ ~mustBump[i]
     /\ instanceState[i] = "Ready" => attempt[i] <= MaxAttempts
     /\ P # {} /\ ~(P \subseteq added[i])
     /\ IF instanceEpoch[i] # producerEpoch

@@ -1069,9 +1069,56 @@ PLACEMENT = TraceSpec(
     unmodelled=frozenset({"ElectLeaders"}),
 )
 
+
+def _transaction_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
+    """The instances and partitions of the trace; bounds just large enough for it (epochs,
+    writes, transactions an instance began); both switches on (the real spec)."""
+    partitions = fn_keys(lines, "partitionEpoch")
+    partitions += [
+        p
+        for p in values_of(lines, "txnPartitions", "pendingMarkers")
+        if isinstance(p, str) and p not in partitions
+    ]
+    epochs = (
+        ints_of(lines, "producerEpoch")
+        + _fn_values(lines, "partitionEpoch", "openTxn", "instanceEpoch")
+        + [v for var in ("inFlight", "log") for v in fields_of(lines, var, "e")]
+    )
+    writes = ints_of(lines, "sent") + [
+        v for var in ("inFlight", "log") for v in fields_of(lines, var, "w")
+    ]
+    return {
+        "Instances": {"set": fn_keys(lines, "instanceState")},
+        "Partitions": {"set": partitions},
+        "MaxEpoch": max([0, *(e for e in epochs if isinstance(e, int))]),
+        "MaxWrites": max([0, *(w for w in writes if isinstance(w, int))]),
+        "MaxAttempts": max([1, *_fn_values(lines, "attempt")]),
+        "BumpOnFence": True,
+        "VerifyPartitions": True,
+    }
+
+
+TRANSACTION = TraceSpec(
+    name="Transaction",
+    module="MCTransaction",
+    constants=_transaction_constants,
+    invariants=(
+        "TypeOK",
+        "AllOrNothing",
+        "OutcomeAsAnswered",
+        "NoZombieCommit",
+        "NoHangingTransaction",
+        "MarkersNotStale",
+    ),
+    # The expiry of an idle transactional id (Dead, then forgotten) is the machine's, not the
+    # spec's: as a stutter it changes the id's state, so a trace holding one is rejected there.
+    unmodelled=frozenset({"ExpireTransactionalId"}),
+)
+
 # THE table of machines whose traces can be validated; add one TraceSpec per spec.
 TRACE_SPECS: dict[str, TraceSpec] = {
-    spec.name: spec for spec in (STREAM_METADATA, ROUTE_EPOCH, CONFIRM_WAL, FAILOVER, PLACEMENT)
+    spec.name: spec
+    for spec in (STREAM_METADATA, ROUTE_EPOCH, CONFIRM_WAL, FAILOVER, PLACEMENT, TRANSACTION)
 }
 
 

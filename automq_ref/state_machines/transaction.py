@@ -49,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Final, TypeAlias
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.state_machines.transaction_partition import tla_partition
 from automq_ref.state_machines.transition import InvariantViolation, Rejected, Transition
 
 PartitionKey: TypeAlias = tuple[str, int]  # (topic name, partition index)
@@ -781,3 +782,76 @@ def inv_pending_is_one_write(state: CoordinatorState) -> None:
 
 
 INVARIANTS = (inv_states_are_kafkas, inv_pending_is_one_write)
+
+
+# ------------------------------------------------------------------------- trace validation
+
+
+def _tla_partitions(partitions: Iterable[PartitionKey]) -> dict[str, object]:
+    return {"set": sorted(tla_partition(p) for p in partitions)}
+
+
+def tla_state(state: CoordinatorState, transactional_id: str) -> dict[str, object]:
+    """The coordinator's variables of specs/Transaction.tla for one transactional id
+    (docs/trace_validation.md, "Transaction"): its metadata as the spec sees it. A change
+    waiting for its record is not there yet (the spec's step is the persist); the
+    coordinator's own abort is, from the fence on (PrepareEpochFence at the bumped epoch: the
+    spec's FenceOngoing). An id not known, or whose first record is not durable yet, is the
+    spec's initial ``Empty`` at epoch -1."""
+    entry = state.entries.get(transactional_id)
+    metadata = entry.metadata if entry is not None else None
+    if entry is None or metadata is None:
+        return {
+            "txnState": S.Empty.name,
+            "producerEpoch": NO_EPOCH,
+            "txnPartitions": _tla_partitions(()),
+            "pendingMarkers": _tla_partitions(()),
+        }
+    return {
+        "txnState": metadata.state.name,
+        "producerEpoch": metadata.producer_epoch,
+        "txnPartitions": _tla_partitions(metadata.partitions),
+        "pendingMarkers": _tla_partitions(entry.pending_markers),
+    }
+
+
+# The action of a persist, by the state its record takes the id to (and Dead: the expiry, which
+# the spec does not have).
+_PERSISTED_ACTION: Final[Mapping[TransactionState, str]] = {
+    S.Empty: "InitProducerId",
+    S.Ongoing: "AddPartitionsToTxn",
+    S.PrepareCommit: "EndTxn",
+    S.PrepareAbort: "EndTxn",
+    S.CompleteCommit: "CompleteTransaction",
+    S.CompleteAbort: "CompleteTransaction",
+    S.Dead: "ExpireTransactionalId",
+}
+
+
+def tla_action(event: TransactionEvent, before: CoordinatorState, after: CoordinatorState) -> str:
+    """The action of specs/Transaction.tla that ``event``, stepped on ``before`` to ``after``,
+    stands for (a refused or waiting request is a stutter of it). A request's decision takes
+    effect when its record is durable, so ``TransactionPersisted`` is the request's action
+    (``TransactionPersistFailed`` a stutter of it); the fence of an ongoing transaction (a
+    ``Tick`` past its timeout, an InitProducerId over it) is ``FenceOngoing``, and the persist
+    of its abort ``AbortFenced``."""
+    if isinstance(event, InitProducerId):
+        was, now = (describe(s, event.transactional_id) for s in (before, after))
+        fenced = was is not None and was.state is S.Ongoing
+        fenced = fenced and now is not None and now.state is S.PrepareEpochFence
+        return "FenceOngoing" if fenced else "InitProducerId"
+    if isinstance(event, AddPartitionsToTxn):
+        return "AddPartitionsToTxnVerify" if event.verify_only else "AddPartitionsToTxn"
+    if isinstance(event, EndTxn):
+        return "EndTxn"
+    if isinstance(event, MarkerWritten):
+        return "MarkerWritten"
+    if isinstance(event, Tick):
+        return "FenceOngoing"
+    entry = before.entries.get(event.transactional_id)
+    pending = entry.pending if entry is not None else None
+    if entry is None or pending is None:
+        return "CompleteTransaction"  # no write of that id pending: refused, a stutter
+    if pending.restore is not None:
+        return "AbortFenced"
+    return _PERSISTED_ACTION[pending.target.state]

@@ -21,6 +21,7 @@ partition's transaction state (:mod:`automq_ref.kafka.partition_transactions`) k
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -108,3 +109,28 @@ def append_marker(
     completed = CompletedTransaction(entry.first_offset, offset, not commit) if entry.open else None
     after = ProducerTransaction(max(entry.epoch, epoch), coordinator_epoch=coordinator_epoch)
     return after, completed
+
+
+# --------------------------------------------------------------------------- trace validation
+
+
+def tla_partition(partition: tuple[str, int]) -> str:
+    """A partition as specs/Transaction.tla's trace names it: ``"<topic>-<index>"``."""
+    topic, index = partition
+    return f"{topic}-{index}"
+
+
+def tla_state(entries: Mapping[tuple[str, int], ProducerTransaction]) -> dict[str, object]:
+    """The partitions' variables of specs/Transaction.tla (docs/trace_validation.md), for one
+    producer id's entry at each partition: ``partitionEpoch`` (the epoch last accepted) and
+    ``openTxn`` (the epoch of the open transaction: the epoch last accepted while one is open,
+    since a later batch of an open transaction never lowers it). The spec's ``verified`` is a
+    guard the coordinator vouched for; the partition leaves its guard before it asks and keeps
+    it on a refusal, so it cannot tell, and ``verified`` is not traced (TLC computes it)."""
+    ordered = sorted(entries.items())
+    return {
+        "partitionEpoch": {"fn": [[tla_partition(p), e.epoch] for p, e in ordered]},
+        "openTxn": {
+            "fn": [[tla_partition(p), e.epoch if e.open else NO_EPOCH] for p, e in ordered]
+        },
+    }

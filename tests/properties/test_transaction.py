@@ -8,7 +8,9 @@ partitions, send writes, give up on writes (a produce timeout: the transaction m
 KIP-360, the epoch be bumped before the next one), and end transactions; writes are verified,
 land, or are lost, in any order. Rules are named after the spec's actions in snake_case, and the
 spec's invariants are checked after every step under the same names (``AllOrNothing`` is
-``all_or_nothing``...). The machine's own invariants (``INVARIANTS``) are checked too.
+``all_or_nothing``...). The machine's own invariants (``INVARIANTS``) are checked too. With
+``traced`` the run is recorded as a trace of the spec (``tla_state``, ``record``), which
+tests/properties/test_transaction_trace.py validates with TLC.
 
 Below the machine, the spec's two mutation models replayed: without the epoch bump on the
 coordinator's abort a zombie commits (MCTransactionNoFenceBump), and without verification a
@@ -17,6 +19,7 @@ write given up on hangs a transaction (MCTransactionNoVerify).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -53,6 +56,19 @@ PARTITIONS = (("a", 0), ("b", 0))
 TIMEOUT_MS = 3_000
 MAX_WRITES = 6
 MAX_ATTEMPTS = 3
+# How often the environment's rarer moves happen when their rule is drawn: one draw in N. Each
+# is a hazard per step (its rule is enabled most of the time), so they are kept rare enough
+# that a run commits (at one in three each, and time passing as a rule of its own, 40% of the
+# steps, fewer than one run in ten committed).
+SECOND_INSTANCE_ONE_IN = 6  # a second instance initializes (and fences the first)
+GIVE_UP_ONE_IN = 6  # an instance gives up on a write (a produce timeout)
+LOSE_ONE_IN = 6  # the network loses a write
+ABORT_ONE_IN = 4  # an instance whose transaction may commit aborts it
+
+
+def one_in(n: int) -> st.SearchStrategy[int]:
+    """A draw that is ``n - 1`` one time in ``n``."""
+    return st.integers(0, n - 1)
 
 
 @dataclass
@@ -86,7 +102,7 @@ class Write:
 @dataclass
 class PartitionLog:
     entry: tp.ProducerTransaction = field(default_factory=tp.ProducerTransaction)
-    # ("DATA", (instance, attempt), w) or ("COMMIT" | "ABORT", epoch, producer_id)
+    # ("DATA", (instance, attempt), w, epoch) or ("COMMIT" | "ABORT", epoch, producer_id)
     batches: list[tuple[object, ...]] = field(default_factory=list)
 
 
@@ -116,6 +132,12 @@ class TransactionMachine(RuleBasedStateMachine):
     # Ids expire after 5 s idle here (Kafka: 7 days), so that runs reach Dead.
     params = TransactionParams(expiration_ms=5_000)
     verify = True
+    # Record the run as a trace of specs/Transaction.tla (tests/properties/
+    # test_transaction_trace.py): ``Init``, then one line per step of the spec's world.
+    traced = False
+    # Whether the write of the coordinator's own abort may fail (the fence is then undone, a
+    # step the spec, whose writes never fail, does not have: traced runs keep it durable).
+    fail_fences = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -135,6 +157,66 @@ class TransactionMachine(RuleBasedStateMachine):
         self.decisions: list[tuple[tuple[str, int], str, bool]] = []
         self.aborts: set[tuple[str, int]] = set()
         self.fenced: set[str] = set()
+        self.trace: list[dict[str, object]] = []
+        self.record("Init")
+
+    # ------------------------------------------------------------------------- the trace
+
+    def tla_state(self) -> dict[str, object]:
+        """The spec's variables: the coordinator's and the partitions' from the machines
+        (``tla_state``), the instances', the network's and the logs from this world; the
+        history (``decisions``, ``aborts``, ``fenced``) is left to TLC."""
+
+        def per_instance(value: Callable[[Instance], object]) -> dict[str, object]:
+            return {"fn": [[name, value(i)] for name, i in sorted(self.instances.items())]}
+
+        def names(partitions: set[tuple[str, int]]) -> dict[str, object]:
+            return {"set": sorted(tp.tla_partition(p) for p in partitions)}
+
+        def batch(entry: tuple[object, ...]) -> dict[str, object]:
+            if entry[0] == "DATA":
+                attempt, w, epoch = entry[1], entry[2], entry[3]
+                assert isinstance(attempt, tuple)
+                return {"record": {"kind": "DATA", "a": {"seq": list(attempt)}, "e": epoch, "w": w}}
+            return {"record": {"kind": entry[0], "e": entry[1]}}
+
+        logs = sorted(self.partitions.items())
+        return {
+            **tx.tla_state(self.state, TID),
+            **tp.tla_state({p: log.entry for p, log in logs}),
+            "log": {
+                "fn": [
+                    [tp.tla_partition(p), {"seq": [batch(b) for b in log.batches]}]
+                    for p, log in logs
+                ]
+            },
+            "instanceState": per_instance(lambda i: i.state),
+            "instanceEpoch": per_instance(lambda i: i.epoch),
+            "attempt": per_instance(lambda i: i.attempt),
+            "added": per_instance(lambda i: names(i.added)),
+            "abortable": per_instance(lambda i: i.abortable),
+            "fateUnknown": per_instance(lambda i: i.fate_unknown),
+            "mustBump": per_instance(lambda i: i.must_bump),
+            "inFlight": {
+                "set": [
+                    {
+                        "record": {
+                            "a": {"seq": [w.instance, w.attempt]},
+                            "e": w.epoch,
+                            "p": tp.tla_partition(w.partition),
+                            "w": w.w,
+                        }
+                    }
+                    for w in sorted(self.in_flight, key=lambda w: w.w)
+                ]
+            },
+            "pending": per_instance(lambda i: {"set": sorted(i.pending)}),
+            "sent": self.writes,
+        }
+
+    def record(self, action: str) -> None:
+        if self.traced:
+            self.trace.append({"action": action, "state": self.tla_state()})
 
     # ---------------------------------------------------------------------- the coordinator
 
@@ -143,7 +225,7 @@ class TransactionMachine(RuleBasedStateMachine):
         pending = before.pending if before is not None else None
         transition = tx.step(self.state, event, self.params)
         assert transition.rejection is None, (event, transition.rejection)
-        self.state = transition.state
+        previous, self.state = self.state, transition.state
         for check in tx.INVARIANTS:
             check(self.state)
         if (
@@ -166,6 +248,7 @@ class TransactionMachine(RuleBasedStateMachine):
                 self.markers.append((effect, set(effect.partitions)))
             elif isinstance(effect, Respond):
                 self.answer(effect)
+        self.record(tx.tla_action(event, previous, self.state))
 
     def ask(self, instance: Instance, make: object) -> None:
         self.requests += 1
@@ -246,11 +329,11 @@ class TransactionMachine(RuleBasedStateMachine):
         ]
 
     @precondition(lambda self: bool(self.can_init()))
-    @rule(data=st.data(), now=st.integers(0, 3))
+    @rule(data=st.data(), now=one_in(SECOND_INSTANCE_ONE_IN))
     def init_producer_id(self, data: st.DataObject, now: int) -> None:
         instance = data.draw(st.sampled_from(self.can_init()))
         others = [i for i in self.instances.values() if i is not instance and i.epoch != -1]
-        if others and instance.state == "Uninitialized" and now != 3:
+        if others and instance.state == "Uninitialized" and now != SECOND_INSTANCE_ONE_IN - 1:
             return  # a second instance (which fences the first) one draw in four
         fresh = None
         if tx.needs_producer_id(self.state, TID):
@@ -307,10 +390,10 @@ class TransactionMachine(RuleBasedStateMachine):
         )
 
     @precondition(lambda self: bool(self.can_end()))
-    @rule(data=st.data(), commit=st.booleans())
-    def end_txn(self, data: st.DataObject, commit: bool) -> None:
+    @rule(data=st.data(), abort=one_in(ABORT_ONE_IN))
+    def end_txn(self, data: st.DataObject, abort: int) -> None:
         instance = data.draw(st.sampled_from(self.can_end()))
-        commit = commit and not instance.abortable
+        commit = abort != ABORT_ONE_IN - 1 and not instance.abortable
         self.ask(
             instance,
             lambda r: EndTxn(r, TID, instance.producer_id, instance.epoch, commit, self.now_ms),
@@ -329,7 +412,9 @@ class TransactionMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def send(self, data: st.DataObject) -> None:
         instance = data.draw(st.sampled_from(self.can_send()))
-        partition = data.draw(st.sampled_from(sorted(instance.added)))
+        self.send_write(instance, data.draw(st.sampled_from(sorted(instance.added))))
+
+    def send_write(self, instance: Instance, partition: tuple[str, int]) -> Write:
         self.writes += 1
         write = Write(
             self.writes,
@@ -341,19 +426,25 @@ class TransactionMachine(RuleBasedStateMachine):
         )
         self.in_flight.append(write)
         instance.pending.add(write.w)
+        self.record("Send")
+        return write
 
     def waiting(self) -> list[tuple[Instance, int]]:
         return [(i, w) for i in self.instances.values() for w in sorted(i.pending)]
 
     @precondition(lambda self: bool(self.waiting()))
-    @rule(data=st.data(), now=st.integers(0, 2))
+    @rule(data=st.data(), now=one_in(GIVE_UP_ONE_IN))
     def give_up(self, data: st.DataObject, now: int) -> None:
         """A produce timeout (one draw in three: the other two, the produce is not late yet)."""
-        if now != 2:
+        if now != GIVE_UP_ONE_IN - 1:
             return
         instance, w = data.draw(st.sampled_from(self.waiting()))
+        self.give_up_write(instance, w)
+
+    def give_up_write(self, instance: Instance, w: int) -> None:
         instance.pending.discard(w)
         instance.abortable = instance.fate_unknown = True
+        self.record("GiveUp")
 
     # ----------------------------------------------------------- the network and partitions
 
@@ -399,17 +490,19 @@ class TransactionMachine(RuleBasedStateMachine):
             self.in_flight[self.in_flight.index(write)] = replace(write, guard=guard)
         else:
             self.refused(write)
+        self.record("AddPartitionsToTxnVerify")
 
     def land(self, write: Write) -> None:
         """The write reaches its partition: refused, or appended."""
         log = self.partitions[write.partition]
         if tp.check_data(log.entry, write.epoch, write.guard, self.verify) is not E.NONE:
             self.refused(write)
-            return
-        self.in_flight.remove(write)
-        self.instances[write.instance].pending.discard(write.w)
-        log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
-        log.batches.append(("DATA", (write.instance, write.attempt), write.w))
+        else:
+            self.in_flight.remove(write)
+            self.instances[write.instance].pending.discard(write.w)
+            log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
+            log.batches.append(("DATA", (write.instance, write.attempt), write.w, write.epoch))
+        self.record("Produce")
 
     @precondition(lambda self: bool(self.unverified()))
     @rule(data=st.data())
@@ -429,11 +522,12 @@ class TransactionMachine(RuleBasedStateMachine):
         self.land(data.draw(st.sampled_from(self.arriving())))
 
     @precondition(lambda self: bool(self.in_flight))
-    @rule(data=st.data(), now=st.integers(0, 2))
+    @rule(data=st.data(), now=one_in(LOSE_ONE_IN))
     def lose(self, data: st.DataObject, now: int) -> None:
         """The network loses a write (one draw in three)."""
-        if now == 2:
+        if now == LOSE_ONE_IN - 1:
             self.in_flight.remove(data.draw(st.sampled_from(self.in_flight)))
+            self.record("Lose")
 
     def markers_left(self) -> list[tuple[WriteMarkers, tuple[str, int]]]:
         return [(m, p) for m, ps in self.markers for p in sorted(ps)]
@@ -463,40 +557,39 @@ class TransactionMachine(RuleBasedStateMachine):
     def persist(self, data: st.DataObject, fail: int) -> None:
         write = data.draw(st.sampled_from(self.persists))
         self.persists.remove(write)
-        if fail == 7:
+        entry = self.state.entries.get(TID)
+        fence = (
+            entry is not None and entry.pending is not None and entry.pending.restore is not None
+        )
+        if fail == 7 and (self.fail_fences or not fence):
             self.apply(TransactionPersistFailed(TID, write.write_id))
         else:
             self.apply(TransactionPersisted(TID, write.write_id))
 
-    @rule(advance=st.sampled_from((300, 1_200, 100)), now=st.integers(0, 2))
-    def time_out(self, advance: int, now: int) -> None:
-        """Time passes (one draw in three); an ongoing transaction past its timeout is fenced
-        (FenceOngoing), an id idle past its expiration is forgotten (Dead)."""
-        if now != 2:
-            return
+    def time_out(self, advance: int) -> None:
+        """Time passes; an ongoing transaction past its timeout is fenced (FenceOngoing), an id
+        idle past its expiration is forgotten (Dead). Drawn by ``any_action`` only: as a rule of
+        its own, always enabled, it took most steps where swarm testing left few rules on."""
         self.now_ms += advance
         self.apply(Tick(self.now_ms))
 
     # Hypothesis runs each example with some rules switched off (swarm testing); a
-    # transaction that commits needs eight of them. This rule draws any enabled action, so the
-    # examples that keep it reach the whole protocol.
+    # transaction that commits needs eight of them. This rule draws any enabled action (and is
+    # the only one that lets time pass), so the examples that keep it reach the whole protocol.
     @rule(data=st.data())
     def any_action(self, data: st.DataObject) -> None:
         actions: dict[str, tuple[bool, dict[str, st.SearchStrategy[object]]]] = {
-            "init_producer_id": (bool(self.can_init()), {"now": st.integers(0, 3)}),
+            "init_producer_id": (bool(self.can_init()), {"now": one_in(SECOND_INSTANCE_ONE_IN)}),
             "add_partitions_to_txn": (bool(self.can_add()), {}),
-            "end_txn": (bool(self.can_end()), {"commit": st.booleans()}),
+            "end_txn": (bool(self.can_end()), {"abort": one_in(ABORT_ONE_IN)}),
             "send": (bool(self.can_send()), {}),
-            "give_up": (bool(self.waiting()), {"now": st.integers(0, 2)}),
+            "give_up": (bool(self.waiting()), {"now": one_in(GIVE_UP_ONE_IN)}),
             "add_partitions_to_txn_verify": (bool(self.unverified()), {}),
             "produce": (bool(self.arriving()), {}),
-            "lose": (bool(self.in_flight), {"now": st.integers(0, 2)}),
+            "lose": (bool(self.in_flight), {"now": one_in(LOSE_ONE_IN)}),
             "marker_written": (bool(self.markers_left()), {}),
             "persist": (bool(self.persists), {"fail": st.integers(0, 9)}),
-            "time_out": (
-                True,
-                {"advance": st.sampled_from((300, 1_200, 100)), "now": st.integers(0, 2)},
-            ),
+            "time_out": (True, {"advance": st.sampled_from((300, 1_200, 100))}),
         }
         name = data.draw(st.sampled_from(sorted(n for n, (on, _) in actions.items() if on)))
         arguments = {key: data.draw(strategy) for key, strategy in actions[name][1].items()}
@@ -561,8 +654,10 @@ TestTransactionMachine.settings = settings(TestTransactionMachine.settings, stat
 # ------------------------------------------- the spec's mutation models, replayed in Python
 
 
-def _machine(params: TransactionParams, verify: bool) -> TransactionMachine:
-    machine = TransactionMachine()
+def _machine(
+    params: TransactionParams, verify: bool, kind: type[TransactionMachine] = TransactionMachine
+) -> TransactionMachine:
+    machine = kind()
     machine.params = params
     machine.verify = verify
     return machine
@@ -579,14 +674,7 @@ def _ask(machine: TransactionMachine, name: str, make: object) -> None:
 
 
 def _write(machine: TransactionMachine, name: str, partition: tuple[str, int]) -> Write:
-    instance = machine.instances[name]
-    machine.writes += 1
-    write = Write(
-        machine.writes, name, instance.attempt, instance.producer_id, instance.epoch, partition
-    )
-    machine.in_flight.append(write)
-    instance.pending.add(write.w)
-    return write
+    return machine.send_write(machine.instances[name], partition)
 
 
 def _land(machine: TransactionMachine, write: Write) -> None:
@@ -637,10 +725,12 @@ def _end(machine: TransactionMachine, name: str, commit: bool) -> None:
     _ask(machine, name, lambda r: EndTxn(r, TID, i.producer_id, i.epoch, commit, machine.now_ms))
 
 
-def _zombie_run(params: TransactionParams) -> TransactionMachine:
+def _zombie_run(
+    params: TransactionParams, kind: type[TransactionMachine] = TransactionMachine
+) -> TransactionMachine:
     """MCTransactionNoFenceBump's trace: i1's transaction times out and the coordinator aborts
     it; i1, not told, adds another partition, writes and commits."""
-    machine = _machine(params, verify=True)
+    machine = _machine(params, verify=True, kind=kind)
     a, b = PARTITIONS
     _init(machine, "i1")
     _add(machine, "i1", a)
@@ -673,17 +763,17 @@ def test_with_the_fence_bump_the_zombie_is_fenced() -> None:
     assert [fate for _, _, fate in machine.landed()] == ["ABORT"]
 
 
-def _late_write_run(verify: bool) -> TransactionMachine:
+def _late_write_run(
+    verify: bool, kind: type[TransactionMachine] = TransactionMachine
+) -> TransactionMachine:
     """MCTransactionNoVerify's trace: i1 gives up on a write, aborts, bumps its epoch; the
     write lands after the abort marker."""
-    machine = _machine(TransactionParams(), verify=verify)
+    machine = _machine(TransactionParams(), verify=verify, kind=kind)
     a, _ = PARTITIONS
     _init(machine, "i1")
     _add(machine, "i1", a)
     late = _write(machine, "i1", a)
-    instance = machine.instances["i1"]
-    instance.pending.discard(late.w)
-    instance.abortable = instance.fate_unknown = True
+    machine.give_up_write(machine.instances["i1"], late.w)
     _end(machine, "i1", commit=False)
     _markers(machine)
     _init(machine, "i1")  # KIP-360: the bump
