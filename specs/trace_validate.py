@@ -1072,13 +1072,32 @@ PLACEMENT = TraceSpec(
 
 def _transaction_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
     """The instances and partitions of the trace; bounds just large enough for it (epochs,
-    writes, transactions an instance began); both switches on (the real spec)."""
+    writes, transactions an instance began); both switches on (the real spec). A trace of the
+    coordinator alone (a real run: no instance, no write observed) gets as many instances as
+    it has InitProducerId steps (at least two), and as many transactions an instance as it has
+    EndTxn lines."""
     partitions = fn_keys(lines, "partitionEpoch")
+    partitions += [p for p in fn_keys(lines, "log") if p not in partitions]
     partitions += [
         p
         for p in values_of(lines, "txnPartitions", "pendingMarkers")
         if isinstance(p, str) and p not in partitions
     ]
+    instances = fn_keys(lines, "instanceState")
+    attempts = _fn_values(lines, "attempt")
+    if not instances:  # the most InitProducerId steps, and EndTxn lines, of one trace
+        inits, ends, count = [0], [0], {"InitProducerId": 0, "EndTxn": 0}
+        for number, line in enumerate(lines):
+            if line.action == "Init":
+                count = {"InitProducerId": 0, "EndTxn": 0}
+            elif line.action == "EndTxn" or (
+                line.action == "InitProducerId" and lines[number - 1].state != line.state
+            ):
+                count[line.action] += 1
+            inits.append(count["InitProducerId"])
+            ends.append(count["EndTxn"])
+        instances = [f"i{n}" for n in range(1, max(2, *inits) + 1)]
+        attempts = attempts or [max(ends)]
     epochs = (
         ints_of(lines, "producerEpoch")
         + _fn_values(lines, "partitionEpoch", "openTxn", "instanceEpoch")
@@ -1088,11 +1107,11 @@ def _transaction_constants(lines: Sequence[TraceLine]) -> dict[str, object]:
         v for var in ("inFlight", "log") for v in fields_of(lines, var, "w")
     ]
     return {
-        "Instances": {"set": fn_keys(lines, "instanceState")},
+        "Instances": {"set": instances},
         "Partitions": {"set": partitions},
         "MaxEpoch": max([0, *(e for e in epochs if isinstance(e, int))]),
         "MaxWrites": max([0, *(w for w in writes if isinstance(w, int))]),
-        "MaxAttempts": max([1, *_fn_values(lines, "attempt")]),
+        "MaxAttempts": max([1, *attempts]),
         "BumpOnFence": True,
         "VerifyPartitions": True,
     }
@@ -1110,6 +1129,8 @@ TRANSACTION = TraceSpec(
         "NoHangingTransaction",
         "MarkersNotStale",
     ),
+    # A trace of a real run names, on a marker's line, only the partition it was written to.
+    partial=frozenset({"log"}),
     # The expiry of an idle transactional id (Dead, then forgotten) is the machine's, not the
     # spec's: as a stutter it changes the id's state, so a trace holding one is rejected there.
     unmodelled=frozenset({"ExpireTransactionalId"}),

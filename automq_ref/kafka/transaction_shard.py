@@ -23,6 +23,10 @@ each partition's marker to the coordinator's marker writer, which steps ``Marker
 each once it is durable in its partition. The coordinator epoch the markers carry is this
 partition's leader epoch, which grows each time the partition moves, so a partition refuses the
 markers of a coordinator that lost it (``TRANSACTION_COORDINATOR_FENCED``).
+
+Tracing (``TransactionCoordinator.trace``, a :class:`TransactionTrace`; tests only): the steps
+of one transactional id, as the shard takes them, are recorded as a trace of
+``specs/Transaction.tla`` (docs/trace_validation.md, "Transaction traces from a real run").
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from automq_ref.io.driver import Driver
 from automq_ref.kafka.group_shard import CoordinatorError, ShardGone, append_durably
 from automq_ref.kafka.partition import Partition, stored_batches
 from automq_ref.state_machines import transaction as tx
+from automq_ref.state_machines.transaction_partition import tla_partition
 from automq_ref.state_machines.transition import Rejected
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,47 @@ def record_metadata(
     )
 
 
+class TransactionTrace:
+    """A trace of one transactional id's coordinator, as the shards step it: ``Init`` (the id
+    unknown: a trace starts on a fresh transaction log), then a line per step of the machine
+    for that id (a ``Tick`` while the shard knows it), labelled by ``tla_action``, with the
+    coordinator's variables (``tla_state``) and ``log``: on a ``MarkerWritten`` line, the
+    markers the shell wrote to that partition for the id so far, marked durable by the
+    partition (:meth:`marker_written`, just before the shard steps ``MarkerWritten``); other
+    lines name no partition (``log`` is a partial variable). ``lines`` are
+    ``{"action", "state"}`` dicts."""
+
+    def __init__(self, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        self._markers: dict[tx.PartitionKey, list[object]] = {}
+        self.lines: list[dict[str, object]] = []
+        self._line("Init", tx.CoordinatorState(), None)
+
+    def _line(self, action: str, state: tx.CoordinatorState, key: tx.PartitionKey | None) -> None:
+        log = [] if key is None else [[tla_partition(key), {"seq": list(self._markers[key])}]]
+        tla = tx.tla_state(state, self.transactional_id)
+        self.lines.append({"action": action, "state": {**tla, "log": {"fn": log}}})
+
+    def marker_written(self, effect: tx.WriteMarkers, key: tx.PartitionKey) -> None:
+        if effect.transactional_id == self.transactional_id:
+            kind = "COMMIT" if effect.commit else "ABORT"
+            marker = {"record": {"kind": kind, "e": effect.producer_epoch}}
+            self._markers.setdefault(key, []).append(marker)
+
+    def stepped(
+        self, event: tx.TransactionEvent, before: tx.CoordinatorState, after: tx.CoordinatorState
+    ) -> None:
+        if isinstance(event, tx.Tick):
+            if self.transactional_id not in before.entries:
+                return
+        elif event.transactional_id != self.transactional_id:
+            return
+        key = event.partition if isinstance(event, tx.MarkerWritten) else None
+        if key is not None and key not in self._markers:
+            key = None  # a marker the shell did not write (none in this shell)
+        self._line(tx.tla_action(event, before, after), after, key)
+
+
 class TransactionShard:
     """The machine of transaction log partition ``partition``: loading until :meth:`start`,
     serving until :meth:`stop`."""
@@ -93,8 +139,10 @@ class TransactionShard:
         clock: Clock,
         markers: MarkerWriter,
         before_decision: DecisionHook | None = None,
+        trace: TransactionTrace | None = None,
     ) -> None:
         self.partition = partition
+        self.trace = trace
         self._clock = clock
         self._markers = markers
         self._before_decision = before_decision
@@ -195,7 +243,12 @@ class TransactionShard:
         if not self.serving:
             return
         assert self._driver is not None
+        if self.trace is None:
+            self._driver.apply(event)
+            return
+        before = self._driver.state
         self._driver.apply(event)
+        self.trace.stepped(event, before, self._driver.state)
 
     def tick(self, now_ms: int) -> None:
         if self.serving and self.state.entries:

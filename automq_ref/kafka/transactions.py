@@ -52,7 +52,7 @@ from automq_ref.kafka.coordinator_topic import CoordinatorTopic
 from automq_ref.kafka.group_shard import ShardGone
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
-from automq_ref.kafka.transaction_shard import TransactionShard
+from automq_ref.kafka.transaction_shard import TransactionShard, TransactionTrace
 from automq_ref.protocol.kio_codec import build, request_class
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines import transaction as tx
@@ -114,6 +114,9 @@ class TransactionCoordinator:
         self._registry: TopicRegistry | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._links: dict[tuple[str, int], BrokerLink] = {}
+        # Tests only: set before the first transactional request, the shards record the steps
+        # of its transactional id (transaction_shard.TransactionTrace).
+        self.trace: TransactionTrace | None = None
 
     # ------------------------------------------------------------------------- lifecycle
 
@@ -160,6 +163,7 @@ class TransactionCoordinator:
             self._clock,
             self._write_markers,
             None if self._before_decision is None else self._markers_now,
+            self.trace,
         )
         self._shards[partition.index] = shard
         self._loads[shard] = asyncio.create_task(
@@ -434,6 +438,8 @@ class TransactionCoordinator:
                     )
                     error = KafkaErrorCode.KAFKA_STORAGE_ERROR
             if error is KafkaErrorCode.NONE:
+                if shard.trace is not None:
+                    shard.trace.marker_written(effect, key)
                 shard.step(tx.MarkerWritten(effect.transactional_id, key, effect.producer_epoch))
                 return
             if error in (
