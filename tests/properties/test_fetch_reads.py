@@ -63,13 +63,15 @@ class FakePartition:
     def fetch_bounds(self) -> tuple[int, int, int]:
         return self.log_start_offset, self.high_watermark, self.log_end_offset
 
-    async def read(self, offset: int, max_bytes: int, min_one: bool = True) -> list[bytes]:
+    async def read(
+        self, offset: int, max_bytes: int, min_one: bool = True, upper: int | None = None
+    ) -> list[bytes]:
         self.reads.append((offset, max_bytes, min_one))
         for _ in range(self.pauses):
             await asyncio.sleep(0)
         found: list[bytes] = []
         size = 0
-        for batch in self.stored[offset:]:
+        for batch in self.stored[offset:upper]:
             size += len(batch)
             if size > max_bytes and (found or not min_one):
                 break
@@ -156,13 +158,17 @@ def test_a_slow_partition_does_not_hold_up_the_others() -> None:
     release = asyncio.Event()
 
     class Slow(FakePartition):
-        async def read(self, offset: int, max_bytes: int, min_one: bool = True) -> list[bytes]:
+        async def read(
+            self, offset: int, max_bytes: int, min_one: bool = True, upper: int | None = None
+        ) -> list[bytes]:
             started.append("slow")
             await release.wait()
             return await super().read(offset, max_bytes, min_one)
 
     class Quick(FakePartition):
-        async def read(self, offset: int, max_bytes: int, min_one: bool = True) -> list[bytes]:
+        async def read(
+            self, offset: int, max_bytes: int, min_one: bool = True, upper: int | None = None
+        ) -> list[bytes]:
             started.append("quick")
             if len(started) == fetch.READS_IN_FLIGHT + 1:
                 release.set()
