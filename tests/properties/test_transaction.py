@@ -101,9 +101,19 @@ class Write:
 
 @dataclass
 class PartitionLog:
-    entry: tp.ProducerTransaction = field(default_factory=tp.ProducerTransaction)
+    # The partition's transaction state of each producer id: an id that expires (Dead) comes
+    # back with a new producer id, whose state starts afresh here.
+    entries: dict[int, tp.ProducerTransaction] = field(default_factory=dict)
     # ("DATA", (instance, attempt), w, epoch) or ("COMMIT" | "ABORT", epoch, producer_id)
     batches: list[tuple[object, ...]] = field(default_factory=list)
+
+    def of(self, producer_id: int) -> tp.ProducerTransaction:
+        return self.entries.get(producer_id, tp.ProducerTransaction())
+
+    @property
+    def entry(self) -> tp.ProducerTransaction:
+        """The newest producer id's state: the spec's one producer (traced runs keep one id)."""
+        return self.of(max(self.entries, default=-1))
 
 
 def fates(log: PartitionLog) -> list[tuple[tuple[str, int], int, str]]:
@@ -298,7 +308,11 @@ class TransactionMachine(RuleBasedStateMachine):
                 instance.state, instance.attempt = "Ready", instance.attempt + 1
                 instance.added, instance.abortable = set(), False
                 instance.must_bump, instance.fate_unknown = instance.fate_unknown, False
-            elif answer.error in (E.PRODUCER_FENCED, E.INVALID_TXN_STATE):
+            elif answer.error in (
+                E.PRODUCER_FENCED,
+                E.INVALID_TXN_STATE,
+                E.INVALID_PRODUCER_ID_MAPPING,  # the id expired (Dead) since its last request
+            ):
                 instance.state = "FatalError"
             else:
                 assert answer.error in (E.CONCURRENT_TRANSACTIONS, E.COORDINATOR_NOT_AVAILABLE), (
@@ -462,7 +476,7 @@ class TransactionMachine(RuleBasedStateMachine):
             w
             for w in self.in_flight
             if w.guard == tp.NO_GUARD
-            and tp.needs_verification(self.partitions[w.partition].entry, w.epoch)
+            and tp.needs_verification(self.partitions[w.partition].of(w.producer_id), w.epoch)
         ]
 
     def verify_write(self, write: Write) -> None:
@@ -470,7 +484,9 @@ class TransactionMachine(RuleBasedStateMachine):
         only); the write keeps the guard if the coordinator vouches for it, else is refused."""
         log = self.partitions[write.partition]
         guard, self.next_guard = self.next_guard, self.next_guard + 1
-        log.entry = tp.begin_verification(log.entry, write.epoch, guard)
+        entry = tp.begin_verification(log.of(write.producer_id), write.epoch, guard)
+        log.entries[write.producer_id] = entry
+        guard = entry.guard  # the one left earlier for this epoch, if no batch cleared it
         self.requests += 1
         verify = AddPartitionsToTxn(
             self.requests,
@@ -495,12 +511,13 @@ class TransactionMachine(RuleBasedStateMachine):
     def land(self, write: Write) -> None:
         """The write reaches its partition: refused, or appended."""
         log = self.partitions[write.partition]
-        if tp.check_data(log.entry, write.epoch, write.guard, self.verify) is not E.NONE:
+        entry = log.of(write.producer_id)
+        if tp.check_data(entry, write.epoch, write.guard, self.verify) is not E.NONE:
             self.refused(write)
         else:
             self.in_flight.remove(write)
             self.instances[write.instance].pending.discard(write.w)
-            log.entry = tp.append_data(log.entry, write.epoch, len(log.batches))
+            log.entries[write.producer_id] = tp.append_data(entry, write.epoch, len(log.batches))
             log.batches.append(("DATA", (write.instance, write.attempt), write.w, write.epoch))
         self.record("Produce")
 
@@ -537,10 +554,11 @@ class TransactionMachine(RuleBasedStateMachine):
     def marker_written(self, data: st.DataObject) -> None:
         markers, partition = data.draw(st.sampled_from(self.markers_left()))
         log = self.partitions[partition]
-        error = tp.check_marker(log.entry, markers.producer_epoch, 0)
+        entry = log.of(markers.producer_id)
+        error = tp.check_marker(entry, markers.producer_epoch, 0)
         assert error is E.NONE, f"MarkersNotStale: {error.name} at {partition}"
-        log.entry, _ = tp.append_marker(
-            log.entry, markers.producer_epoch, 0, len(log.batches), markers.commit
+        log.entries[markers.producer_id], _ = tp.append_marker(
+            entry, markers.producer_epoch, 0, len(log.batches), markers.commit
         )
         result = "COMMIT" if markers.commit else "ABORT"
         log.batches.append((result, markers.producer_epoch, markers.producer_id))
@@ -638,7 +656,7 @@ class TransactionMachine(RuleBasedStateMachine):
         entry = self.state.entries.get(TID)
         metadata = entry.metadata if entry is not None else None
         for partition, log in self.partitions.items():
-            if not log.entry.open:
+            if not any(e.open for e in log.entries.values()):
                 continue
             assert entry is not None and metadata is not None, f"NoHangingTransaction: {partition}"
             ongoing = metadata.state in (S.Ongoing, S.PrepareEpochFence)
@@ -680,7 +698,7 @@ def _write(machine: TransactionMachine, name: str, partition: tuple[str, int]) -
 def _land(machine: TransactionMachine, write: Write) -> None:
     """Verify (if the partition needs it) and append, as the partition leader does."""
     if machine.verify and tp.needs_verification(
-        machine.partitions[write.partition].entry, write.epoch
+        machine.partitions[write.partition].of(write.producer_id), write.epoch
     ):
         machine.verify_write(write)
         write = next((w for w in machine.in_flight if w.w == write.w), write)
@@ -694,8 +712,8 @@ def _markers(machine: TransactionMachine) -> None:
         markers, left = machine.markers[0]
         partition = sorted(left)[0]
         log = machine.partitions[partition]
-        log.entry, _ = tp.append_marker(
-            log.entry, markers.producer_epoch, 0, len(log.batches), markers.commit
+        log.entries[markers.producer_id], _ = tp.append_marker(
+            log.of(markers.producer_id), markers.producer_epoch, 0, len(log.batches), markers.commit
         )
         log.batches.append(("COMMIT" if markers.commit else "ABORT", markers.producer_epoch, 0))
         left.discard(partition)
