@@ -429,7 +429,7 @@ class Partition:
             self._ignore_checkpoint(mismatch)
             return None
         self.batches, self.producers = log_state.restore(checkpoint, start)
-        self.transactions.restore(checkpoint, start)
+        self.transactions.restore_at(checkpoint, start)
         self.checkpoint_used = True
         return checkpoint.end
 

@@ -35,12 +35,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.formats.control_batch import batch_marker
 from automq_ref.formats.partition_checkpoint import AbortedRow, PartitionCheckpoint, TransactionRow
 from automq_ref.formats.record_batch import RecordBatchView
 from automq_ref.kafka.log_state import ProduceResult, Producers
 from automq_ref.state_machines import transaction_partition as rules
-from automq_ref.state_machines.transaction_partition import NO_EPOCH, ProducerTransaction
+from automq_ref.state_machines.transaction_partition import (
+    NO_EPOCH,
+    CompletedTransaction,
+    LogTransactions,
+    ProducerTransaction,
+)
 
 _NONE = ProducerTransaction()
 
@@ -57,25 +61,24 @@ class ProducerDescription:
     current_txn_start_offset: int  # -1 if no transaction is open
 
 
-class PartitionTransactions:
-    """The transaction state of one partition (see the module docstring)."""
+class PartitionTransactions(LogTransactions):
+    """The transaction state of one partition (see the module docstring): the log's
+    transactions (:class:`~automq_ref.state_machines.transaction_partition.LogTransactions`),
+    the guards, each producer's last timestamp and what the LSO needs of recent markers."""
 
-    __slots__ = ("_completing", "_guards", "_open", "_timestamps", "aborted", "entries")
+    __slots__ = ("_completing", "_guards", "_timestamps")
 
     def __init__(self, leader_epoch: int) -> None:
-        self.entries: dict[int, ProducerTransaction] = {}
-        # producer id -> first offset, of each open transaction
-        self._open: dict[int, int] = {}
+        super().__init__()
         # (marker offset, first offset) of transactions whose marker may not be durable yet
         self._completing: collections.deque[tuple[int, int]] = collections.deque()
-        self.aborted: list[AbortedRow] = []
         self._timestamps: dict[int, int] = {}  # producer id -> its last batch's max timestamp
         self._guards = itertools.count((max(leader_epoch, 0) << 32) + 1)
 
     @property
     def unstable(self) -> bool:
         """Whether some transaction holds the LSO below the high watermark (cheap)."""
-        return bool(self._open or self._completing)
+        return bool(self.open or self._completing)
 
     # ----------------------------------------------------------------------- verification
 
@@ -83,10 +86,12 @@ class PartitionTransactions:
         return rules.needs_verification(self.entries.get(producer_id, _NONE), epoch)
 
     def begin_verification(self, producer_id: int, epoch: int) -> int:
-        guard = next(self._guards)
+        """The guard a verification of the producer's batch at ``epoch`` leaves (reused while
+        no batch of the producer has landed since one was left for that epoch)."""
         entry = self.entries.get(producer_id, _NONE)
-        self.entries[producer_id] = rules.begin_verification(entry, epoch, guard)
-        return guard
+        after = rules.begin_verification(entry, epoch, next(self._guards))
+        self.entries[producer_id] = after
+        return after.guard
 
     # ------------------------------------------------------------------------- appending
 
@@ -123,41 +128,14 @@ class PartitionTransactions:
         entry = self.entries.get(producer_id, _NONE)
         return rules.check_marker(entry, epoch, coordinator_epoch)
 
-    def add(self, view: RecordBatchView) -> None:
-        """A transactional batch (data or marker) landed at its base offset (assigned). A
-        control batch without a marker (none is written here) changes nothing; a marker that
-        cannot be decoded raises :class:`~automq_ref.formats.errors.FormatError`."""
-        header = view.header()
-        producer_id = header.producer_id
-        if producer_id < 0:
-            return
-        entry = self.entries.get(producer_id, _NONE)
-        if not view.is_control:
-            if not entry.open:
-                self._open[producer_id] = header.base_offset
-            self.entries[producer_id] = rules.append_data(
-                entry, header.producer_epoch, header.base_offset
-            )
-            self._timestamps[producer_id] = header.max_timestamp
-            return
-        marker = batch_marker(view)
-        if marker is None:
-            return
-        after, completed = rules.append_marker(
-            entry,
-            header.producer_epoch,
-            marker.coordinator_epoch,
-            header.base_offset,
-            marker.commit,
-        )
-        self.entries[producer_id] = after
-        self._timestamps[producer_id] = header.max_timestamp
-        if completed is None:
-            return
-        self._open.pop(producer_id, None)
-        self._completing.append((completed.last_offset, completed.first_offset))
-        if completed.aborted:
-            self.aborted.append((producer_id, completed.first_offset, completed.last_offset))
+    def add(self, view: RecordBatchView) -> CompletedTransaction | None:
+        """A transactional batch (data or marker) landed at its base offset (assigned)."""
+        completed = super().add(view)
+        if view.is_transactional and view.producer_id >= 0:
+            self._timestamps[view.producer_id] = view.max_timestamp
+        if completed is not None:
+            self._completing.append((completed.last_offset, completed.first_offset))
+        return completed
 
     # --------------------------------------------------------------------------- reading
 
@@ -166,7 +144,7 @@ class PartitionTransactions:
         completing = self._completing
         while completing and completing[0][0] < high_watermark:
             completing.popleft()  # its marker is durable
-        firsts = itertools.chain(self._open.values(), (first for _, first in completing))
+        firsts = itertools.chain(self.open.values(), (first for _, first in completing))
         return max(log_start, min(firsts, default=high_watermark), 0)
 
     def aborted_between(self, fetch_offset: int, upper_bound: int) -> list[tuple[int, int]]:
@@ -241,26 +219,15 @@ class PartitionTransactions:
         )
         return transactions, tuple(self.aborted)
 
-    def restore(self, checkpoint: PartitionCheckpoint, log_start: int) -> None:
+    def restore_at(self, checkpoint: PartitionCheckpoint, log_start: int) -> None:
         """Take the state a checkpoint holds, for a log starting at ``log_start``."""
-        self.entries = {
-            row.producer_id: ProducerTransaction(
-                row.epoch, row.first_offset, coordinator_epoch=row.coordinator_epoch
-            )
-            for row in checkpoint.transactions
-        }
-        self._open = {
-            row.producer_id: row.first_offset
-            for row in checkpoint.transactions
-            if row.first_offset >= 0
-        }
+        self.restore(checkpoint)
         self._timestamps = {
             row.producer_id: row.last_timestamp
             for row in checkpoint.transactions
             if row.last_timestamp >= 0
         }
         self._completing.clear()
-        self.aborted = list(checkpoint.aborted)
         self.trim(log_start)
 
 

@@ -41,8 +41,7 @@ from typing import Final
 from automq_ref.formats.control_batch import batch_marker
 from automq_ref.formats.partition_checkpoint import AbortedRow, PartitionCheckpoint
 from automq_ref.formats.record_batch import RecordBatchView
-from automq_ref.state_machines import transaction_partition as rules
-from automq_ref.state_machines.transaction_partition import ProducerTransaction
+from automq_ref.state_machines.transaction_partition import LogTransactions
 
 __all__ = [
     "ISOLATION_OPTION",
@@ -127,62 +126,11 @@ def checkpoint_mismatch(
     return None
 
 
-class TransactionReplay:
-    """A partition's transaction state rebuilt from its log: per producer id its
-    :class:`~automq_ref.state_machines.transaction_partition.ProducerTransaction`, the open
-    transactions' first offsets and the aborted-transactions index."""
+class TransactionReplay(LogTransactions):
+    """A partition's transaction state rebuilt from its log, as the partition rebuilds it
+    (:meth:`restore` a checkpoint, then :meth:`add` each batch after it, in offset order)."""
 
-    def __init__(self) -> None:
-        self.entries: dict[int, ProducerTransaction] = {}
-        self.open: dict[int, int] = {}  # producer id -> first offset of its open transaction
-        self.aborted: list[AbortedRow] = []
-
-    def restore(self, checkpoint: PartitionCheckpoint) -> None:
-        """Start from what ``checkpoint`` holds (then :meth:`add` the batches after its end)."""
-        self.entries = {
-            row.producer_id: ProducerTransaction(
-                row.epoch, row.first_offset, coordinator_epoch=row.coordinator_epoch
-            )
-            for row in checkpoint.transactions
-        }
-        self.open = {
-            row.producer_id: row.first_offset
-            for row in checkpoint.transactions
-            if row.first_offset >= 0
-        }
-        self.aborted = list(checkpoint.aborted)
-
-    def add(self, view: RecordBatchView) -> None:
-        """The next batch of the log, in offset order (non-transactional ones change nothing).
-        A marker that cannot be decoded raises :class:`~automq_ref.formats.errors.FormatError`."""
-        if not view.is_transactional or view.producer_id < 0:
-            return
-        header = view.header()
-        producer_id = header.producer_id
-        entry = self.entries.get(producer_id, ProducerTransaction())
-        if not view.is_control:
-            if not entry.open:
-                self.open[producer_id] = header.base_offset
-            self.entries[producer_id] = rules.append_data(
-                entry, header.producer_epoch, header.base_offset
-            )
-            return
-        marker = batch_marker(view)
-        if marker is None:
-            return
-        after, completed = rules.append_marker(
-            entry,
-            header.producer_epoch,
-            marker.coordinator_epoch,
-            header.base_offset,
-            marker.commit,
-        )
-        self.entries[producer_id] = after
-        if completed is None:
-            return
-        self.open.pop(producer_id, None)
-        if completed.aborted:
-            self.aborted.append((producer_id, completed.first_offset, completed.last_offset))
+    __slots__ = ()
 
     def stable_offset(self, log_start: int, end: int) -> int:
         """The LSO of the log ``[log_start, end)`` replayed: the first offset of its oldest

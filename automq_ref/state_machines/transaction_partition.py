@@ -26,6 +26,9 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.control_batch import batch_marker
+from automq_ref.formats.partition_checkpoint import AbortedRow, PartitionCheckpoint
+from automq_ref.formats.record_batch import RecordBatchView
 
 NO_EPOCH: Final = -1
 NO_OFFSET: Final = -1
@@ -64,10 +67,14 @@ def needs_verification(entry: ProducerTransaction, epoch: int) -> bool:
 
 
 def begin_verification(entry: ProducerTransaction, epoch: int, guard: int) -> ProducerTransaction:
-    """The guard ``guard`` (a number the partition never used before) left for a batch at
-    ``epoch``, before the coordinator is asked."""
+    """A guard left for a batch at ``epoch``, before the coordinator is asked: the one already
+    left for that epoch, which no batch has cleared since (verifications of one transaction's
+    first writes share it, as Kafka's share its verification state entry), else ``guard`` (a
+    number the partition never used before)."""
     if guard == NO_GUARD:
         raise ValueError("a guard is a number other than 0")
+    if entry.guard != NO_GUARD and entry.guard_epoch == epoch:
+        return entry
     return replace(entry, guard=guard, guard_epoch=epoch)
 
 
@@ -109,6 +116,78 @@ def append_marker(
     completed = CompletedTransaction(entry.first_offset, offset, not commit) if entry.open else None
     after = ProducerTransaction(max(entry.epoch, epoch), coordinator_epoch=coordinator_epoch)
     return after, completed
+
+
+# ------------------------------------------------------------------------- a log replayed
+
+
+class LogTransactions:
+    """What a partition's log says of its transactions, taken batch by batch in offset order
+    through the rules above: per producer id its :class:`ProducerTransaction`, the first offset
+    of each open transaction, and the aborted-transactions index ``(producer id, first offset,
+    marker offset)`` in marker order. The running partition keeps one (with what only it needs:
+    :class:`automq_ref.kafka.partition_transactions.PartitionTransactions`), and so does the
+    ``automq-objects`` Spark source, which rebuilds a partition's state from its objects as the
+    partition does when it opens: from its last checkpoint, then every batch after it."""
+
+    __slots__ = ("aborted", "entries", "open")
+
+    def __init__(self) -> None:
+        self.entries: dict[int, ProducerTransaction] = {}
+        self.open: dict[int, int] = {}  # producer id -> first offset of its open transaction
+        self.aborted: list[AbortedRow] = []
+
+    def restore(self, checkpoint: PartitionCheckpoint) -> None:
+        """Start from what ``checkpoint`` holds (the batches after its end are added next)."""
+        self.entries = {
+            row.producer_id: ProducerTransaction(
+                row.epoch, row.first_offset, coordinator_epoch=row.coordinator_epoch
+            )
+            for row in checkpoint.transactions
+        }
+        self.open = {
+            row.producer_id: row.first_offset
+            for row in checkpoint.transactions
+            if row.first_offset >= 0
+        }
+        self.aborted = list(checkpoint.aborted)
+
+    def add(self, view: RecordBatchView) -> CompletedTransaction | None:
+        """The next batch of the log (one that is not transactional changes nothing): the
+        transaction a marker ended, if any. A control batch without a marker changes nothing;
+        a marker that cannot be decoded raises :class:`~automq_ref.formats.errors.FormatError`."""
+        if not view.is_transactional or view.producer_id < 0:
+            return None
+        header = view.header()
+        producer_id = header.producer_id
+        entry = self.entries.get(producer_id, _NO_TRANSACTION)
+        if not view.is_control:
+            if not entry.open:
+                self.open[producer_id] = header.base_offset
+            self.entries[producer_id] = append_data(
+                entry, header.producer_epoch, header.base_offset
+            )
+            return None
+        marker = batch_marker(view)
+        if marker is None:
+            return None
+        after, completed = append_marker(
+            entry,
+            header.producer_epoch,
+            marker.coordinator_epoch,
+            header.base_offset,
+            marker.commit,
+        )
+        self.entries[producer_id] = after
+        if completed is None:
+            return None
+        self.open.pop(producer_id, None)
+        if completed.aborted:
+            self.aborted.append((producer_id, completed.first_offset, completed.last_offset))
+        return completed
+
+
+_NO_TRANSACTION: Final = ProducerTransaction()
 
 
 # --------------------------------------------------------------------------- trace validation

@@ -76,9 +76,10 @@ class TracedMachine(TransactionMachine):
     """The property test's world, recorded, within the spec's fragment: ids never expire (the
     spec has no Dead), the coordinator's own abort is always durable (a failed one is undone,
     which the spec, whose writes never fail, cannot do), and a partition verifies one write at
-    a time: a write whose verification would replace the guard another write holds waits until
+    a time: a write that would be verified while another write holds the guard waits until
     that one landed, was refused or was lost (the shell admits a connection's requests one at a
-    time; the spec's guard is one per epoch, the partition's one per verification)."""
+    time; both keep one guard per epoch, but the spec verifies an epoch once, where the
+    partition verifies each write and the later ones share the guard)."""
 
     params = TransactionParams()
     traced = True

@@ -232,10 +232,20 @@ def test_the_lso_counts_a_transaction_until_its_marker_is_durable() -> None:
     # Never below the log start, never above the high watermark.
     transactions.add(RecordBatchView(txn_batch(2, records=1), 0))
     assert transactions.stable_offset(9, 0) == 0 and transactions.stable_offset(9, 4) == 4
-    # Guards are never reused, and carry the leader epoch.
-    guards = [transactions.begin_verification(PRODUCER, 0) for _ in range(3)]
-    assert len(set(guards)) == 3 and all(guard >> 32 == 3 for guard in guards)
-    assert PartitionTransactions(leader_epoch=4).begin_verification(PRODUCER, 0) not in guards
+    # A guard carries the leader epoch; verifications at one epoch share it until a batch of
+    # the producer lands; one for another epoch, or after a batch, gets a number never used.
+    guard = transactions.begin_verification(OTHER, 0)
+    assert guard >> 32 == 3 and transactions.begin_verification(OTHER, 0) == guard
+    bumped = transactions.begin_verification(OTHER, 1)
+    assert bumped != guard and transactions.begin_verification(OTHER, 1) == bumped
+    transactions.add(RecordBatchView(build_marker_batch(OTHER, 1, 0, False, NOW, base_offset=3)))
+    after = transactions.begin_verification(OTHER, 1)
+    assert after not in (guard, bumped)
+    assert PartitionTransactions(leader_epoch=4).begin_verification(OTHER, 1) not in (
+        guard,
+        bumped,
+        after,
+    )
 
 
 async def test_a_pending_marker_holds_the_lso(node: Node) -> None:
