@@ -152,6 +152,7 @@ class TransactionShard:
         self._driver = None
         self._next_request_id = 0
         self._answers: dict[int, asyncio.Future[tx.Answer]] = {}
+        self._stepped: asyncio.Event | None = None  # set at the next step, for its waiters
         self.stopped = False
 
     @property
@@ -219,6 +220,7 @@ class TransactionShard:
 
     def stop(self) -> None:
         self.stopped = True
+        self._wake()
         for task in self._hooked:
             task.cancel()
         answers, self._answers = self._answers, {}
@@ -243,12 +245,24 @@ class TransactionShard:
         if not self.serving:
             return
         assert self._driver is not None
-        if self.trace is None:
-            self._driver.apply(event)
-            return
         before = self._driver.state
         self._driver.apply(event)
-        self.trace.stepped(event, before, self._driver.state)
+        if self.trace is not None:
+            self.trace.stepped(event, before, self._driver.state)
+        self._wake()
+
+    async def stepped(self) -> None:
+        """Until the machine's next step (or the shard stops)."""
+        if self.stopped:
+            return
+        if self._stepped is None:
+            self._stepped = asyncio.Event()
+        await self._stepped.wait()
+
+    def _wake(self) -> None:
+        waiters, self._stepped = self._stepped, None
+        if waiters is not None:
+            waiters.set()
 
     def tick(self, now_ms: int) -> None:
         if self.serving and self.state.entries:

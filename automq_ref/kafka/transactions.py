@@ -364,6 +364,12 @@ class TransactionCoordinator:
         assert isinstance(answer, tx.EndTxnAnswer)
         return answer.error
 
+    async def stepped(self, transactional_id: str) -> None:
+        """Until the shard of ``transactional_id`` steps (at once if no shard here serves it)."""
+        routed = self._topic.route(transactional_id, self._shards)
+        if not isinstance(routed, KafkaErrorCode):
+            await routed.stepped()
+
     def describe(self, transactional_ids: Sequence[str]) -> list[Described]:
         """DescribeTransactions: each id's durable metadata, or the error for it
         (``TRANSACTIONAL_ID_NOT_FOUND`` for an id this broker coordinates but does not know)."""

@@ -1,0 +1,169 @@
+"""AddPartitionsToTxn right after a commit (automq_ref/kafka/handlers/transactions.py,
+``add_after_completion``): the coordinator machine answers CONCURRENT_TRANSACTIONS while the
+producer's previous transaction writes its markers and its Complete* record; the handler asks
+again once that transaction has completed, so the producer is answered NONE instead of backing
+off. Anything else concurrent is answered at once, and a completion that does not come within
+``COMPLETION_WAIT_S`` leaves the answer CONCURRENT_TRANSACTIONS."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import cast
+
+import pytest
+
+from automq_ref.errors import KafkaErrorCode as E
+from automq_ref.kafka.handlers import transactions as handlers
+from automq_ref.kafka.transactions import TransactionCoordinator
+from automq_ref.state_machines import transaction as tx
+
+PARAMS = tx.TransactionParams(expiration_ms=10_000)
+A = ("a", 0)
+
+
+class MachineCoordinator:
+    """The two calls the handler makes, over the real machine; records become durable at once
+    unless ``hold`` says which target states wait for :meth:`release`."""
+
+    def __init__(self, hold: frozenset[tx.TransactionState] = frozenset()) -> None:
+        self.state = tx.CoordinatorState()
+        self.hold = hold
+        self.held: list[tx.PersistTransaction] = []
+        self.request = 0
+        self.answers: dict[int, tx.Answer] = {}
+        self.asked = 0
+        self.woken: asyncio.Event | None = None
+        self.waits = 0
+
+    def step(self, event: tx.TransactionEvent) -> None:
+        transition = tx.step(self.state, event, PARAMS)
+        assert transition.rejection is None, transition.rejection
+        self.state = transition.state
+        woken, self.woken = self.woken, None
+        if woken is not None:
+            woken.set()
+        for effect in transition.effects:
+            if isinstance(effect, tx.Respond):
+                self.answers[effect.request_id] = effect.answer
+            elif isinstance(effect, tx.PersistTransaction):
+                record = effect.record
+                if record is not None and record.state in self.hold:
+                    self.held.append(effect)
+                else:
+                    self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
+            elif isinstance(effect, tx.WriteMarkers):
+                for partition in sorted(effect.partitions):
+                    self.step(tx.MarkerWritten("t", partition, effect.producer_epoch))
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for effect in held:
+            self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
+
+    def ask(self, event: tx.TransactionEvent) -> tx.Answer | None:
+        self.step(event)
+        return self.answers.get(self.request)
+
+    def next_request(self) -> int:
+        self.request += 1
+        return self.request
+
+    async def add_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: Sequence[tx.PartitionKey],
+        *,
+        verify_only: bool = False,
+    ) -> tx.PartitionsAnswer:
+        self.asked += 1
+        request = self.next_request()
+        answer = self.ask(
+            tx.AddPartitionsToTxn(
+                request,
+                transactional_id,
+                producer_id,
+                producer_epoch,
+                tuple(partitions),
+                0,
+                verify_only,
+            )
+        )
+        assert isinstance(answer, tx.PartitionsAnswer)
+        return answer
+
+    async def stepped(self, transactional_id: str) -> None:
+        self.waits += 1
+        if self.woken is None:
+            self.woken = asyncio.Event()
+        await self.woken.wait()
+
+    def describe(
+        self, transactional_ids: Sequence[str]
+    ) -> list[tuple[str, E, tx.TransactionMetadata | None]]:
+        return [(i, E.NONE, tx.describe(self.state, i)) for i in transactional_ids]
+
+    def committed(self) -> None:
+        """InitProducerId, a partition added, EndTxn(commit) answered: producer 500, epoch 0."""
+        init = self.ask(tx.InitProducerId(self.next_request(), "t", 60_000, 0, -1, -1, 500))
+        assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
+        added = self.ask(tx.AddPartitionsToTxn(self.next_request(), "t", 500, 0, (A,), 0))
+        assert added == tx.PartitionsAnswer(((A, E.NONE),))
+        ended = self.ask(tx.EndTxn(self.next_request(), "t", 500, 0, True, 0))
+        assert ended == tx.EndTxnAnswer(E.NONE)
+
+
+def coordinator(fake: MachineCoordinator) -> TransactionCoordinator:
+    return cast(TransactionCoordinator, fake)
+
+
+async def test_the_next_transaction_is_added_once_the_previous_one_completes() -> None:
+    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
+    fake.committed()
+    assert fake.held, "the Complete record waits"
+    asyncio.get_running_loop().call_later(0.01, fake.release)
+    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
+    assert answer == tx.PartitionsAnswer(((A, E.NONE),))
+    assert fake.asked == 2  # once refused as concurrent, once after the completion
+    assert fake.waits == 1  # the release stepped the markers and the Complete record at once
+    metadata = tx.describe(fake.state, "t")
+    assert metadata is not None
+    assert (metadata.state, metadata.partitions) == (tx.TransactionState.Ongoing, frozenset({A}))
+
+
+async def test_an_answer_that_is_not_concurrent_is_given_at_once() -> None:
+    fake = MachineCoordinator()
+    fake.committed()  # completed at once
+    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
+    assert answer == tx.PartitionsAnswer(((A, E.NONE),))
+    fenced = await handlers.add_after_completion(coordinator(fake), "t", 500, 7, [A])
+    assert fenced == tx.PartitionsAnswer(((A, E.PRODUCER_FENCED),))
+    assert fake.asked == 2
+
+
+async def test_concurrent_with_a_pending_record_of_an_ongoing_transaction_is_not_waited_for() -> (
+    None
+):
+    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.Ongoing}))
+    init = fake.ask(tx.InitProducerId(fake.next_request(), "t", 60_000, 0, -1, -1, 500))
+    assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
+    fake.ask(tx.AddPartitionsToTxn(fake.next_request(), "t", 500, 0, (A,), 0))  # pending
+    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [("b", 0)])
+    assert answer == tx.PartitionsAnswer(((("b", 0), E.CONCURRENT_TRANSACTIONS),))
+    assert fake.asked == 1
+
+
+async def test_a_completion_that_does_not_come_leaves_the_answer_concurrent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(handlers, "COMPLETION_WAIT_S", 0.02)
+    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
+    fake.committed()
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
+    assert answer == tx.PartitionsAnswer(((A, E.CONCURRENT_TRANSACTIONS),))
+    assert 0.02 <= loop.time() - began < 1.0
+    assert fake.asked == 1
