@@ -376,6 +376,12 @@ class BrokerConfig(BaseModel):
     transaction_abort_timed_out_transaction_cleanup_interval_ms: int = Field(
         10_000, alias="transaction.abort.timed.out.transaction.cleanup.interval.ms", ge=1
     )
+    # Producer state expiry (Kafka's names and defaults): a partition forgets a producer id
+    # idle this long (and with no transaction open), checked this often.
+    producer_id_expiration_ms: int = Field(86_400_000, alias="producer.id.expiration.ms", ge=1)
+    producer_id_expiration_check_interval_ms: int = Field(
+        600_000, alias="producer.id.expiration.check.interval.ms", ge=1
+    )
     log_retention_ms: int = Field(7 * 24 * 3600 * 1000, alias="log.retention.ms")
     log_retention_bytes: int = Field(-1, alias="log.retention.bytes")
     log_retention_check_interval_ms: int = Field(

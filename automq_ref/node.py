@@ -93,6 +93,7 @@ from automq_ref.io.storage.wal import WriteAheadLog
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.producer_expiry import producer_expiry_forever
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
@@ -352,6 +353,9 @@ class Node:
         self._retention_task = asyncio.create_task(
             retention_forever(topics, config.log_retention_check_interval_ms, clock)
         )
+        self._producer_expiry_task = asyncio.create_task(
+            producer_expiry_forever(topics, config.producer_id_expiration_check_interval_ms)
+        )
         self._upload_log_task = asyncio.create_task(log_storage_forever(storage, clock))
         node, props = (storage.node_id, storage.node_epoch), config.model_dump(by_alias=True)
         # Compaction's GETs and PUTs wait their turn (COMPACTION) when the bandwidth runs short.
@@ -437,9 +441,16 @@ class Node:
     # The steps abandon and shutdown share, in the order each takes them.
 
     async def _stop_loops(self) -> None:
-        """Cancel retention, log uploads, the cleaner and object compaction, one by one."""
-        loops = (self._retention_task, self._upload_log_task, self._cleaner_task)
-        for task in (*loops, self._compaction_task):
+        """Cancel retention, producer expiry, log uploads, the cleaner and object compaction,
+        one by one."""
+        loops = (
+            self._retention_task,
+            self._producer_expiry_task,
+            self._upload_log_task,
+            self._cleaner_task,
+            self._compaction_task,
+        )
+        for task in loops:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(BaseException):
@@ -735,7 +746,7 @@ async def _start_on_wal(
         view, config, seams.clock, producer_ids, seams.before_decision
     )
     topics = await TopicRegistry.open(
-        storage, client, view, config, listeners=(groups, transactions)
+        storage, client, view, config, listeners=(groups, transactions), clock=seams.clock
     )
     session.report_loads(topics.loads)
     groups.start(topics)

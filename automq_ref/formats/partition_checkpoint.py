@@ -15,10 +15,17 @@ The value is a JSON object::
      "data": <data stream id>, "cleaned": [<cleaned stream id>, <cleaned end>] | null,
      "end": <offset>,
      "batches": {"count": <n>, "crc": <crc32 of the columns>, "columns": <base64>},
-     "producers": [[<producer id>, <epoch>, [[<first seq>, <last seq>, <base offset>], ...]], ...],
+     "producers": [[<producer id>, <epoch>, [[<first seq>, <last seq>, <base offset>], ...],
+                    <last timestamp>], ...],
      "transactions": {"producers": [[<producer id>, <epoch>, <open txn first offset | -1>,
                                      <coordinator epoch>, <last timestamp>], ...],
                       "aborted": [[<producer id>, <first offset>, <last offset>], ...]}}
+
+A producer's ``last timestamp`` is its last batch's max timestamp (what
+``producer.id.expiration.ms`` counts from); a row of three, as every checkpoint before producer
+expiry wrote, decodes with it unknown (-1). Like ``transactions`` below, it came as an addition
+that a reader tells by its absence, so the version stays 1: a broker that predates it refuses
+the row's length, ignores the checkpoint and scans the log, which is as correct (only slower).
 
 ``transactions`` (the partition's side of Kafka transactions: each transactional producer's
 epoch and open transaction, and the aborted-transactions index in offset order) is written only
@@ -81,11 +88,15 @@ class TransactionRow:
     last_timestamp: int
 
 
+NO_TIMESTAMP: Final = -1  # a producer's last timestamp in a checkpoint that predates it
+
+
 @dataclass(frozen=True, slots=True)
 class ProducerRow:
     producer_id: int
     epoch: int
     batches: tuple[ProducerBatch, ...]  # oldest first
+    last_timestamp: int = NO_TIMESTAMP  # its last batch's max timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +153,12 @@ def encode_checkpoint(
             "columns": base64.b64encode(zlib.compress(raw, 1)).decode("ascii"),
         },
         "producers": [
-            [row.producer_id, row.epoch, [list(batch) for batch in row.batches]]
+            [
+                row.producer_id,
+                row.epoch,
+                [list(batch) for batch in row.batches],
+                row.last_timestamp,
+            ]
             for row in producers
         ],
     }
@@ -274,7 +290,15 @@ def _decode_batches(
 
 
 def _decode_producer(item: Json) -> ProducerRow:
-    producer_id, epoch, raw_batches = require_list(item, "CHECKPOINT producer", length=3)
+    """One producer row: four fields, or the three of a checkpoint written before the last
+    timestamp (then unknown)."""
+    fields = require_list(item, "CHECKPOINT producer")
+    if len(fields) not in (3, 4):
+        raise InvalidFieldError(f"CHECKPOINT producer has {len(fields)} fields, not 3 or 4")
+    producer_id, epoch, raw_batches = fields[:3]
+    timestamp = NO_TIMESTAMP
+    if len(fields) == 4:
+        timestamp = require_int(fields[3], "producer last timestamp")
     batches: list[ProducerBatch] = []
     for raw in require_list(raw_batches, "producer batches"):
         first, last, base = require_list(raw, "producer batch", length=3)
@@ -289,4 +313,5 @@ def _decode_producer(item: Json) -> ProducerRow:
         require_int(producer_id, "producer id", minimum=0),
         require_int(epoch, "producer epoch"),
         tuple(batches),
+        timestamp,
     )

@@ -4,11 +4,13 @@ checkpoint.
 The batch index holds, per stored batch, its base offset, end offset, max timestamp, size and
 whether compaction emptied it (ListOffsets by timestamp, retention and the cleaner read it, and
 Fetch, to ask storage for the batches that fit its byte limit: :func:`read_budget`). The
-producer state holds, per idempotent producer id, its epoch and its last five batches' first
-sequence, last sequence and base offset (Kafka's ProducerStateEntry), against which Produce
-checks duplicates and sequence order (:func:`check_sequences`); a duplicate is answered with its
-original's offset once the original append is durable (:func:`answer_duplicate`), never before,
-so that a retry cannot confirm records a failed WAL write lost. Both grow with every append
+producer state holds, per idempotent producer id, its epoch, its last five batches' first
+sequence, last sequence and base offset and its last batch's max timestamp (Kafka's
+ProducerStateEntry; an idle one is forgotten after ``producer.id.expiration.ms``:
+:mod:`automq_ref.kafka.producer_expiry`), against which Produce checks duplicates and sequence
+order (:func:`check_sequences`); a duplicate is answered with its original's offset once the
+original append is durable (:func:`answer_duplicate`), never before, so that a retry cannot
+confirm records a failed WAL write lost. Both grow with every append
 (:func:`remember_batch`) and are rebuilt at open from the log's batch headers, or loaded from
 the partition's last checkpoint (:func:`restore`) when that describes the log found
 (:func:`mismatch`); :func:`checkpoint_value` writes one. The partition
@@ -29,6 +31,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.json_document import Json
 from automq_ref.formats.partition_checkpoint import (
+    NO_TIMESTAMP,
     AbortedRow,
     PartitionCheckpoint,
     ProducerRow,
@@ -213,6 +216,10 @@ class ProducerState:
     batches: collections.deque[tuple[int, int, int]] = field(
         default_factory=lambda: collections.deque(maxlen=PRODUCER_BATCHES_RETAINED)
     )
+    # The last batch's max timestamp (Kafka's ProducerStateEntry.lastTimestamp): what
+    # producer.id.expiration.ms counts from (automq_ref/kafka/partition_transactions.py,
+    # PartitionTransactions.expire); NO_TIMESTAMP: unknown.
+    last_timestamp: int = NO_TIMESTAMP
 
     @property
     def last_sequence(self) -> int:
@@ -242,16 +249,24 @@ def remember_batch(batches: list[BatchEntry], producers: Producers, view: Record
             header.base_sequence,
             header.base_sequence + header.last_offset_delta,
             header.base_offset,
+            header.max_timestamp,
         )
 
 
 def remember_producer(
-    producers: Producers, producer_id: int, epoch: int, first: int, last: int, base_offset: int
+    producers: Producers,
+    producer_id: int,
+    epoch: int,
+    first: int,
+    last: int,
+    base_offset: int,
+    timestamp: int,
 ) -> None:
     state = producers.get(producer_id)
     if state is None or epoch > state.epoch:
         state = producers[producer_id] = ProducerState(epoch)
     state.batches.append((first, last, base_offset))
+    state.last_timestamp = timestamp
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +291,13 @@ def check_sequences(
         last = first + header.last_offset_delta
         state = producers.get(header.producer_id)
         if state is None:
-            continue  # unknown producer (new, or its state expired): any sequence
+            # An unknown producer (new, or its state expired after producer.id.expiration.ms):
+            # any sequence is accepted and its batch starts the state afresh. Kafka's rule
+            # since 2.5 (ProducerAppendInfo.checkSequence: a first sequence other than 0 is
+            # refused only when the entry has an epoch; brokers before it answered
+            # UNKNOWN_PRODUCER_ID), and what docs/broker.md and the tests have said so far:
+            # an idle producer's next batch lands, it is not failed for having been idle.
+            continue
         if header.producer_epoch < state.epoch:
             return ProduceResult(
                 KafkaErrorCode.INVALID_PRODUCER_EPOCH,
@@ -373,7 +394,7 @@ def checkpoint_value(
         for entry in batches
     ]
     producer_rows = [
-        ProducerRow(producer_id, state.epoch, tuple(state.batches))
+        ProducerRow(producer_id, state.epoch, tuple(state.batches), state.last_timestamp)
         for producer_id, state in producers.items()
     ]
     return encode_checkpoint(data_stream_id, cleaned, end, rows, producer_rows, *transactions)
@@ -400,10 +421,21 @@ def mismatch(
     return None
 
 
-def restore(checkpoint: PartitionCheckpoint, log_start: int) -> tuple[list[BatchEntry], Producers]:
-    """The index and producer state in ``checkpoint``, for a log starting at ``log_start``.
-    Index entries wholly below the log start go, as a trim drops them from the live index;
-    producers stay, as in the partition that wrote the checkpoint (a trim keeps them)."""
+def restore(
+    checkpoint: PartitionCheckpoint, log_start: int, now_ms: int
+) -> tuple[list[BatchEntry], Producers]:
+    """The index and producer state in ``checkpoint``, for a log starting at ``log_start``,
+    opened at ``now_ms``. Index entries wholly below the log start go, as a trim drops them
+    from the live index; producers stay, as in the partition that wrote the checkpoint (a trim
+    keeps them).
+
+    A producer whose last timestamp the checkpoint does not hold (written before it had one)
+    is taken as last active at ``now_ms``, the open's time. Not kept until its next batch: one
+    that never comes back would then stay for good, carried from checkpoint to checkpoint.
+    Not the checkpoint's time: the older form does not record one. The open comes after every
+    batch the checkpoint knows of, so such a producer is never forgotten by mistake: it goes
+    only once idle for ``producer.id.expiration.ms`` after the open (its next batch sets its
+    real timestamp)."""
     first = bisect.bisect_right(checkpoint.end_offsets, log_start)
     batches = list(
         map(
@@ -417,7 +449,9 @@ def restore(checkpoint: PartitionCheckpoint, log_start: int) -> tuple[list[Batch
     )
     producers = {
         row.producer_id: ProducerState(
-            row.epoch, collections.deque(row.batches, maxlen=PRODUCER_BATCHES_RETAINED)
+            row.epoch,
+            collections.deque(row.batches, maxlen=PRODUCER_BATCHES_RETAINED),
+            now_ms if row.last_timestamp == NO_TIMESTAMP else row.last_timestamp,
         )
         for row in checkpoint.producers
     }

@@ -98,16 +98,14 @@ from automq_ref.kafka.log_state import (
     check_sequences,
     remember_batch,
 )
-from automq_ref.kafka.partition_transactions import (
-    PartitionTransactions,
-    ProducerDescription,
-)
+from automq_ref.kafka.partition_streams import SCAN_CHUNK_BYTES, close_opened, read_meta
+from automq_ref.kafka.partition_transactions import PartitionTransactions, ProducerDescription
+from automq_ref.kafka.producer_expiry import ProducerExpiry
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.vocabulary.naming import partition_key
 
 log = logging.getLogger(__name__)
 
-SCAN_CHUNK_BYTES = 4 * 1024 * 1024
 # A partition writing a checkpoint compacts its MetaStream (rewrites the last record of each key,
 # trims the rest) once the stream holds more than this many times their bytes.
 META_COMPACTION_RATIO = 2
@@ -144,6 +142,9 @@ class Partition:
         self.batches: list[BatchEntry] = []
         self.producers: dict[int, ProducerState] = {}
         self.transactions = PartitionTransactions(epoch)
+        # The node's clock and producer.id.expiration.ms (an idle producer id is forgotten);
+        # create and open take the registry's.
+        self.expiry = ProducerExpiry()
         # Told (producer id, commit) of every marker once durable: the group shard of a
         # __consumer_offsets partition shows or drops the producer's transactional offsets.
         self.marker_listeners: list[Callable[[int, bool], None]] = []
@@ -201,6 +202,7 @@ class Partition:
         topic_id: uuid.UUID,
         index: int,
         epoch: int = 0,
+        expiry: ProducerExpiry | None = None,
     ) -> Partition:
         """New streams, tagged with the partition, opened at ``epoch`` (the partition's leader
         epoch); the KV entry is written last, so a crash before it leaves only unreferenced
@@ -217,6 +219,7 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
+            partition.expiry = expiry or partition.expiry
             await partition._put_meta(LOG_KEY, encode_log(data_stream_id))
             partition.leader_epochs.append((epoch, 0))
             await partition._put_meta(
@@ -225,7 +228,7 @@ class Partition:
         except Exception:
             # Refused half way (the partition moved on meanwhile): streams this broker holds
             # open would keep the partition's next broker from opening it, so they are closed.
-            await _close_opened(storage, opened, epoch, f"{topic}-{index}")
+            await close_opened(storage, opened, epoch, f"{topic}-{index}")
             raise
         response = await client.submit(
             sm.PutKV(partition_key(topic_id, index), encode_kv_integer(meta_stream_id), False)
@@ -250,8 +253,10 @@ class Partition:
         topic_id: uuid.UUID,
         index: int,
         epoch: int | None = None,
+        expiry: ProducerExpiry | None = None,
     ) -> Partition:
-        """Open the partition's streams at ``epoch`` (its leader epoch) and rebuild the state.
+        """Open the partition's streams at ``epoch`` (its leader epoch) and rebuild the state
+        (then forget the producers idle past ``expiry``'s expiration: :meth:`expire_producers`).
         Streams not tagged with the partition (written before placement) open one epoch above
         their current one when that is higher; without ``epoch``, at that one."""
         image = view.image
@@ -268,7 +273,7 @@ class Partition:
         try:
             await storage.open_stream(meta_stream_id, epoch)
             opened.append(meta_stream_id)
-            payloads = await _read_meta(storage, meta_stream_id)
+            payloads = await read_meta(storage, meta_stream_id)
             recorded = replay(payloads)
             data_stream_id = recorded.data_stream_id
             if data_stream_id is None:
@@ -280,6 +285,7 @@ class Partition:
             partition = cls(
                 storage, client, topic, topic_id, index, meta_stream_id, data_stream_id, epoch
             )
+            partition.expiry = expiry or partition.expiry
             partition._meta_latest = latest_records(payloads)
             partition._meta_bytes = sum(len(payload) for payload in payloads)
             if recorded.cleaned is not None:
@@ -295,13 +301,14 @@ class Partition:
             )
             await partition._finish_cleans(view, recorded)
             await partition._scan(partition._load_checkpoint(recorded.checkpoint))
+            partition.expire_producers()
             if recorded.checkpoint is not None and not partition.checkpoint_used:
                 await partition._replace_checkpoint()
         except Exception:
             # Refused half way (in a cluster: the partition moved on between the opens of its
             # streams) or failed: a stream left open here would keep every other broker from
             # opening the partition (STREAM_NOT_CLOSED) for as long as this one runs.
-            await _close_opened(storage, opened, epoch, f"{topic}-{index}")
+            await close_opened(storage, opened, epoch, f"{topic}-{index}")
             raise
         return partition
 
@@ -428,8 +435,9 @@ class Partition:
         if mismatch is not None:
             self._ignore_checkpoint(mismatch)
             return None
-        self.batches, self.producers = log_state.restore(checkpoint, start)
-        self.transactions.restore_at(checkpoint, start)
+        now_ms = self.expiry.now_ms()
+        self.batches, self.producers = log_state.restore(checkpoint, start, now_ms)
+        self.transactions.restore_at(checkpoint, start, now_ms)
         self.checkpoint_used = True
         return checkpoint.end
 
@@ -672,7 +680,7 @@ class Partition:
 
     def begin_transaction_verification(self, producer_id: int, epoch: int) -> int:
         """A new guard, for ``append_nowait(..., verification_guard=)`` once verified."""
-        return self.transactions.begin_verification(producer_id, epoch)
+        return self.transactions.begin_verification(producer_id, epoch, self.expiry.now_ms())
 
     async def write_marker(
         self, producer_id: int, producer_epoch: int, coordinator_epoch: int, commit: bool
@@ -684,7 +692,7 @@ class Partition:
             error = KafkaErrorCode.KAFKA_STORAGE_ERROR
         if error is not KafkaErrorCode.NONE:
             return error
-        now = int(time.time() * 1000)
+        now = self.expiry.now_ms()
         marker = bytearray(
             build_marker_batch(producer_id, producer_epoch, coordinator_epoch, commit, now)
         )
@@ -715,6 +723,12 @@ class Partition:
 
     def describe_producers(self) -> list[ProducerDescription]:
         return self.transactions.describe(self.producers)
+
+    def expire_producers(self) -> list[int]:
+        """Forget the producer ids idle for the expiration, by the clock's time now, unless a
+        transaction of theirs is open (:meth:`PartitionTransactions.expire`); the ids gone."""
+        now_ms, expiration_ms = self.expiry.now_ms(), self.expiry.expiration_ms
+        return self.transactions.expire(self.producers, now_ms, expiration_ms)
 
     def _confirmed(self, base: int, durable: asyncio.Future[None]) -> None:
         if not durable.cancelled() and durable.exception() is None:
@@ -751,7 +765,7 @@ class Partition:
         end = self.high_watermark
         batches = list(self.batches)  # the entries are immutable: a copy of the list suffices
         producers = {
-            producer_id: ProducerState(state.epoch, state.batches.copy())
+            producer_id: ProducerState(state.epoch, state.batches.copy(), state.last_timestamp)
             for producer_id, state in self.producers.items()
         }
         cleaned, data_stream_id = self._cleaned, self.data_stream_id
@@ -971,27 +985,3 @@ def stored_batches(payload: bytes | memoryview) -> Iterator[RecordBatchView]:
     """The Kafka batches of one stored stream record (CRC not checked again: it was at produce
     time, or the cleaner computed it); compacted batches are accepted."""
     return iter_batches(payload, verify_crc=False, compacted=True)
-
-
-async def _close_opened(storage: S3Storage, stream_ids: list[int], epoch: int, name: str) -> None:
-    """Close the streams a failed open or create opened, newest first; a close that fails is
-    logged, and the failure being handled is the one raised."""
-    for stream_id in reversed(stream_ids):
-        try:
-            await storage.close_stream(stream_id, epoch)
-        except Exception as error:
-            log.warning("%s: stream %d not closed after a failed open: %s", name, stream_id, error)
-
-
-async def _read_meta(storage: S3Storage, stream_id: int) -> list[bytes | memoryview]:
-    """Every record of the MetaStream, in order."""
-    payloads: list[bytes | memoryview] = []
-    cursor = storage.start_offset(stream_id)
-    end = storage.confirm_offset(stream_id)
-    while cursor < end:
-        found = await storage.read(stream_id, cursor, end, SCAN_CHUNK_BYTES)
-        if not found:
-            break
-        payloads.extend(batch.payload for batch in found)
-        cursor = found[-1].last_offset
-    return payloads

@@ -19,6 +19,11 @@ counts as undecided (Kafka's ``unreplicatedTxns``), never above the high waterma
 the log start. A READ_COMMITTED Fetch reads up to it (:func:`~automq_ref.kafka.log_state.cut_at`
 keeps a stored record holding several batches from handing out those past it).
 
+Expiry (Kafka's ``producer.id.expiration.ms``): :meth:`PartitionTransactions.expire` forgets
+every producer id, idempotent or transactional, whose last activity at the partition (its last
+batch's or marker's max timestamp, or its last verification) is at least the expiration old,
+unless it has a transaction open, as Kafka's ``ProducerStateManager.removeExpiredProducers``.
+
 Guards (KIP-890): a number never handed out before by this partition, so one left for a
 verification that lost a race with a marker is never taken for the next one; the partition's
 leader epoch, which every open raises, is in its upper bits, so a guard left with an earlier
@@ -35,7 +40,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.formats.partition_checkpoint import AbortedRow, PartitionCheckpoint, TransactionRow
+from automq_ref.formats.partition_checkpoint import (
+    NO_TIMESTAMP,
+    AbortedRow,
+    PartitionCheckpoint,
+    TransactionRow,
+)
 from automq_ref.formats.record_batch import RecordBatchView
 from automq_ref.kafka.log_state import ProduceResult, Producers
 from automq_ref.state_machines import transaction_partition as rules
@@ -66,13 +76,16 @@ class PartitionTransactions(LogTransactions):
     transactions (:class:`~automq_ref.state_machines.transaction_partition.LogTransactions`),
     the guards, each producer's last timestamp and what the LSO needs of recent markers."""
 
-    __slots__ = ("_completing", "_guards", "_timestamps")
+    __slots__ = ("_completing", "_guards", "_timestamps", "_verified_at")
 
     def __init__(self, leader_epoch: int) -> None:
         super().__init__()
         # (marker offset, first offset) of transactions whose marker may not be durable yet
         self._completing: collections.deque[tuple[int, int]] = collections.deque()
         self._timestamps: dict[int, int] = {}  # producer id -> its last batch's max timestamp
+        # producer id -> when its last verification began (what keeps a producer id only
+        # verified, no batch landed yet, from expiry, as Kafka's verification state entries)
+        self._verified_at: dict[int, int] = {}
         self._guards = itertools.count((max(leader_epoch, 0) << 32) + 1)
 
     @property
@@ -85,12 +98,16 @@ class PartitionTransactions(LogTransactions):
     def needs_verification(self, producer_id: int, epoch: int) -> bool:
         return rules.needs_verification(self.entries.get(producer_id, _NONE), epoch)
 
-    def begin_verification(self, producer_id: int, epoch: int) -> int:
+    def begin_verification(self, producer_id: int, epoch: int, now_ms: int = NO_TIMESTAMP) -> int:
         """The guard a verification of the producer's batch at ``epoch`` leaves (reused while
-        no batch of the producer has landed since one was left for that epoch)."""
+        no batch of the producer has landed since one was left for that epoch), begun at
+        ``now_ms`` (the partition's clock; unknown: the producer id's last activity stays
+        what it was)."""
         entry = self.entries.get(producer_id, _NONE)
         after = rules.begin_verification(entry, epoch, next(self._guards))
         self.entries[producer_id] = after
+        if now_ms != NO_TIMESTAMP:
+            self._verified_at[producer_id] = now_ms
         return after.guard
 
     # ------------------------------------------------------------------------- appending
@@ -133,6 +150,7 @@ class PartitionTransactions(LogTransactions):
         completed = super().add(view)
         if view.is_transactional and view.producer_id >= 0:
             self._timestamps[view.producer_id] = view.max_timestamp
+            self._verified_at.pop(view.producer_id, None)  # the guard went
         if completed is not None:
             self._completing.append((completed.last_offset, completed.first_offset))
         return completed
@@ -182,7 +200,8 @@ class PartitionTransactions(LogTransactions):
         del self.aborted[: bisect.bisect_left(self.aborted, log_start, key=_last_offset)]
 
     def describe(self, producers: Producers) -> list[ProducerDescription]:
-        """Every producer id the partition knows, idempotent or transactional."""
+        """Every producer id the partition knows, idempotent or transactional (an expired one
+        is known no more: :meth:`expire`)."""
         described = []
         for producer_id in sorted(producers.keys() | self._known()):
             state = producers.get(producer_id)
@@ -192,12 +211,44 @@ class PartitionTransactions(LogTransactions):
                     producer_id,
                     max(entry.epoch, NO_EPOCH if state is None else state.epoch),
                     -1 if state is None else state.last_sequence,
-                    self._timestamps.get(producer_id, -1),
+                    max(
+                        self._timestamps.get(producer_id, NO_TIMESTAMP),
+                        NO_TIMESTAMP if state is None else state.last_timestamp,
+                    ),
                     entry.coordinator_epoch,
                     entry.first_offset,
                 )
             )
         return described
+
+    def expire(self, producers: Producers, now_ms: int, expiration_ms: int) -> list[int]:
+        """Forget, from ``producers`` (the idempotent producer state) and from the transaction
+        state, every producer id last active ``expiration_ms`` or more before ``now_ms`` and
+        with no transaction open (Kafka's ``isProducerExpired``: ``currentTimeMs -
+        lastTimestamp >= producerIdExpirationMs`` and no ``currentTxnFirstOffset``); the ids
+        forgotten, in order. An id's last activity is the latest of its last batch's max
+        timestamp (data or marker) and its last verification's time; an id with none known is
+        kept (:func:`~automq_ref.kafka.log_state.restore` gives one to every producer a
+        checkpoint loads). A producer whose transaction is open is kept however idle: its
+        marker, which the coordinator writes however late, must still find the transaction
+        (the coordinator aborts it after its timeout); once the marker lands it may go."""
+        last: dict[int, int] = {pid: state.last_timestamp for pid, state in producers.items()}
+        for times in (self._timestamps, self._verified_at):
+            for producer_id, timestamp in times.items():
+                last[producer_id] = max(last.get(producer_id, NO_TIMESTAMP), timestamp)
+        expired = sorted(
+            producer_id
+            for producer_id, timestamp in last.items()
+            if timestamp != NO_TIMESTAMP
+            and now_ms - timestamp >= expiration_ms
+            and not self.entries.get(producer_id, _NONE).open
+        )
+        for producer_id in expired:
+            producers.pop(producer_id, None)
+            self.entries.pop(producer_id, None)
+            self._timestamps.pop(producer_id, None)
+            self._verified_at.pop(producer_id, None)
+        return expired
 
     def _known(self) -> set[int]:
         return {producer_id for producer_id, entry in self.entries.items() if entry.epoch >= 0}
@@ -219,14 +270,16 @@ class PartitionTransactions(LogTransactions):
         )
         return transactions, tuple(self.aborted)
 
-    def restore_at(self, checkpoint: PartitionCheckpoint, log_start: int) -> None:
-        """Take the state a checkpoint holds, for a log starting at ``log_start``."""
+    def restore_at(self, checkpoint: PartitionCheckpoint, log_start: int, now_ms: int) -> None:
+        """Take the state a checkpoint holds, for a log starting at ``log_start``, opened at
+        ``now_ms`` (a producer's last timestamp the checkpoint does not hold is taken as that,
+        as :func:`~automq_ref.kafka.log_state.restore` does for the idempotent state)."""
         self.restore(checkpoint)
         self._timestamps = {
-            row.producer_id: row.last_timestamp
+            row.producer_id: now_ms if row.last_timestamp == NO_TIMESTAMP else row.last_timestamp
             for row in checkpoint.transactions
-            if row.last_timestamp >= 0
         }
+        self._verified_at.clear()
         self._completing.clear()
         self.trim(log_start)
 

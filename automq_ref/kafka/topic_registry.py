@@ -72,11 +72,13 @@ from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
 from automq_ref.formats.topic_record import Topic, topics_in
+from automq_ref.io.clock import Clock, SystemClock
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.storage.s3stream import PlacementRefusedError, S3Storage, StorageError
 from automq_ref.kafka.partition import Partition, PartitionExistsError
+from automq_ref.kafka.producer_expiry import ProducerExpiry
 from automq_ref.kafka.topic_configs import (
     ConfigChange,
     altered_configs,
@@ -111,6 +113,7 @@ class TopicRegistry:
         view: MetadataView,
         config: BrokerConfig,
         listeners: Sequence[PartitionListener] = (),
+        clock: Clock | None = None,
     ) -> None:
         self._storage = storage
         self._listeners = tuple(listeners)
@@ -118,6 +121,10 @@ class TopicRegistry:
         self._view = view
         self._config = config
         self._node_id = config.node_id
+        # The node's clock and producer.id.expiration.ms, for every partition opened here.
+        self.producer_expiry = ProducerExpiry(
+            clock or SystemClock(), config.producer_id_expiration_ms
+        )
         # Each topic config's value where a topic does not set it: read once, since the
         # broker's settings do not change while it runs (and Produce asks on every request).
         self.config_defaults: Mapping[str, str] = effective_defaults(
@@ -160,11 +167,13 @@ class TopicRegistry:
         view: MetadataView,
         config: BrokerConfig,
         listeners: Sequence[PartitionListener] = (),
+        clock: Clock | None = None,
     ) -> TopicRegistry:
         """The registry of the topics in the controller's KV, the partitions placed on this
         broker opened (those it cannot take yet are left to :meth:`follow`); ``listeners``
-        hear of every partition taken and given up from the first on."""
-        registry = cls(storage, client, view, config, listeners)
+        hear of every partition taken and given up from the first on; ``clock``: the node's
+        (the partitions' time: producer expiry, marker timestamps)."""
+        registry = cls(storage, client, view, config, listeners, clock)
         kv = view.image.kv
         for name, topic in sorted(topics_in(kv).items()):
             registry.topics[name] = topic
@@ -303,11 +312,24 @@ class TopicRegistry:
         raw = self._view.image.kv.get(partition_key(topic.topic_id, index))
         if raw is None:
             partition = await Partition.create(
-                self._storage, self._client, name, topic.topic_id, index, epoch
+                self._storage,
+                self._client,
+                name,
+                topic.topic_id,
+                index,
+                epoch,
+                self.producer_expiry,
             )
         else:
             partition = await Partition.open(
-                self._storage, self._client, self._view, name, topic.topic_id, index, epoch
+                self._storage,
+                self._client,
+                self._view,
+                name,
+                topic.topic_id,
+                index,
+                epoch,
+                self.producer_expiry,
             )
         self.partitions[key] = partition
         self._led_at[key] = epoch

@@ -177,6 +177,7 @@ producer_rows = st.lists(
             st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1), NON_NEGATIVE),
             max_size=5,
         ).map(tuple),
+        st.integers(-(2**63), 2**63 - 1),  # the last timestamp (-1: unknown)
     ),
     max_size=5,
     unique_by=lambda row: row.producer_id,

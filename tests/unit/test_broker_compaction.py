@@ -35,6 +35,10 @@ def config_for(tmp_path: Path) -> BrokerConfig:
             "s3.wal.capacity=16777216",
             "log.cleaner.enable=false",
             "log.cleaner.min.cleanable.ratio=0",
+            # The records are stamped NOW (2023): by the machine's clock their producers are
+            # long idle, and would be forgotten at every open (producer expiry's own tests run
+            # on a clock of their own: tests/unit/test_producer_expiry.py).
+            f"producer.id.expiration.ms={100 * 365 * 86_400_000}",
         ],
         environment={},
     )

@@ -148,6 +148,7 @@ async def test_seams_reach_the_parts(tmp_path: Path) -> None:
         assert node.clock.now_ms() == 1_234_567
         assert node.context.clock is node.clock
         assert node.storage._clock is node.clock and node.groups._clock is node.clock
+        assert node.topics.producer_expiry.clock is node.clock  # the partitions' time
         assert node.storage.node_epoch == node.view.image.nodes[config.node_id].node_epoch
     finally:
         await node.shutdown()

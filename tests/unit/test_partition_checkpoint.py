@@ -20,7 +20,8 @@ from automq_ref.formats.record_batch import build_record_batch
 from automq_ref.kafka import log_state
 from automq_ref.kafka import partition as partition_module
 from automq_ref.kafka.compaction import clean_partition
-from automq_ref.kafka.partition import Partition, _read_meta
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.partition_streams import read_meta
 from automq_ref.node import Node, start_node
 from tests.unit import test_broker_compaction as compaction_tests
 
@@ -132,6 +133,7 @@ async def open_again(node: Node, partition: Partition) -> Partition:
         partition.topic_id,
         partition.index,
         partition.epoch,
+        node.topics.producer_expiry,
     )
     node.topics.partitions[(partition.topic, partition.index)] = opened
     return opened
@@ -238,7 +240,7 @@ async def test_a_running_partition_checkpoints_periodically(
     task = partition._checkpointing
     if task is not None:
         await task
-    recorded = replay(await _read_meta(node.storage, partition.meta_stream_id))
+    recorded = replay(await read_meta(node.storage, partition.meta_stream_id))
     checkpoint_end = decode_checkpoint(recorded.checkpoint).end
     assert 0 < checkpoint_end <= partition.high_watermark
     live = await answers(partition)
@@ -357,7 +359,7 @@ async def test_the_metastream_stays_small_over_many_moves(node: Node) -> None:
     for _ in range(8):
         partition = await reopen(node, partition)
         assert partition.checkpoint_used and partition.scanned_bytes == 0
-    payloads = await _read_meta(node.storage, partition.meta_stream_id)
+    payloads = await read_meta(node.storage, partition.meta_stream_id)
     assert node.storage.start_offset(partition.meta_stream_id) > 0
     latest = latest_records(payloads)
     assert sum(map(len, payloads)) <= 3 * sum(map(len, latest.values()))

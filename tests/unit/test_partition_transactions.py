@@ -37,6 +37,7 @@ from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.kafka.compaction import clean_partition
 from automq_ref.kafka.handlers.offsets import _list_offset
+from automq_ref.kafka.log_state import Producers, ProducerState, remember_batch
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.partition_transactions import PartitionTransactions
 from automq_ref.kafka.server import Peer
@@ -246,6 +247,39 @@ def test_the_lso_counts_a_transaction_until_its_marker_is_durable() -> None:
         bumped,
         after,
     )
+
+
+def test_expiry_forgets_the_idle_keeps_the_open_and_the_unknown() -> None:
+    """PartitionTransactions.expire (Kafka's isProducerExpired), on batches landed in order."""
+    day = 86_400_000
+    transactions = PartitionTransactions(leader_epoch=1)
+    producers: Producers = {}
+    views = [
+        RecordBatchView(bytearray(txn_batch(0))),  # PRODUCER's transaction opens at NOW
+        RecordBatchView(bytearray(txn_batch(0, producer=OTHER))),
+        RecordBatchView(bytearray(build_marker_batch(OTHER, 0, 0, True, NOW + 10))),
+    ]
+    for offset, view in enumerate(views):
+        view.set_base_offset(offset)
+        remember_batch([], producers, view)
+        transactions.add(view)
+    remember_batch([], producers, RecordBatchView(plain_batch()))  # no producer: nothing
+    producers[99] = ProducerState(0)  # a last timestamp unknown
+    assert sorted(producers) == [PRODUCER, OTHER, 99]
+    assert transactions.expire(producers, NOW + 10 + day - 1, day) == []
+    # OTHER's marker at NOW + 10 was its last batch; PRODUCER's transaction is open.
+    assert transactions.expire(producers, NOW + 10 + day, day) == [OTHER]
+    assert sorted(producers) == [PRODUCER, 99] and OTHER not in transactions.entries
+    assert transactions.expire(producers, NOW + 1000 * day, day) == []
+    assert [d.producer_id for d in transactions.describe(producers)] == [PRODUCER, 99]
+    # Its marker lands (however late): idle from the marker's timestamp on, it goes.
+    later = NOW + 1000 * day
+    marker = RecordBatchView(build_marker_batch(PRODUCER, 0, 0, False, later, base_offset=3))
+    transactions.add(marker)
+    assert transactions.expire(producers, later + day - 1, day) == []
+    assert transactions.expire(producers, later + day, day) == [PRODUCER]
+    assert sorted(producers) == [99] and transactions.entries == {}
+    assert transactions.aborted == [(PRODUCER, 0, 3)]  # the index is the log's, not a producer's
 
 
 async def test_a_pending_marker_holds_the_lso(node: Node) -> None:
