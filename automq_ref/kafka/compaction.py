@@ -43,9 +43,16 @@ Idempotent producers: a producer's last batch is kept, emptied if all its record
 Kafka does), so its last sequence and epoch are found again when the partition is reopened; the
 producer state in memory is not touched by a clean. Transactions: a clean stops at the last
 stable offset (an open transaction's records are never compacted), drops the records of aborted
-transactions (by the partition's aborted-transactions index) and keeps every control batch
-(transaction marker) as it is, for now however old (Kafka drops a marker once it is no longer
-needed).
+transactions (by the partition's aborted-transactions index) and removes transaction markers by
+Kafka's rule (:mod:`automq_ref.state_machines.compaction`, "Transaction markers"): a marker
+stays while a batch of its transaction does; the clean that finds none left stamps it with a
+delete horizon (now + ``delete.retention.ms``) and a clean past that horizon removes it; the
+last marker of a producer the partition knows stays. The clean rebuilds the aborted-transactions
+index of the range it rewrote (an aborted transaction with no batch left loses its entry), and
+the commit puts it in place of the entries below the clean end (:meth:`Partition.commit_clean`),
+so the index in memory, and every checkpoint written from it, is what a scan of the cleaned log
+rebuilds; a READ_COMMITTED Fetch still never sees aborted data, since none is left where an
+entry went.
 
 Topic configs are read per clean: ``cleanup.policy`` through the registry; the compaction
 configs (``delete.retention.ms``, ``min.compaction.lag.ms``, ``max.compaction.lag.ms``,
@@ -69,15 +76,12 @@ from automq_ref.kafka.partition import Partition, stored_batches
 from automq_ref.kafka.topic_configs import cleanup_policies as parse_cleanup_policies
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.state_machines.compaction import (
-    AbortedRanges,
     BatchSpan,
+    CleanedTransactions,
     CleanerConfig,
     KeyIndex,
-    aborted_ranges,
-    compact_batch,
-    in_aborted,
+    clean_batch,
     plan_clean,
-    producer_keeps,
 )
 
 log = logging.getLogger(__name__)
@@ -184,43 +188,52 @@ async def clean_partition(
             return None
         keys = KeyIndex()
         end = start
-        aborted = aborted_ranges(partition.transactions.aborted)
+        transactions = CleanedTransactions(partition.transactions.aborted)
         async for stored in partition.read_stored(start, limit):
             if stored.last_offset > limit:
                 break
             for view in _live(stored.payload, start):
-                if not in_aborted(view, aborted):
-                    keys.add(view)
+                keys.add(view, aborted=transactions.is_aborted(view))
             end = stored.last_offset
         if end <= partition.dirty_start:
             return None  # no whole stored record in the dirty part yet
         keep = partition.producer_last_batches()
+        last_markers = keys.last_markers(partition.transactions.entries)
         stream_id = await partition.begin_clean(start)
         try:
             entries, read, written = await _write_clean(
-                partition, stream_id, start, end, keys, keep, aborted, now_ms, config
+                partition,
+                stream_id,
+                (start, end),
+                keys,
+                transactions,
+                (keep, last_markers),
+                now_ms,
+                config,
             )
         except Exception:
             await partition.abandon_clean(stream_id)
             raise
-        await partition.commit_clean(stream_id, end, entries)
+        await partition.commit_clean(stream_id, end, entries, transactions.aborted)
         return CleanResult(start, end, read, written)
 
 
 async def _write_clean(
     partition: Partition,
     stream_id: int,
-    start: int,
-    end: int,
+    bounds: tuple[int, int],
     keys: KeyIndex,
-    keep: frozenset[int],
-    aborted: AbortedRanges,
+    transactions: CleanedTransactions,
+    kept: tuple[frozenset[int], frozenset[int]],
     now_ms: int,
     config: CleanerConfig,
 ) -> tuple[list[BatchEntry], int, int]:
-    """Steps 3 of the module docstring: the compacted batches of ``[start, end)`` appended to
-    the clean's stream and durable. Returns their index entries and the bytes read and
-    written."""
+    """Steps 3 of the module docstring: the compacted batches of ``bounds`` (start, end)
+    appended to the clean's stream and durable; ``transactions`` learns the aborted index of
+    the range meanwhile; ``kept``: the base offsets of the producers' last data batches and of
+    their last markers. Returns the index entries and the bytes read and written."""
+    start, end = bounds
+    keep, last_markers = kept
     latest = keys.latest()
     entries: list[BatchEntry] = []
     durable: list[asyncio.Future[None]] = []
@@ -229,13 +242,14 @@ async def _write_clean(
     async for stored in partition.read_stored(start, end):
         read += len(stored.payload)
         for view in _live(stored.payload, start):
-            out = compact_batch(
+            out = clean_batch(
                 view,
                 latest,
+                transactions,
                 now_ms=now_ms,
                 delete_retention_ms=config.delete_retention_ms,
-                keep_if_empty=producer_keeps(view, keep),
-                aborted=in_aborted(view, aborted),
+                producer_last_batches=keep,
+                last_markers=last_markers,
             )
             if out is None:
                 continue

@@ -52,7 +52,7 @@ import collections
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.control_batch import build_marker_batch
@@ -74,7 +74,7 @@ from automq_ref.formats.meta_stream import (
     latest_records,
     replay,
 )
-from automq_ref.formats.partition_checkpoint import decode_checkpoint
+from automq_ref.formats.partition_checkpoint import AbortedRow, decode_checkpoint
 from automq_ref.formats.record_batch import TIMESTAMP_TYPE_MASK, RecordBatchView, iter_batches
 from automq_ref.formats.stream_record_batch import StreamRecordBatch
 from automq_ref.formats.zone_router import ChannelOffset, LinkRecord
@@ -937,9 +937,17 @@ class Partition:
         _, durable = self.storage.append_nowait(stream_id, self.epoch, payload, count)
         return durable
 
-    async def commit_clean(self, stream_id: int, end: int, entries: list[BatchEntry]) -> None:
+    async def commit_clean(
+        self,
+        stream_id: int,
+        end: int,
+        entries: list[BatchEntry],
+        aborted: Sequence[AbortedRow] = (),
+    ) -> None:
         """Make the clean's stream the log below ``end``: the ``CLEANED`` record is the commit
-        point (durable before anything reads the new stream); ``entries`` index its batches."""
+        point (durable before anything reads the new stream); ``entries`` index its batches,
+        ``aborted`` is its aborted-transactions index (it replaces the entries whose marker
+        is below ``end``)."""
         replaced = self.cleaned_stream_id
         await self._put_meta(CLEANED_KEY, encode_cleaned(stream_id, end, replaced))
         # No await from here to the end of the switch: a read sees the old parts or the new.
@@ -947,6 +955,7 @@ class Partition:
         self._cleaning_stream_id = None
         self._retiring = replaced
         self.batches = entries + [entry for entry in self.batches if entry.base_offset >= end]
+        self.transactions.cleaned(end, aborted)
         await self.settle()
 
     async def abandon_clean(self, stream_id: int) -> None:

@@ -195,6 +195,13 @@ class PartitionTransactions(LogTransactions):
         position = bisect.bisect_left(self.aborted, end, key=_last_offset)
         return 0 if position == 0 else self.aborted[position - 1][2] + 1
 
+    def cleaned(self, end: int, aborted: Sequence[AbortedRow]) -> None:
+        """A clean of the log below ``end`` committed: its aborted-transactions index
+        (:attr:`automq_ref.state_machines.compaction.CleanedTransactions.aborted`, what a scan
+        of the cleaned log finds) replaces the entries whose marker is below ``end``."""
+        position = bisect.bisect_left(self.aborted, end, key=_last_offset)
+        self.aborted = [*aborted, *self.aborted[position:]]
+
     def trim(self, log_start: int) -> None:
         """The log now starts at ``log_start``: index entries wholly below it go."""
         del self.aborted[: bisect.bisect_left(self.aborted, log_start, key=_last_offset)]
