@@ -74,11 +74,12 @@ java:
 tlc: $(STAMP) java
 	$(BIN)/python specs/run_tlc.py
 
-# The broker on its embedded default: data under ./data, Kafka on 127.0.0.1:9092, Ctrl-C stops it
-# gracefully. Pass properties with ARGS, e.g. make run ARGS="--override num.partitions=3".
+# The broker on its embedded default: data under ./data, Kafka on 127.0.0.1:9092, its metrics for
+# Prometheus on http://127.0.0.1:9464/metrics, Ctrl-C stops it gracefully. Pass properties with
+# ARGS, e.g. make run ARGS="--override num.partitions=3".
 # It installs only the runtime dependencies, not the test and Spark extras.
 run: $(RUNTIME)
-	$(BIN)/automq-ref serve $(ARGS)
+	$(BIN)/automq-ref serve --override "s3.telemetry.metrics.exporter.uri=prometheus://?host=127.0.0.1&port=9464" $(ARGS)
 
 # Three brokers on this machine: etcd, an S3 server (moto), node ids 1-3 in racks az1-az3, Kafka
 # on 127.0.0.1:9092-9094, data under ./data/cluster (emptied at start: moto keeps its objects in

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from pydantic import (
     BaseModel,
@@ -89,6 +89,52 @@ def _wal_device_address(raw: str) -> str | None:
             f"0@device:///PATH, not {location!r}"
         )
     return location
+
+
+# AutoMQ's metrics exporter URI: the Prometheus exporter's scheme and the port it takes when the
+# URI names none.
+METRICS_EXPORTER_SCHEME = "prometheus"
+METRICS_EXPORTER_DEFAULT_PORT = 9090
+
+
+@dataclass(frozen=True, slots=True)
+class ExporterAddress:
+    """Where the Prometheus endpoint listens."""
+
+    host: str
+    port: int
+
+
+def parse_exporter_uri(raw: str) -> ExporterAddress | None:
+    """``s3.telemetry.metrics.exporter.uri``: AutoMQ's list of exporter URIs, comma-separated;
+    blank, none. ``prometheus://?host=H&port=P`` (or ``prometheus://H:P``) serves the endpoint
+    on ``H:P``, with AutoMQ's defaults, host ``localhost`` and port 9090, for what it does not
+    name. AutoMQ's other exporters (``otlp://``, ``ops://``) are not built here: naming one is
+    an error, as are a second ``prometheus`` URI and a port that is not a number in range
+    (AutoMQ falls back to 9090 there)."""
+    found: ExporterAddress | None = None
+    for part in (piece.strip() for piece in raw.split(",")):
+        if not part:
+            continue
+        split = urlsplit(part)
+        if split.scheme != METRICS_EXPORTER_SCHEME:
+            raise ValueError(
+                f"exporter {part!r}: only prometheus:// is served by this broker "
+                "(prometheus://?host=H&port=P)"
+            )
+        if found is not None:
+            raise ValueError(f"exporter {part!r}: a second prometheus:// exporter")
+        query = parse_qs(split.query)
+        host = (query.get("host") or [split.hostname or ""])[0] or "localhost"
+        text = (query.get("port") or [""])[0].strip()
+        try:
+            port = split.port or (int(text) if text else METRICS_EXPORTER_DEFAULT_PORT)
+        except ValueError as error:
+            raise ValueError(f"exporter {part!r}: the port must be a number 0-65535") from error
+        if not 0 <= port <= 65535:
+            raise ValueError(f"exporter {part!r}: the port must be a number 0-65535")
+        found = ExporterAddress(host, port)
+    return found
 
 
 def _object_wal_settings(raw: str) -> ObjectWalSettings | None:
@@ -317,6 +363,9 @@ class BrokerConfig(BaseModel):
         1024 * MIB, alias="s3.network.baseline.bandwidth", ge=1
     )
     s3_network_limiter_mode: str = Field("separate", alias="s3.network.limiter.mode")
+    # The metrics exporters (AutoMQ's): prometheus://?host=H&port=P serves Prometheus' endpoint
+    # (automq_ref/io/metrics.py); blank, none.
+    s3_telemetry_metrics_exporter_uri: str = Field("", alias="s3.telemetry.metrics.exporter.uri")
     # How long ranged reads of objects wait to be merged with others (shaped_store.py); 0: until
     # the event loop's next turn. AutoMQ waits 5 ms, which a Fetch here pays once per cache miss.
     s3_object_read_merge_window_ms: float = Field(
@@ -565,6 +614,12 @@ class BrokerConfig(BaseModel):
     def _local_write_mode(cls, value: str) -> str:
         return _one_of(value, LOCAL_WRITE_MODES)
 
+    @field_validator("s3_telemetry_metrics_exporter_uri")
+    @classmethod
+    def _metrics_exporter_uri(cls, value: str) -> str:
+        parse_exporter_uri(value)
+        return value
+
     @field_validator("s3_network_limiter_mode")
     @classmethod
     def _network_limiter_mode(cls, value: str) -> str:
@@ -670,6 +725,11 @@ class BrokerConfig(BaseModel):
     def wal_device(self) -> str | None:
         """The WAL device process ``s3.wal.path`` names (``0@device://``), or None."""
         return _wal_device_address(self.s3_wal_path)
+
+    @property
+    def metrics_exporter(self) -> ExporterAddress | None:
+        """Where the Prometheus endpoint listens (``s3.telemetry.metrics.exporter.uri``)."""
+        return parse_exporter_uri(self.s3_telemetry_metrics_exporter_uri)
 
     @property
     def object_wal(self) -> ObjectWalSettings | None:

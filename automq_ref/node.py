@@ -75,12 +75,14 @@ from automq_ref.io.metadata.metadata_log import FileMetadataLog, MetadataLogErro
 from automq_ref.io.metadata.route_epoch_trace import open_trace as open_route_epoch_trace
 from automq_ref.io.metadata.route_epochs import RouteEpochSettings
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.io.metrics import BrokerMetrics, MetricsEndpoint
 from automq_ref.io.network_limiter import NetworkLimiters, network_limiters
 from automq_ref.io.storage.cold_read_process import InChildProcess
 from automq_ref.io.storage.cold_reads import ColdReads
 from automq_ref.io.storage.compaction import compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import (
+    MeasuredStore,
     ObjectStore,
     RequestShaping,
     ThrottledStore,
@@ -89,7 +91,8 @@ from automq_ref.io.storage.object_store import (
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
-from automq_ref.io.storage.wal import WriteAheadLog
+from automq_ref.io.storage.wal import MeasuredWal, WriteAheadLog
+from automq_ref.kafka.broker_metrics import BrokerState
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
@@ -369,6 +372,10 @@ class Node:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = server
         self._bound = bound
+        self.metrics = server.metrics  # None: no exporter (s3.telemetry.metrics.exporter.uri)
+        self.metrics_endpoint = None if self.metrics is None else MetricsEndpoint(self.metrics)
+        if self.metrics is not None:
+            self.metrics.register(BrokerState(topics, groups))
 
     @property
     def advertised_address(self) -> tuple[str, int]:
@@ -380,6 +387,9 @@ class Node:
         bound address: the one this broker registered."""
         assert self._server is not None, "the node was shut down"
         await self._server.serve()
+        exporter, endpoint = self.config.metrics_exporter, self.metrics_endpoint
+        if endpoint is not None and exporter is not None and endpoint.address is None:
+            await endpoint.start(exporter.host, exporter.port)
         return self._bound
 
     async def abandon(self) -> None:
@@ -461,6 +471,8 @@ class Node:
         if self._server is not None:
             await self._server.close()
             self._server = None
+        if self.metrics_endpoint is not None:
+            await self.metrics_endpoint.close()
         await self.topics.stop_following()
 
     async def _close_background(self) -> None:
@@ -520,9 +532,11 @@ async def start_node(config: BrokerConfig, seams: Seams = Seams()) -> Node:
 
 
 async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) -> Node:
-    # Bound before the registration (served only once the node is open): with port 0 the
-    # broker registers the port it will serve on.
-    server = KafkaServer(_NotServing(), max_request_bytes=config.socket_request_max_bytes)
+    # Bound before the registration (served once open): with port 0 it registers its port.
+    metrics = BrokerMetrics() if config.metrics_exporter is not None else None
+    server = KafkaServer(
+        _NotServing(), max_request_bytes=config.socket_request_max_bytes, metrics=metrics
+    )
     bound = await server.bind(config.host, config.port)
     try:
         return await _start_bound(config, seams, metadata, server, bound)
@@ -573,6 +587,8 @@ async def _start_bound(
     open_own_wal = seams.open_wal or functools.partial(open_wal, limiters=limiters)
     opened = _Opened(await open_own_wal(config, registration.node_epoch))
     store = open_object_store(config.object_store_uri)
+    if server.metrics is not None:
+        store = MeasuredStore(store, server.metrics)
     try:
         await store.__aenter__()
         return await _start_on_wal(
@@ -658,7 +674,7 @@ async def _start_on_wal(
         )
     storage = await S3Storage.start(
         link_resolver=None if zone_router is None else zone_router.link_resolver,
-        wal=wal,
+        wal=wal if server.metrics is None else MeasuredWal(wal, server.metrics),
         store=store,
         client=client,
         view=view,
@@ -872,6 +888,8 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
         host, port = await node.listen()
         if first:
             advertised_host, advertised_port = node.advertised_address
+            if node.metrics_endpoint is not None and node.metrics_endpoint.address:
+                print(f"automq-ref: metrics on {node.metrics_endpoint.url}", flush=True)
             print(
                 f"automq-ref: serving Kafka on {host}:{port} "
                 f"(bootstrap.servers={advertised_host}:{advertised_port})",
@@ -911,9 +929,9 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
 
 
 def _start_heap_freezer(config: BrokerConfig) -> asyncio.Task[None] | None:
-    """The process's heap freezer (io/heap.py), started once the first node serves: its
-    partitions, image and caches are the long-lived state the freezes leave out of full
-    collections. None when ``heap.freeze.interval.ms`` is 0."""
+    """The process's heap freezer (io/heap.py), started once the first node serves (its
+    partitions, image and caches are what the freezes keep out of full collections); None when
+    ``heap.freeze.interval.ms`` is 0."""
     if config.heap_freeze_interval_ms == 0:
         return None
     settings = HeapSettings(config.heap_freeze_interval_ms, config.heap_thaw_interval_ms)

@@ -283,6 +283,10 @@ class GroupCoordinator:
     def _partition_count(self) -> int | None:
         return self._topic.partition_count()
 
+    def serving_states(self) -> list[gc.CoordinatorState]:
+        """The machine state of every shard serving here (the metrics read them)."""
+        return [shard.state for shard in self._shards.values() if shard.serving]
+
     # --------------------------------------------------------------------------- routing
 
     async def _existing(self) -> None:

@@ -152,6 +152,7 @@ class Partition:
         # Bytes produced to and fetched from the partition here: the loads its broker reports.
         self.bytes_in = 0
         self.bytes_out = 0
+        self.records_in = 0  # and the records produced (the metrics' kafka_message_count)
         self.taken_s = time.monotonic()  # when this broker opened it
         # What rebuilding the batch index and producer state at open read, and how long it
         # took: the part of a move's unavailability that grows with the retained log.
@@ -663,6 +664,7 @@ class Partition:
             self.data_stream_id, self.epoch, bytes(data), offset - base, link=link
         )
         self.bytes_in += len(data)
+        self.records_in += offset - base
         self._unchecked_bytes += len(data)
         assert first == base, (first, base)
         for view in views:

@@ -30,6 +30,11 @@ by a handler are logged at WARNING once per client and reason, at DEBUG afterwar
 retry several times a second). New connections are logged per client host in bursts: the first
 at once, then one line per :data:`CONNECTION_LOG_WINDOW_S` with how many more came, if any.
 
+Metrics (when the node has them, :mod:`automq_ref.io.metrics`): each frame's bytes and API key
+and its arrival time are noted as it is taken; when its answer has been written (or, acks=0,
+found to be none) the request is counted, with its time, by API; the answers' bytes and the open
+connections are counted too.
+
 Closing: once a connection is closing (the peer went away, a request could not be answered, the
 server stops) nothing more is admitted, and the answers admitted but not yet awaited are closed
 (a coroutine) or cancelled (a future) rather than dropped: their work is not undone (a
@@ -43,15 +48,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import inspect
 import logging
+import time
 import typing
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from automq_ref.io.logfmt import fields
+from automq_ref.io.metrics import BrokerMetrics
 from automq_ref.kafka.notices import Notices
+from automq_ref.protocol.kio_codec import api_name
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +147,9 @@ class _Connection(asyncio.BufferedProtocol):
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._framed = False  # a frame was taken: the connection speaks Kafka
+        # With metrics: (API key, arrival) of each frame taken and not yet answered, in order.
+        self._metrics = server.metrics
+        self._arrivals: collections.deque[tuple[int, float]] = collections.deque()
 
     # ------------------------------------------------------------------ asyncio callbacks
 
@@ -245,6 +257,10 @@ class _Connection(asyncio.BufferedProtocol):
     def _push(self, frame: bytes | bytearray) -> None:
         self._frames.append(frame)
         self._in_flight += 1
+        metrics = self._metrics
+        if metrics is not None:
+            metrics.network_in.inc(len(frame) + 4)
+            self._arrivals.append((int.from_bytes(frame[:2], "big"), time.perf_counter()))
 
     def eof_received(self) -> bool | None:
         return False  # close our side too once the peer has closed its
@@ -322,7 +338,14 @@ class _Connection(asyncio.BufferedProtocol):
             if chunks is not None and self._transport is not None and not self._closed:
                 size = sum(len(chunk) for chunk in chunks)
                 self._transport.writelines([size.to_bytes(4, "big"), *chunks])
+                if self._metrics is not None:
+                    self._metrics.network_out.inc(size + 4)
                 await self._can_write.wait()
+            if self._metrics is not None and self._arrivals:
+                api_key, arrived = self._arrivals.popleft()
+                self._metrics.request_answered(
+                    _api_label(api_key), (time.perf_counter() - arrived) * 1000
+                )
             self._update_reading()
 
     # --------------------------------------------------------------------------- helpers
@@ -377,6 +400,18 @@ class _Closing:
     """Queued after the last reply of a connection that must close."""
 
 
+# AutoMQ's own APIs (kio has no schema for them), as its brokers name them.
+_AUTOMQ_APIS = {515: "AutomqZoneRouter", 516: "AutomqGetPartitionSnapshot"}
+
+
+@functools.cache
+def _api_label(api_key: int) -> str:
+    """The API a request's key names, as the metrics label it (``Produce``); ``unknown`` for a
+    key neither Kafka nor AutoMQ defines."""
+    name = _AUTOMQ_APIS.get(api_key) or api_name(api_key)
+    return name if name.isidentifier() else "unknown"
+
+
 class KafkaServer:
     """Listens on ``host:port`` and feeds every connection's requests to ``handler``."""
 
@@ -386,12 +421,16 @@ class KafkaServer:
         *,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.handler = handler
         self.max_request_bytes = max_request_bytes
         self.max_in_flight = max_in_flight
+        self.metrics = metrics
         self._server: asyncio.Server | None = None
         self._connections: set[_Connection] = set()
+        if metrics is not None:
+            metrics.connections.set_function(lambda: len(self._connections))
         self._next_connection_id = 0
         self.notices = Notices(log)
         self._connection_log = _ConnectionLog()

@@ -131,6 +131,9 @@ class TopicRegistry:
             config.model_dump(by_alias=True)
         )
         self.topics: dict[str, Topic] = {}
+        # Per topic, the traffic of its partitions no longer led here (bytes in, bytes out,
+        # records in), so what the metrics report per topic only grows (kafka/broker_metrics.py).
+        self.traffic_before: dict[str, tuple[int, int, int]] = {}
         self.partitions: dict[tuple[str, int], Partition] = {}
         # The leader epoch each held partition was taken at (its streams' epoch, except for
         # streams written before placement, opened above their own epoch).
@@ -235,6 +238,7 @@ class TopicRegistry:
             gone = self.topics.pop(name)
             del self._records[name]
             await self._drop_held(gone)
+            self.traffic_before.pop(name, None)
             log.info("topic deleted elsewhere %s", fields(topic=name, topic_id=gone.topic_id))
         for name, topic in sorted(theirs.items()):
             record = kv[topic_key(name)]
@@ -353,10 +357,19 @@ class TopicRegistry:
             listener.partition_taken(partition)
         return raw is None
 
+    def _count_traffic(self, partition: Partition) -> None:
+        bytes_in, bytes_out, records_in = self.traffic_before.get(partition.topic, (0, 0, 0))
+        self.traffic_before[partition.topic] = (
+            bytes_in + partition.bytes_in,
+            bytes_out + partition.bytes_out,
+            records_in + partition.records_in,
+        )
+
     async def _give_up(self, key: tuple[str, int], now_at: int | None) -> None:
         """Stop leading partition ``key``: out of :attr:`partitions` first (requests answer
         NOT_LEADER_OR_FOLLOWER), then its streams closed (what the WAL holds uploaded)."""
         partition = self.partitions.pop(key)
+        self._count_traffic(partition)
         del self._led_at[key]
         self._leaving[key] = partition
         partition.wake_waiters()
@@ -601,6 +614,7 @@ class TopicRegistry:
             del self.topics[name]
             del self._records[name]
             await self._drop_partitions(name, range(topic.partitions))
+            self.traffic_before.pop(name, None)
             log.info(
                 "topic deleted %s",
                 fields(topic=name, partitions=topic.partitions, topic_id=topic.topic_id),
@@ -769,6 +783,7 @@ class TopicRegistry:
             partition = self.partitions.pop((name, index), None)
             if partition is None:
                 continue
+            self._count_traffic(partition)
             del self._led_at[(name, index)]
             partition.wake_waiters()
             await self._tell_given_up(partition)

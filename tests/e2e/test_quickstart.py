@@ -147,6 +147,8 @@ class Broker:
             f"listeners=PLAINTEXT://127.0.0.1:{port}",
             "--override",
             f"log.dirs={directory / 'data'}",
+            "--override",  # the metrics on a free port too (9464 is left to people)
+            "s3.telemetry.metrics.exporter.uri=prometheus://?host=127.0.0.1&port=0",
         ]
         self.process = subprocess.Popen(
             command,

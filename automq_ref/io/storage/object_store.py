@@ -11,7 +11,8 @@ returned, whichever the backend: the storage reads objects through one, under it
 so that the GETs the store really sees and the bytes a catch-up fetches from it can be set beside
 the bytes it delivers (the node logs them). :class:`ThrottledStore` puts a store's GETs and PUTs
 through the network bandwidth limiter (:mod:`automq_ref.io.network_limiter`) at one priority:
-the object WAL's and object compaction's stores are wrapped in one.
+the object WAL's and object compaction's stores are wrapped in one. :class:`MeasuredStore` times
+every request into the node's Prometheus metrics (:mod:`automq_ref.io.metrics`).
 
 :func:`open_object_store` builds a store from a URI: ``file:///path`` or
 ``s3://bucket?region=...&endpoint=...&pathStyle=true``, optionally with AutoMQ's ``<id>@`` bucket
@@ -21,13 +22,16 @@ prefix, which is ignored.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import re
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from automq_ref.io.metrics import S3_REQUEST, BrokerMetrics
 from automq_ref.io.network_limiter import NetworkLimiters
 from automq_ref.io.storage.local_object_store import ETAG_XATTR_NAME, LocalDirectoryObjectStore
 from automq_ref.io.storage.object_store_contract import (
@@ -57,6 +61,7 @@ __all__ = [
     "ForwardingStore",
     "InvalidKey",
     "LocalDirectoryObjectStore",
+    "MeasuredStore",
     "NotFound",
     "ObjectInfo",
     "ObjectStore",
@@ -236,6 +241,71 @@ class ThrottledStore(ForwardingStore):
     async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
         await self._limiters.inbound.consume(max(end_exclusive - start, 0), self._priority)
         return await self.store.get_range(key, start, end_exclusive)
+
+
+class MeasuredStore(ForwardingStore):
+    """``store`` as it is, each request timed into ``metrics`` by operation (S3's names:
+    ``PutObject``, ``GetObject``, ``HeadObject``, ``ListObjects``, ``DeleteObject``,
+    ``DeleteObjects``) and outcome, and the bytes put and got counted. A missing key
+    (``NotFound``) and a conditional put that lost (``PreconditionFailed``) are answers, so
+    successes; anything else raised is a failure."""
+
+    def __init__(self, store: ObjectStore, metrics: BrokerMetrics) -> None:
+        super().__init__(store)
+        self._metrics = metrics
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        ok = False
+        try:
+            yield
+            ok = True
+        except (NotFound, PreconditionFailed):
+            ok = True
+            raise
+        finally:
+            self._metrics.operation(S3_REQUEST, name, ok, time.perf_counter() - began)
+
+    async def put(self, key: str, data: Payload) -> ObjectInfo:
+        with self._timed("PutObject"):
+            info = await self.store.put(key, data)
+        self._metrics.uploaded.inc(_size(data))
+        return info
+
+    async def put_if_absent(self, key: str, data: Payload) -> ObjectInfo:
+        with self._timed("PutObject"):
+            info = await self.store.put_if_absent(key, data)
+        self._metrics.uploaded.inc(_size(data))
+        return info
+
+    async def get(self, key: str) -> bytes:
+        with self._timed("GetObject"):
+            data = await self.store.get(key)
+        self._metrics.downloaded.inc(len(data))
+        return data
+
+    async def get_range(self, key: str, start: int, end_exclusive: int) -> bytes:
+        with self._timed("GetObject"):
+            data = await self.store.get_range(key, start, end_exclusive)
+        self._metrics.downloaded.inc(len(data))
+        return data
+
+    async def head(self, key: str) -> ObjectInfo:
+        with self._timed("HeadObject"):
+            return await self.store.head(key)
+
+    async def list(self, prefix: str = "") -> builtins.list[ObjectInfo]:
+        with self._timed("ListObjects"):
+            return await self.store.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        with self._timed("DeleteObject"):
+            await self.store.delete(key)
+
+    async def delete_many(self, keys: Iterable[str]) -> None:
+        with self._timed("DeleteObjects"):
+            await self.store.delete_many(keys)
 
 
 def _size(data: Payload) -> int:

@@ -26,9 +26,12 @@ The contract, identical for both:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
+
+from automq_ref.io.metrics import S3_STORAGE, BrokerMetrics
 
 Buffer: TypeAlias = bytes | bytearray | memoryview
 
@@ -108,3 +111,48 @@ class WriteAheadLog(Protocol):
     async def close(self) -> None:
         """Finish queued appends and release the WAL."""
         ...
+
+
+class MeasuredWal:
+    """``wal`` as it is, each append timed into ``metrics`` until it is durable
+    (``kafka_stream_operation_latency{operation_type="S3Storage", operation_name="append"}``,
+    AutoMQ's name for a WAL append) and its bytes counted (``kafka_stream_wal_append_size``)."""
+
+    def __init__(self, wal: WriteAheadLog, metrics: BrokerMetrics) -> None:
+        self.wal = wal
+        self._metrics = metrics
+
+    @property
+    def confirm_offset(self) -> int:
+        return self.wal.confirm_offset
+
+    @property
+    def max_record_bytes(self) -> int:
+        return self.wal.max_record_bytes
+
+    def recover(self) -> AsyncIterator[RecoveredRecord]:
+        return self.wal.recover()
+
+    async def reset(self) -> None:
+        await self.wal.reset()
+
+    def submit(self, body: Buffer) -> asyncio.Future[AppendResult]:
+        metrics, began = self._metrics, time.perf_counter()
+        durable = self.wal.submit(body)
+        metrics.wal_appended.inc(memoryview(body).nbytes)
+
+        def done(future: asyncio.Future[AppendResult]) -> None:
+            ok = not future.cancelled() and future.exception() is None
+            metrics.operation(S3_STORAGE, "append", ok, time.perf_counter() - began)
+
+        durable.add_done_callback(done)
+        return durable
+
+    async def append(self, body: Buffer) -> AppendResult:
+        return await self.submit(body)
+
+    async def trim(self, offset: int) -> None:
+        await self.wal.trim(offset)
+
+    async def close(self) -> None:
+        await self.wal.close()
