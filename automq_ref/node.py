@@ -375,7 +375,7 @@ class Node:
         self.metrics = server.metrics  # None: no exporter (s3.telemetry.metrics.exporter.uri)
         self.metrics_endpoint = None if self.metrics is None else MetricsEndpoint(self.metrics)
         if self.metrics is not None:
-            self.metrics.register(BrokerState(topics, groups))
+            self.metrics.register(BrokerState(self.context))
 
     @property
     def advertised_address(self) -> tuple[str, int]:

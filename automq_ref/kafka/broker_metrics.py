@@ -11,6 +11,10 @@ Names and labels are those AutoMQ's Prometheus exporter gives the same series:
 - ``kafka_partition_count`` (partitions led here), ``kafka_topic_count`` (topics of the
   cluster), ``kafka_log_end_offset{topic, partition}`` and ``kafka_log_start_offset{...}`` of
   each partition led here;
+- ``kafka_controller_active_count``: 1 on the broker whose controller is the active one, 0
+  elsewhere; there only, as AutoMQ's controller reports them, ``kafka_broker_active_count`` and
+  ``kafka_broker_fenced_count``, the registered brokers that are live and fenced (a broker in
+  controlled shutdown is neither);
 - ``kafka_group_count`` and, per state, ``kafka_group_empty_count``,
   ``kafka_group_preparing_rebalance_count``, ``kafka_group_completing_rebalance_count``,
   ``kafka_group_stable_count`` of the groups coordinated here, and
@@ -24,8 +28,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from automq_ref.kafka.groups import GroupCoordinator
-from automq_ref.kafka.topic_registry import TopicRegistry
+from automq_ref.kafka.request import Context
 from automq_ref.state_machines.group.state import GroupState
 
 _STATE_SERIES = {
@@ -37,16 +40,42 @@ _STATE_SERIES = {
 
 
 class BrokerState(Collector):
-    """The series above, of one broker's topic registry and group coordinator."""
+    """The series above, of one broker (its topic registry, group coordinator and image)."""
 
-    def __init__(self, topics: TopicRegistry, groups: GroupCoordinator) -> None:
-        self._topics = topics
-        self._groups = groups
+    def __init__(self, context: Context) -> None:
+        self._context = context
+        self._topics = context.topics
+        self._groups = context.groups
 
     def collect(self) -> Iterator[Metric]:
         yield from self._traffic()
         yield from self._logs()
         yield from self._consumer_groups()
+        yield from self._controller()
+
+    def _controller(self) -> Iterator[Metric]:
+        context = self._context
+        # Embedded (no etcd), the node's own controller is the one.
+        embedded = not context.config.etcd_endpoints
+        active = embedded or context.active_controller() == context.config.node_id
+        yield GaugeMetricFamily(
+            "kafka_controller_active_count",
+            "1 on the broker whose controller is the active one.",
+            value=int(active),
+        )
+        if not active:
+            return
+        brokers = context.view.image.brokers.values()
+        yield GaugeMetricFamily(
+            "kafka_broker_active_count",
+            "Registered brokers that are live (the active controller's view).",
+            value=sum(broker.live for broker in brokers),
+        )
+        yield GaugeMetricFamily(
+            "kafka_broker_fenced_count",
+            "Registered brokers that are fenced (the active controller's view).",
+            value=sum(broker.fenced for broker in brokers),
+        )
 
     def _traffic(self) -> Iterator[Metric]:
         registry = self._topics

@@ -143,6 +143,10 @@ async def test_a_scraped_broker_counts_its_traffic(node: Node) -> None:
     bootstrap = f"{host}:{port}"
     before = await scrape(node)
     assert before[("kafka_partition_count", ())] == 0
+    # Embedded, the broker's own controller is the active one; it counts itself live.
+    assert before[("kafka_controller_active_count", ())] == 1
+    assert before[("kafka_broker_active_count", ())] == 1
+    assert before[("kafka_broker_fenced_count", ())] == 0
     assert before[("kafka_group_count", ())] == 0
     # No created-time series: AutoMQ's exporter has none.
     assert not any(name.endswith("_created") for name, _ in before)
