@@ -91,6 +91,47 @@ def _wal_device_address(raw: str) -> str | None:
     return location
 
 
+# Kafka's listener.security.protocol.map default, its protocols, and those served here.
+DEFAULT_SECURITY_PROTOCOL_MAP = (
+    "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
+)
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SERVED_PROTOCOLS = ("PLAINTEXT", "SSL")
+SSL_CLIENT_AUTH = ("none", "requested", "required")
+_LISTENER = re.compile(r"^([A-Za-z0-9_]+)://(\[[^\]]*\]|[^:/\[\]]*):(\d+)$")
+
+
+def parse_listener(value: str) -> tuple[str, str, int]:
+    """``NAME://host:port`` (Kafka's listener form) as (NAME, host, port); one listener only
+    (several, separated by commas, are not served yet); an empty host is every address."""
+    if "," in value:
+        raise ValueError("one listener is served (several are not, yet)")
+    match = _LISTENER.match(value.strip())
+    if match is None:
+        raise ValueError("a listener is NAME://host:port, e.g. PLAINTEXT://127.0.0.1:9092")
+    name, host, port = match.group(1).upper(), match.group(2).strip("[]"), int(match.group(3))
+    if port > 65535:
+        raise ValueError(f"port {port} is out of range")
+    return name, host, port
+
+
+def parse_protocol_map(value: str) -> dict[str, str]:
+    """``listener.security.protocol.map``: ``NAME:PROTOCOL`` pairs, comma-separated."""
+    found: dict[str, str] = {}
+    for pair in (piece.strip() for piece in value.split(",")):
+        if not pair:
+            continue
+        name, separator, protocol = pair.partition(":")
+        protocol = protocol.strip().upper()
+        if not separator or not name.strip() or protocol not in SECURITY_PROTOCOLS:
+            raise ValueError(
+                f"{pair!r}: a pair is NAME:PROTOCOL, the protocol one of "
+                + ", ".join(SECURITY_PROTOCOLS)
+            )
+        found[name.strip().upper()] = protocol
+    return found
+
+
 # AutoMQ's metrics exporter URI: the Prometheus exporter's scheme and the port it takes when the
 # URI names none.
 METRICS_EXPORTER_SCHEME = "prometheus"
@@ -336,10 +377,25 @@ class BrokerConfig(BaseModel):
     # racks. Empty: no rack.
     broker_rack: str = Field("", alias="broker.rack")
     cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
+    # One listener, NAME://host:port, its security protocol by listener.security.protocol.map
+    # (PLAINTEXT or SSL; automq_ref/kafka/tls.py).
     listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
     # What Metadata/FindCoordinator/DescribeCluster hand to clients; empty means the bound
     # listener. Set it when clients reach the broker through a proxy.
     advertised_listeners: str = Field("", alias="advertised.listeners")
+    listener_security_protocol_map: str = Field(
+        DEFAULT_SECURITY_PROTOCOL_MAP, alias="listener.security.protocol.map"
+    )
+    # TLS (an SSL listener), Kafka's properties; PEM only (Kafka's default type is JKS).
+    ssl_keystore_type: str = Field("JKS", alias="ssl.keystore.type")
+    ssl_keystore_location: str = Field("", alias="ssl.keystore.location")
+    ssl_keystore_certificate_chain: str = Field("", alias="ssl.keystore.certificate.chain")
+    ssl_keystore_key: str = Field("", alias="ssl.keystore.key")
+    ssl_key_password: str = Field("", alias="ssl.key.password")
+    ssl_truststore_type: str = Field("JKS", alias="ssl.truststore.type")
+    ssl_truststore_location: str = Field("", alias="ssl.truststore.location")
+    ssl_truststore_certificates: str = Field("", alias="ssl.truststore.certificates")
+    ssl_client_auth: str = Field("none", alias="ssl.client.auth")
     log_dirs: str = Field("./data", alias="log.dirs")
     # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
     s3_data_buckets: str = Field("", alias="s3.data.buckets")
@@ -590,12 +646,69 @@ class BrokerConfig(BaseModel):
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod
-    def _one_plaintext_listener(cls, value: str) -> str:
-        if value == "":
-            return value
-        if not value.startswith("PLAINTEXT://") or "," in value or ":" not in value[12:]:
-            raise ValueError("exactly one PLAINTEXT://host:port listener is supported")
+    def _one_listener(cls, value: str) -> str:
+        if value != "":
+            parse_listener(value)
         return value
+
+    @field_validator("listener_security_protocol_map")
+    @classmethod
+    def _protocol_map(cls, value: str) -> str:
+        parse_protocol_map(value)
+        return value
+
+    @field_validator("ssl_client_auth")
+    @classmethod
+    def _client_auth(cls, value: str) -> str:
+        return _one_of(value, SSL_CLIENT_AUTH)
+
+    @model_validator(mode="after")
+    def _listener_protocol(self) -> BrokerConfig:
+        protocol = self.security_protocol  # raises for a name the map does not know
+        if protocol not in SERVED_PROTOCOLS:
+            raise ValueError(
+                f"listeners={self.listeners}: security protocol {protocol} is not served yet "
+                f"(served: {', '.join(SERVED_PROTOCOLS)})"
+            )
+        advertised = self.advertised_listeners
+        if advertised and parse_listener(advertised)[0] != parse_listener(self.listeners)[0]:
+            raise ValueError(
+                f"advertised.listeners={advertised} must name the listener of listeners "
+                f"({parse_listener(self.listeners)[0]})"
+            )
+        if protocol == "SSL":
+            if self.etcd_endpoints:
+                raise ValueError(
+                    "an SSL listener is served by one broker only for now: a cluster's brokers "
+                    "talk to each other over their listener in plaintext"
+                )
+            for name, kind in (
+                ("ssl.keystore.type", self.ssl_keystore_type),
+                ("ssl.truststore.type", self.ssl_truststore_type),
+            ):
+                if kind.upper() != "PEM" and (
+                    name == "ssl.keystore.type"
+                    or self.ssl_truststore_location
+                    or self.ssl_truststore_certificates
+                ):
+                    raise ValueError(f"{name}={kind}: only PEM is read here (set {name}=PEM)")
+            has_file = bool(self.ssl_keystore_location)
+            has_text = bool(self.ssl_keystore_certificate_chain or self.ssl_keystore_key)
+            if has_file == has_text:
+                raise ValueError(
+                    "an SSL listener needs its certificate and key: ssl.keystore.location (a PEM "
+                    "file with both) or ssl.keystore.certificate.chain and ssl.keystore.key"
+                )
+            if has_text and not (self.ssl_keystore_certificate_chain and self.ssl_keystore_key):
+                raise ValueError("ssl.keystore.certificate.chain and ssl.keystore.key go together")
+            if self.ssl_client_auth != "none" and not (
+                self.ssl_truststore_location or self.ssl_truststore_certificates
+            ):
+                raise ValueError(
+                    f"ssl.client.auth={self.ssl_client_auth} needs a truststore to check client "
+                    "certificates with (ssl.truststore.location or ssl.truststore.certificates)"
+                )
+        return self
 
     @field_validator("s3_wal_path")
     @classmethod
@@ -681,18 +794,34 @@ class BrokerConfig(BaseModel):
 
     @property
     def host(self) -> str:
-        return self.listeners.removeprefix("PLAINTEXT://").rsplit(":", 1)[0]
+        return parse_listener(self.listeners)[1]
 
     @property
     def port(self) -> int:
-        return int(self.listeners.rsplit(":", 1)[1])
+        return parse_listener(self.listeners)[2]
+
+    @property
+    def listener_name(self) -> str:
+        return parse_listener(self.listeners)[0]
+
+    @property
+    def security_protocol(self) -> str:
+        """The listener's security protocol (``listener.security.protocol.map``)."""
+        name = self.listener_name
+        protocols = parse_protocol_map(self.listener_security_protocol_map)
+        if name not in protocols:
+            raise ValueError(
+                f"listeners={self.listeners}: listener {name} is not in "
+                f"listener.security.protocol.map ({self.listener_security_protocol_map})"
+            )
+        return protocols[name]
 
     @property
     def advertised_address(self) -> tuple[str, int] | None:
         if not self.advertised_listeners:
             return None
-        host, port = self.advertised_listeners.removeprefix("PLAINTEXT://").rsplit(":", 1)
-        return host, int(port)
+        _, host, port = parse_listener(self.advertised_listeners)
+        return host, port
 
     @property
     def data_dir(self) -> Path:

@@ -101,6 +101,7 @@ from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
+from automq_ref.kafka.tls import server_ssl_context
 from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.kafka.transactions import MarkersHook, TransactionCoordinator
 from automq_ref.node_wal import open_wal as open_wal  # re-exported: tests open a node's WAL
@@ -451,8 +452,7 @@ class Node:
     # The steps abandon and shutdown share, in the order each takes them.
 
     async def _stop_loops(self) -> None:
-        """Cancel retention, producer expiry, log uploads, the cleaner and object compaction,
-        one by one."""
+        """Cancel retention, producer expiry, log uploads, the cleaner and compaction."""
         loops = (
             self._retention_task,
             self._producer_expiry_task,
@@ -537,7 +537,7 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     server = KafkaServer(
         _NotServing(), max_request_bytes=config.socket_request_max_bytes, metrics=metrics
     )
-    bound = await server.bind(config.host, config.port)
+    bound = await server.bind(config.host, config.port, server_ssl_context(config))
     try:
         return await _start_bound(config, seams, metadata, server, bound)
     except BaseException:
@@ -569,7 +569,7 @@ async def _start_bound(
         config.node_id,
         seams.clock.now_ms(),
         rack=config.broker_rack,
-        listeners=(sm.Endpoint("PLAINTEXT", host, port),),
+        listeners=(sm.Endpoint(config.listener_name, host, port),),
         wal_config=config.wal_location,
     )
     trace = open_trace(

@@ -51,6 +51,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import ssl
 import time
 import typing
 from collections.abc import Awaitable, Sequence
@@ -240,7 +241,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._server.notices.tell(
                 ("tls", self._peer.host),
                 "TLS handshake on a plaintext listener: configure the client with "
-                "security.protocol=PLAINTEXT (this broker has no TLS listener)",
+                "security.protocol=PLAINTEXT (this listener is PLAINTEXT)",
                 client=self._peer.address,
             )
             return True
@@ -441,12 +442,15 @@ class KafkaServer:
         await self.serve()
         return address
 
-    async def bind(self, host: str, port: int) -> tuple[str, int]:
+    async def bind(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
         """Bind the address without accepting yet; return it (port 0 picks a free port). A
-        broker binds before it registers, so the address it registers is the one it serves."""
+        broker binds before it registers, so the address it registers is the one it serves.
+        With ``ssl_context`` (an SSL listener) every connection speaks TLS."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self._new_connection, host, port, start_serving=False
+            self._new_connection, host, port, start_serving=False, ssl=ssl_context
         )
         address = self._server.sockets[0].getsockname()
         return address[0], address[1]

@@ -111,11 +111,12 @@ def test_a_bad_value_is_one_line_naming_the_property_without_pydantic_boilerplat
 
 def test_each_config_problem_is_its_own_line() -> None:
     with pytest.raises(ConfigError) as caught:
-        load_config(overrides=["node.id=-1", "listeners=SSL://a:1", "log.dir=x"])
+        load_config(overrides=["node.id=-1", "listeners=PLAINTEXT://a", "log.dir=x"])
     assert caught.value.problems == (
         "unknown setting 'log.dir'; did you mean 'log.dirs'?",
         "node.id='-1': input should be greater than or equal to 0",
-        "listeners='SSL://a:1': exactly one PLAINTEXT://host:port listener is supported",
+        "listeners='PLAINTEXT://a': a listener is NAME://host:port, e.g. "
+        "PLAINTEXT://127.0.0.1:9092",
     )
 
 

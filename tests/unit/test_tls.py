@@ -1,0 +1,359 @@
+"""An SSL listener (automq_ref/kafka/tls.py) with Kafka's PEM properties: refused settings named,
+and a broker that confluent-kafka, kafka-python and aiokafka produce to and consume from over
+TLS, with client certificates required when ``ssl.client.auth=required``. The certificates are
+made here (a CA, the broker's for 127.0.0.1 and localhost, a client's), with ``cryptography``."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import ssl
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
+from confluent_kafka import Consumer, Producer
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from kafka import KafkaConsumer, KafkaProducer
+
+from automq_ref.config import ConfigError, load_config
+from automq_ref.kafka.tls import TlsConfigError, pem_text
+from automq_ref.node import Node, start_node
+
+TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class Pem:
+    certificate: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Certificates:
+    ca: Pem
+    broker: Pem
+    client: Pem
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _issue(common: str, issuer: Pem | None, *, ca: bool = False, hosts: bool = False) -> Pem:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    if issuer is None:
+        signer, issuer_name = key, _name(common)
+    else:
+        signer = serialization.load_pem_private_key(issuer.key.encode(), None)  # type: ignore[assignment]
+        issuer_name = x509.load_pem_x509_certificate(issuer.certificate.encode()).subject
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common))
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if hosts:
+        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
+    certificate = builder.sign(signer, hashes.SHA256())
+    return Pem(
+        certificate.public_bytes(serialization.Encoding.PEM).decode(),
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        ).decode(),
+    )
+
+
+@pytest.fixture(scope="module")
+def certificates() -> Certificates:
+    ca = _issue("automq-ref test CA", None, ca=True)
+    return Certificates(ca, _issue("broker", ca, hosts=True), _issue("client", ca))
+
+
+def write(directory: Path, name: str, text: str) -> str:
+    path = directory / name
+    path.write_text(text)
+    return str(path)
+
+
+def one_line(pem: str) -> str:
+    """A PEM text as a properties file holds it: on one line."""
+    return " ".join(pem.split())
+
+
+# --------------------------------------------------------------------------------- settings
+
+
+def test_refused_settings_name_the_property(tmp_path: Path) -> None:
+    def refused(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as raised:
+            load_config(overrides=list(overrides), environment={})
+        return str(raised.value)
+
+    ssl_listener = "listeners=SSL://127.0.0.1:0"
+    assert "ssl.keystore.type=JKS" in refused(ssl_listener, "ssl.keystore.location=/x.pem")
+    assert "needs its certificate and key" in refused(ssl_listener, "ssl.keystore.type=PEM")
+    assert "go together" in refused(
+        ssl_listener, "ssl.keystore.type=PEM", "ssl.keystore.certificate.chain=x"
+    )
+    assert "needs a truststore" in refused(
+        ssl_listener,
+        "ssl.keystore.type=PEM",
+        "ssl.keystore.location=/x.pem",
+        "ssl.client.auth=required",
+    )
+    assert "ssl.client.auth" in refused("ssl.client.auth=always")
+    assert "SASL_SSL is not served yet" in refused("listeners=SASL_SSL://127.0.0.1:0")
+    assert "not in listener.security.protocol.map" in refused("listeners=INTERNAL://:0")
+    assert "one listener is served" in refused(
+        "listeners=PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0"
+    )
+    # A name of one's own, mapped to a protocol.
+    mapped = load_config(
+        overrides=[
+            "listeners=internal://127.0.0.1:0",
+            "listener.security.protocol.map=INTERNAL:PLAINTEXT",
+        ],
+        environment={},
+    )
+    assert (mapped.listener_name, mapped.security_protocol) == ("INTERNAL", "PLAINTEXT")
+
+
+def test_pem_on_one_line_is_read_back(certificates: Certificates) -> None:
+    text = pem_text(one_line(certificates.broker.certificate))
+    assert text == certificates.broker.certificate
+    x509.load_pem_x509_certificate(text.encode())
+
+
+async def test_an_unusable_keystore_stops_the_start(tmp_path: Path) -> None:
+    config = load_config(
+        overrides=[
+            f"log.dirs={tmp_path}",
+            "listeners=SSL://127.0.0.1:0",
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={write(tmp_path, 'junk.pem', 'not a certificate')}",
+        ],
+        environment={},
+    )
+    with pytest.raises(TlsConfigError, match=r"ssl\.keystore\.location="):
+        await start_node(config)
+
+
+# ------------------------------------------------------------------------------- a broker
+
+
+async def started(tmp_path: Path, *overrides: str) -> Node:
+    config = load_config(
+        overrides=[
+            f"log.dirs={tmp_path / 'data'}",
+            "s3.wal.capacity=16777216",
+            "group.initial.rebalance.delay.ms=0",
+            *overrides,
+        ],
+        environment={},
+    )
+    node = await start_node(config)
+    await node.listen()
+    return node
+
+
+@pytest.fixture
+async def tls_node(tmp_path: Path, certificates: Certificates) -> AsyncIterator[Node]:
+    keystore = write(
+        tmp_path, "broker.pem", certificates.broker.certificate + certificates.broker.key
+    )
+    node = await started(
+        tmp_path,
+        "listeners=SSL://127.0.0.1:0",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={keystore}",
+    )
+    try:
+        yield node
+    finally:
+        await node.shutdown()
+
+
+def bootstrap_of(node: Node) -> str:
+    host, port = node.advertised_address
+    return f"{host}:{port}"
+
+
+def client_context(certificates: Certificates, directory: Path, *, own: bool) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=certificates.ca.certificate)
+    if own:
+        chain = write(
+            directory, "client.pem", certificates.client.certificate + certificates.client.key
+        )
+        context.load_cert_chain(chain)
+    return context
+
+
+async def aiokafka_round_trip(bootstrap: str, context: ssl.SSLContext, topic: str) -> list[bytes]:
+    options = {"bootstrap_servers": bootstrap, "security_protocol": "SSL", "ssl_context": context}
+    producer = AIOKafkaProducer(**options)
+    await producer.start()
+    try:
+        for value in (b"one", b"two"):
+            await producer.send_and_wait(topic, value)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(topic, auto_offset_reset="earliest", **options)
+    await consumer.start()
+    try:
+        found: list[bytes] = []
+        while len(found) < 2:
+            batches = await asyncio.wait_for(consumer.getmany(timeout_ms=500), TIMEOUT_S)
+            found += [record.value for records in batches.values() for record in records]
+        return found
+    finally:
+        await consumer.stop()
+
+
+def confluent_round_trip(bootstrap: str, ca: str, topic: str) -> list[bytes]:
+    settings = {"bootstrap.servers": bootstrap, "security.protocol": "SSL", "ssl.ca.location": ca}
+    producer = Producer(settings)
+    for value in (b"three", b"four"):
+        producer.produce(topic, value)
+    assert producer.flush(TIMEOUT_S) == 0
+    consumer = Consumer(
+        {**settings, "group.id": f"tls-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([topic])
+    found: list[bytes] = []
+    try:
+        for _ in range(TIMEOUT_S * 2):
+            message = consumer.poll(0.5)
+            got = None if message is None or message.error() else message.value()
+            if got is not None:
+                found.append(got)
+            if len(found) == 2:
+                break
+    finally:
+        consumer.close()
+    return found
+
+
+def kafka_python_round_trip(bootstrap: str, ca: str, topic: str) -> list[bytes]:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, security_protocol="SSL", ssl_cafile=ca)
+    for value in (b"five", b"six"):
+        producer.send(topic, value)
+    producer.flush(TIMEOUT_S)
+    producer.close()
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        security_protocol="SSL",
+        ssl_cafile=ca,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        return [record.value for record, _ in zip(consumer, range(2), strict=False)]
+    finally:
+        consumer.close()
+
+
+async def test_clients_produce_and_consume_over_tls(
+    tls_node: Node, certificates: Certificates, tmp_path: Path
+) -> None:
+    bootstrap = bootstrap_of(tls_node)
+    context = client_context(certificates, tmp_path, own=False)
+    assert await aiokafka_round_trip(bootstrap, context, "tls-aiokafka") == [b"one", b"two"]
+    ca = write(tmp_path, "ca.pem", certificates.ca.certificate)
+    assert await asyncio.to_thread(confluent_round_trip, bootstrap, ca, "tls-confluent") == [
+        b"three",
+        b"four",
+    ]
+    assert await asyncio.to_thread(kafka_python_round_trip, bootstrap, ca, "tls-kafka-python") == [
+        b"five",
+        b"six",
+    ]
+
+
+async def test_a_plaintext_client_on_the_tls_listener_is_served_nothing(tls_node: Node) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_of(tls_node), request_timeout_ms=3000)
+    with pytest.raises(KafkaConnectionError):
+        await asyncio.wait_for(producer.start(), TIMEOUT_S)
+    await producer.stop()
+    assert not tls_node.topics.topics  # nothing was served: no topic was created
+
+
+async def test_client_certificates_required(tmp_path: Path, certificates: Certificates) -> None:
+    node = await started(
+        tmp_path,
+        "listeners=SSL://127.0.0.1:0",
+        "ssl.keystore.type=PEM",
+        # Inline, on one line each, as a properties file holds them.
+        f"ssl.keystore.certificate.chain={one_line(certificates.broker.certificate)}",
+        f"ssl.keystore.key={one_line(certificates.broker.key)}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.certificates={one_line(certificates.ca.certificate)}",
+        "ssl.client.auth=required",
+    )
+    try:
+        bootstrap = bootstrap_of(node)
+        anonymous = client_context(certificates, tmp_path, own=False)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            security_protocol="SSL",
+            ssl_context=anonymous,
+            request_timeout_ms=3000,
+        )
+        with pytest.raises(KafkaConnectionError):
+            await asyncio.wait_for(producer.start(), TIMEOUT_S)
+        await producer.stop()
+        assert not node.topics.topics
+        known = client_context(certificates, tmp_path, own=True)
+        assert await aiokafka_round_trip(bootstrap, known, "tls-mutual") == [b"one", b"two"]
+    finally:
+        await node.shutdown()
+
+
+async def test_the_documented_properties_file_starts_a_tls_broker(
+    tmp_path: Path, certificates: Certificates
+) -> None:
+    """docs/broker.md's example ("TLS"), its paths made this test's, its port a free one."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "broker.md").read_text()
+    section = page[page.index("## TLS") :]
+    start = section.index("```properties\n") + len("```properties\n")
+    block = section[start : section.index("```", start)]
+    broker = certificates.broker
+    paths = {
+        "/etc/automq-ref/broker.pem": write(tmp_path, "b.pem", broker.certificate + broker.key),
+        "/etc/automq-ref/ca.pem": write(tmp_path, "ca.pem", certificates.ca.certificate),
+        "127.0.0.1:9093": "127.0.0.1:0",
+    }
+    for documented, ours in paths.items():
+        assert documented in block, documented
+        block = block.replace(documented, ours)
+    properties = tmp_path / "secure.properties"
+    properties.write_text(block)
+    config = load_config(properties, overrides=[f"log.dirs={tmp_path / 'data'}"], environment={})
+    assert (config.security_protocol, config.ssl_client_auth) == ("SSL", "required")
+    node = await start_node(config)
+    try:
+        await node.listen()
+        known = client_context(certificates, tmp_path, own=True)
+        assert await aiokafka_round_trip(bootstrap_of(node), known, "documented") == [
+            b"one",
+            b"two",
+        ]
+    finally:
+        await node.shutdown()
