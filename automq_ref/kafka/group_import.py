@@ -60,6 +60,8 @@ def encode_record(record: gc.DurableRecord) -> bytes:
             for o in record.offsets
         )
         return gr.encode_group_record(gr.OffsetsCommitted(record.group_id, offsets))
+    if isinstance(record, gc.PersistOffsetDeletion):
+        raise ValueError("earlier versions' offsets streams hold no OffsetDelete")
     return gr.encode_group_record(gr.GroupsDeleted(record.group_ids))
 
 

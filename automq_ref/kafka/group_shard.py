@@ -18,9 +18,11 @@ appended, in emission order, to the partition as one Kafka record batch each, wi
 values of Kafka's own ``__consumer_offsets`` schemas (:mod:`automq_ref.formats.offsets_record`):
 a record per committed offset (key: group, topic, partition), and for a deleted group a
 tombstone for every offset key the log holds of it and one for its group key, so compaction
-(the topic is ``cleanup.policy=compact``) keeps exactly the latest offsets. When an append is
-durable the machine hears ``OffsetsPersisted`` and only then answers the commit and shows the
-offsets (so offsets are persisted before the commit is answered). A TxnOffsetCommit's records are
+(the topic is ``cleanup.policy=compact``) keeps exactly the latest offsets; for an OffsetDelete
+a tombstone for each offset key it deletes (``PersistOffsetDeletion``), which a replay applies
+as any offset tombstone. When an append is durable the machine hears ``OffsetsPersisted`` and
+only then answers the commit and shows the offsets (so offsets are persisted before the commit
+is answered). A TxnOffsetCommit's records are
 appended as a transactional batch of the producer (verified first, as a Produce of that
 producer would be: the handler passes the guard, :meth:`GroupShard.request`), and the machine
 holds them until the transaction's marker lands in the partition: the partition tells the shard
@@ -307,6 +309,7 @@ class GroupShard:
                 gc.Respond: self._answer,
                 gc.PersistOffsets: self._persist,
                 gc.PersistGroupDeletion: self._persist,
+                gc.PersistOffsetDeletion: self._persist,
                 gc.Rejected: self._refused,
             },
         )
@@ -385,6 +388,12 @@ class GroupShard:
             written.update((o.topic, o.partition) for o in record.offsets)
             return list(offset_records(record.group_id, record.offsets))
         records: list[tuple[bytes, bytes | None]] = []
+        if isinstance(record, gc.PersistOffsetDeletion):
+            written = self._written.get(record.group_id, set())
+            for topic, index in record.partitions:
+                written.discard((topic, index))
+                records.append((orec.encode_offset_key(record.group_id, topic, index), None))
+            return records
         for group_id in record.group_ids:
             for topic, index in sorted(self._written.pop(group_id, ())):
                 records.append((orec.encode_offset_key(group_id, topic, index), None))

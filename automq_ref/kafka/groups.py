@@ -417,6 +417,19 @@ class GroupCoordinator:
         )
         return gc.DeleteGroupsResponse(tuple(results))
 
+    async def delete_offsets(
+        self, group_id: str, partitions: tuple[gc.TopicPartition, ...]
+    ) -> gc.OffsetDeleteResponse:
+        """OffsetDelete of ``group_id``'s offsets of ``partitions`` (partitions the cluster has),
+        in the group's shard; the routing's error as the answer's group-level error."""
+        response = await self.request(
+            group_id,
+            lambda request_id, now: gc.OffsetDelete(request_id, now, group_id, partitions),
+            lambda error: gc.OffsetDeleteResponse(error),
+        )
+        assert isinstance(response, gc.OffsetDeleteResponse)
+        return response
+
     async def list_groups(
         self, states: tuple[str, ...], types: tuple[str, ...]
     ) -> gc.ListGroupsResponse:

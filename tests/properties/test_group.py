@@ -94,6 +94,8 @@ class Write:
     record: g.DurableRecord | g.TxnMarker  # a marker is in the log once stepped
     status: str = "in flight"  # "persisted", "failed"
     emptied: bool = False  # its group was deleted while it was in flight: it applies nothing
+    # Its keys an OffsetDelete deleted while it was in flight: those apply nothing.
+    dropped: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def request_id(self) -> int:
@@ -137,7 +139,14 @@ class GroupMachine(RuleBasedStateMachine):
                     assert effect.request_id in self.outstanding, f"{effect} answers nothing"
                     assert effect.request_id not in answers, "answered twice in one step"
                     answers[effect.request_id] = effect.response
-                case g.PersistOffsets() | g.PersistGroupDeletion():
+                case g.PersistOffsets() | g.PersistGroupDeletion() | g.PersistOffsetDeletion():
+                    if isinstance(effect, g.PersistOffsetDeletion):
+                        for write in self._in_flight():
+                            if (
+                                isinstance(write.record, g.PersistOffsets)
+                                and write.record.group_id == effect.group_id
+                            ):
+                                write.dropped |= frozenset(effect.partitions)
                     if isinstance(effect, g.PersistGroupDeletion):
                         for write in self._in_flight():
                             if (
@@ -604,6 +613,25 @@ class GroupMachine(RuleBasedStateMachine):
             assert group_id not in self.state.groups
 
     @rule(
+        group_id=st.sampled_from(COMMIT_GROUPS),
+        keys=st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=2, unique=True).map(tuple),
+    )
+    def offset_delete(self, group_id: str, keys: tuple[tuple[str, int], ...]) -> None:
+        """OffsetDelete: the keys not refused leave the group's offsets at once, whatever is
+        in flight; the refusals are Kafka's."""
+        request_id = self.next_request_id()
+        was = self.state.groups.get(group_id)
+        event = g.OffsetDelete(request_id, self.now_ms, group_id, keys)
+        self.apply(event, Outstanding("offset_delete", None, None))
+        if was is None:
+            return
+        if was.state is not GroupState.EMPTY and was.protocol_type != g.CONSUMER_PROTOCOL_TYPE:
+            return
+        for topic, index in keys:
+            if was.state is GroupState.EMPTY or not was.is_subscribed_to(topic):
+                assert (topic, index) not in self.state.offsets.get(group_id, {})
+
+    @rule(
         elapsed_ms=st.sampled_from([0, 1, 10, 30, 30, 60, 60, 120, 250, 1_000]),
         live=st.lists(st.sampled_from(WELL_BEHAVED), max_size=len(WELL_BEHAVED), unique=True),
         drop_one=st.booleans(),
@@ -633,6 +661,7 @@ class GroupMachine(RuleBasedStateMachine):
                 continue
             if write.emptied or write.status == "failed":
                 continue
+            keys = {(r.topic, r.partition) for r in record.offsets} - write.dropped
             if write.status == "persisted":
                 if record.producer_id < 0:
                     continue
@@ -643,11 +672,17 @@ class GroupMachine(RuleBasedStateMachine):
                     for r in later
                 ):
                     continue  # its transaction ended, or its group was deleted since
-            unsettled.update((r.topic, r.partition) for r in record.offsets)
+                for r in later:
+                    if isinstance(r, g.PersistOffsetDeletion) and r.group_id == group_id:
+                        keys -= set(r.partitions)  # offsets deleted since
+            unsettled.update(keys)
         return unsettled
 
     def _deletion_in_flight(self) -> bool:
-        return any(isinstance(w.record, g.PersistGroupDeletion) for w in self._in_flight())
+        return any(
+            isinstance(w.record, g.PersistGroupDeletion | g.PersistOffsetDeletion)
+            for w in self._in_flight()
+        )
 
     @invariant()
     def committed_offsets_are_the_durable_ones(self) -> None:

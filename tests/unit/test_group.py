@@ -48,7 +48,7 @@ class Coordinator:
                 case g.Respond():
                     assert effect.request_id not in self.answers, "answered twice"
                     self.answers[effect.request_id] = effect.response
-                case g.PersistOffsets() | g.PersistGroupDeletion():
+                case g.PersistOffsets() | g.PersistGroupDeletion() | g.PersistOffsetDeletion():
                     self.writes.append(effect)
                 case g.Rejected():
                     assert transition.state == before, "a refusal changed the state"

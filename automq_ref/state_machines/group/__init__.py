@@ -71,7 +71,12 @@ completion applies an offset only over an older write's, so completions may come
 order. ``DeleteGroups`` (only Empty groups: ``NON_EMPTY_GROUP`` otherwise, ``GROUP_ID_NOT_FOUND``
 for unknown ones) removes the group and its offsets at once and answers once the tombstone is
 durable (``PersistGroupDeletion``); a commit of that group still in flight is answered but no
-longer applied (its record precedes the tombstone in the log, so replay agrees). ``recover``
+longer applied (its record precedes the tombstone in the log, so replay agrees). OffsetDelete
+(Kafka's ``deleteOffsets``) deletes a group's offsets of some partitions the same way
+(``PersistOffsetDeletion``, a tombstone per offset the log holds), refusing ``GROUP_ID_NOT_FOUND``
+for an unknown group, ``NON_EMPTY_GROUP`` for a group with members of another protocol type than
+``consumer``, and ``GROUP_SUBSCRIBED_TO_TOPIC`` for the partitions of a topic the members of the
+group's generation subscribe to (read from their metadata as the join completed). ``recover``
 folds the durable records back into a state after a restart. An OffsetFetch with
 ``require_stable`` (v7+; librdkafka's read_committed consumers) answers a partition whose commit
 is still in flight, or held in a transaction not ended, ``UNSTABLE_OFFSET_COMMIT`` (Kafka's
@@ -104,8 +109,8 @@ and the effects that carry them (``Respond``) or make offsets durable (``Persist
 group helpers the handlers share (Kafka's private GroupCoordinator methods); ``membership`` the
 handlers of JoinGroup, SyncGroup, Heartbeat, LeaveGroup and the timers (``Tick``); ``offsets``
 OffsetCommit, its durable completion, OffsetFetch and ``recover``; ``admin`` ListGroups,
-DescribeGroups and DeleteGroups; ``step`` the dispatch; ``queries`` what the shell asks of a
-state; ``invariants`` the checks the property test runs after every step.
+DescribeGroups, DeleteGroups and OffsetDelete; ``step`` the dispatch; ``queries`` what the shell
+asks of a state; ``invariants`` the checks the property test runs after every step.
 """
 
 from __future__ import annotations
@@ -115,6 +120,7 @@ from automq_ref.state_machines.group.admin import (
 )
 from automq_ref.state_machines.group.events import (
     CLASSIC_GROUP_TYPE,
+    CONSUMER_PROTOCOL_TYPE,
     NO_GENERATION,
     NO_LEADER_EPOCH,
     NO_OFFSET,
@@ -131,6 +137,7 @@ from automq_ref.state_machines.group.events import (
     MemberAssignment,
     OffsetCommit,
     OffsetCommitEntry,
+    OffsetDelete,
     OffsetFetch,
     OffsetFetchGroup,
     OffsetsPersisted,
@@ -189,10 +196,13 @@ from automq_ref.state_machines.group.responses import (
     ListGroupsResponse,
     OffsetCommitPartitionResult,
     OffsetCommitResponse,
+    OffsetDeletePartitionResult,
+    OffsetDeleteResponse,
     OffsetFetchGroupResult,
     OffsetFetchResponse,
     OffsetRecord,
     PersistGroupDeletion,
+    PersistOffsetDeletion,
     PersistOffsets,
     Respond,
     Response,
@@ -215,6 +225,7 @@ from automq_ref.state_machines.transition import InvariantViolation, Rejected, T
 
 __all__ = [
     "CLASSIC_GROUP_TYPE",
+    "CONSUMER_PROTOCOL_TYPE",
     "INVARIANTS",
     "NO_GENERATION",
     "NO_LEADER_EPOCH",
@@ -258,6 +269,9 @@ __all__ = [
     "OffsetCommitEntry",
     "OffsetCommitPartitionResult",
     "OffsetCommitResponse",
+    "OffsetDelete",
+    "OffsetDeletePartitionResult",
+    "OffsetDeleteResponse",
     "OffsetFetch",
     "OffsetFetchGroup",
     "OffsetFetchGroupResult",
@@ -267,6 +281,7 @@ __all__ = [
     "OffsetsPersisted",
     "PendingWrite",
     "PersistGroupDeletion",
+    "PersistOffsetDeletion",
     "PersistOffsets",
     "Protocol",
     "Rejected",

@@ -1,5 +1,5 @@
-"""The administrative requests: ListGroups, DescribeGroups and DeleteGroups (which answers once
-the tombstone is durable).
+"""The administrative requests: ListGroups, DescribeGroups, DeleteGroups and OffsetDelete (both
+answer once their tombstones are durable).
 """
 
 from __future__ import annotations
@@ -9,10 +9,13 @@ from dataclasses import replace
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.state_machines.group.events import (
     CLASSIC_GROUP_TYPE,
+    CONSUMER_PROTOCOL_TYPE,
     DeleteGroups,
     DescribeGroups,
     Error,
     ListGroups,
+    OffsetDelete,
+    TopicPartition,
 )
 from automq_ref.state_machines.group.responses import (
     DeletedGroupResult,
@@ -22,7 +25,10 @@ from automq_ref.state_machines.group.responses import (
     DescribeGroupsResponse,
     ListedGroup,
     ListGroupsResponse,
+    OffsetDeletePartitionResult,
+    OffsetDeleteResponse,
     PersistGroupDeletion,
+    PersistOffsetDeletion,
     Respond,
 )
 from automq_ref.state_machines.group.state import (
@@ -126,3 +132,89 @@ def _forget_group(state: CoordinatorState, group_id: str) -> CoordinatorState:
         for producer_id, by_group in state.txn_offsets.items()
     }
     return replace(state, groups=groups, offsets=offsets, pending_writes=pending, txn_offsets=held)
+
+
+def _on_offset_delete(state: CoordinatorState, event: OffsetDelete) -> GroupTransition:
+    """Kafka's ``OffsetMetadataManager.deleteOffsets``: an unknown group is
+    ``GROUP_ID_NOT_FOUND``; a group with members that is not a ``consumer`` group
+    ``NON_EMPTY_GROUP``; otherwise each partition of a topic the group consumes is
+    ``GROUP_SUBSCRIBED_TO_TOPIC`` and every other one NONE, its offset (committed, in flight,
+    or held for a transaction's marker) deleted at once and tombstoned; answered once the
+    tombstones are durable (at once when there is none to write)."""
+    group = state.groups.get(event.group_id)
+    if group is None:
+        return _respond(
+            state, Respond(event.request_id, OffsetDeleteResponse(Error.GROUP_ID_NOT_FOUND))
+        )
+    if group.state is not GroupState.EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+        return _respond(
+            state, Respond(event.request_id, OffsetDeleteResponse(Error.NON_EMPTY_GROUP))
+        )
+    results: list[OffsetDeletePartitionResult] = []
+    deleted: dict[TopicPartition, None] = {}
+    for topic, partition in event.partitions:
+        if group.state is not GroupState.EMPTY and group.is_subscribed_to(topic):
+            results.append(
+                OffsetDeletePartitionResult(topic, partition, Error.GROUP_SUBSCRIBED_TO_TOPIC)
+            )
+            continue
+        results.append(OffsetDeletePartitionResult(topic, partition, Error.NONE))
+        if _holds_offset(state, event.group_id, (topic, partition)):
+            deleted[(topic, partition)] = None
+    response = OffsetDeleteResponse(Error.NONE, tuple(results))
+    if not deleted:
+        return _respond(state, Respond(event.request_id, response))
+    keys = tuple(deleted)
+    state = _forget_offsets(state, event.group_id, frozenset(keys))
+    seq = state.next_write_seq
+    failure = OffsetDeleteResponse(Error.COORDINATOR_NOT_AVAILABLE)
+    write = PendingWrite(seq, (event.group_id,), (), response, failure)
+    state = replace(
+        state,
+        pending_writes={**state.pending_writes, event.request_id: write},
+        next_write_seq=seq + 1,
+    )
+    return Transition(state, (PersistOffsetDeletion(event.request_id, event.group_id, keys),))
+
+
+def _holds_offset(state: CoordinatorState, group_id: str, key: TopicPartition) -> bool:
+    """Whether the log holds, or will hold, an offset of ``key`` for ``group_id``: committed,
+    held for a transaction's marker, or in a write in flight (appended before the tombstone)."""
+    if key in state.offsets.get(group_id, {}):
+        return True
+    if any(key in by_group.get(group_id, {}) for by_group in state.txn_offsets.values()):
+        return True
+    return any(
+        write.group_ids == (group_id,) and any(k == key for k, _ in write.offsets)
+        for write in state.pending_writes.values()
+    )
+
+
+def _forget_offsets(
+    state: CoordinatorState, group_id: str, keys: frozenset[TopicPartition]
+) -> CoordinatorState:
+    """Drop ``group_id``'s offsets of ``keys``: committed, held for a transaction's marker
+    (Kafka's tombstone removes a key's pending transactional offsets too), and those of
+    writes still in flight, which will not apply (their records precede the tombstones in the
+    log, so a replay agrees)."""
+    offsets = dict(state.offsets)
+    if group_id in offsets:
+        offsets[group_id] = {k: o for k, o in offsets[group_id].items() if k not in keys}
+    pending = {
+        rid: replace(write, offsets=tuple((k, o) for k, o in write.offsets if k not in keys))
+        if write.offsets and write.group_ids == (group_id,)
+        else write
+        for rid, write in state.pending_writes.items()
+    }
+    held = {
+        producer_id: {
+            gid: (
+                {k: o for k, o in o_by_key.items() if k not in keys}
+                if gid == group_id
+                else o_by_key
+            )
+            for gid, o_by_key in by_group.items()
+        }
+        for producer_id, by_group in state.txn_offsets.items()
+    }
+    return replace(state, offsets=offsets, pending_writes=pending, txn_offsets=held)

@@ -15,6 +15,7 @@ NO_GENERATION: Final = -1
 NO_OFFSET: Final = -1
 NO_LEADER_EPOCH: Final = -1
 CLASSIC_GROUP_TYPE: Final = "classic"
+CONSUMER_PROTOCOL_TYPE: Final = "consumer"  # the protocol type of Kafka's consumers
 
 Error = KafkaErrorCode
 TopicPartition: TypeAlias = tuple[str, int]
@@ -171,6 +172,17 @@ class DeleteGroups:
 
 
 @dataclass(frozen=True, slots=True)
+class OffsetDelete:
+    """Delete ``group_id``'s committed offsets of ``partitions`` (partitions the cluster has:
+    the shell answers the others ``UNKNOWN_TOPIC_OR_PARTITION``)."""
+
+    request_id: int
+    now_ms: int
+    group_id: str
+    partitions: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
@@ -201,6 +213,7 @@ GroupEvent: TypeAlias = (
     | ListGroups
     | DescribeGroups
     | DeleteGroups
+    | OffsetDelete
     | Tick
     | OffsetsPersisted
     | OffsetsPersistFailed

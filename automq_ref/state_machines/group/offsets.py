@@ -38,6 +38,7 @@ from automq_ref.state_machines.group.responses import (
     OffsetFetchResponse,
     OffsetRecord,
     PersistGroupDeletion,
+    PersistOffsetDeletion,
     PersistOffsets,
     Respond,
 )
@@ -291,6 +292,11 @@ def recover(records: Iterable[DurableRecord | TxnMarker]) -> CoordinatorState:
                     committed[(r.topic, r.partition)] = CommittedOffset(
                         r.offset, r.leader_epoch, r.metadata, r.commit_timestamp_ms
                     )
+            case PersistOffsetDeletion():
+                for key in record.partitions:
+                    offsets.get(record.group_id, {}).pop(key, None)
+                    for by_group in held.values():
+                        by_group.get(record.group_id, {}).pop(key, None)
             case PersistGroupDeletion():
                 for group_id in record.group_ids:
                     offsets.pop(group_id, None)

@@ -10,7 +10,9 @@ from dataclasses import replace
 from typing import TypeAlias
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.consumer_protocol import subscription_topics
 from automq_ref.state_machines.group.events import (
+    CONSUMER_PROTOCOL_TYPE,
     Error,
     JoinGroup,
 )
@@ -186,9 +188,21 @@ def _complete_join(group: Group, now_ms: int) -> tuple[Group, _Answers]:
         sync_deadline_ms=None,
     )
     if not members:
-        return replace(base, state=GroupState.EMPTY, protocol_name=None, leader_id=None), []
+        subscribed = frozenset[str]() if base.protocol_type == CONSUMER_PROTOCOL_TYPE else None
+        empty = replace(
+            base,
+            state=GroupState.EMPTY,
+            protocol_name=None,
+            leader_id=None,
+            subscribed_topics=subscribed,
+        )
+        return empty, []
+    protocol_name = select_protocol(base)
     group = replace(
-        base, state=GroupState.COMPLETING_REBALANCE, protocol_name=select_protocol(base)
+        base,
+        state=GroupState.COMPLETING_REBALANCE,
+        protocol_name=protocol_name,
+        subscribed_topics=_subscribed_topics(base, protocol_name),
     )
     answers: _Answers = []
     completed: dict[str, Member] = {}
@@ -291,3 +305,17 @@ def _update_member_and_rebalance(
     )
     group, more = _maybe_prepare_rebalance(_with_member(group, member), event.now_ms, params)
     return group, answers + more
+
+
+def _subscribed_topics(group: Group, protocol_name: str) -> frozenset[str] | None:
+    """The topics the members subscribe to in the protocol chosen, read from their metadata (a
+    ``consumer`` group's only); None when one does not parse (Kafka then does not know them)."""
+    if group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+        return None
+    topics: set[str] = set()
+    for member in group.members.values():
+        found = subscription_topics(member.metadata_for(protocol_name))
+        if found is None:
+            return None
+        topics |= found
+    return frozenset(topics)

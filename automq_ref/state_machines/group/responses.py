@@ -1,6 +1,7 @@
 """What the coordinator gives back: one response type per group request (Kafka's fields, errors
 as ``KafkaErrorCode``), and the effects: ``Respond`` carries an answer to its request,
-``PersistOffsets`` and ``PersistGroupDeletion`` ask the shell to make a write durable.
+``PersistOffsets``, ``PersistGroupDeletion`` and ``PersistOffsetDeletion`` ask the shell to make
+a write durable.
 """
 
 from __future__ import annotations
@@ -153,6 +154,22 @@ class DeleteGroupsResponse:
     results: tuple[DeletedGroupResult, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetDeletePartitionResult:
+    topic: str
+    partition: int
+    error_code: KafkaErrorCode
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponse:
+    """A group-level error (``GROUP_ID_NOT_FOUND``, ``NON_EMPTY_GROUP``, ...) with no
+    partitions, or NONE with one result per partition asked for."""
+
+    error_code: KafkaErrorCode
+    partitions: tuple[OffsetDeletePartitionResult, ...] = ()
+
+
 Response: TypeAlias = (
     JoinGroupResponse
     | SyncGroupResponse
@@ -163,6 +180,7 @@ Response: TypeAlias = (
     | ListGroupsResponse
     | DescribeGroupsResponse
     | DeleteGroupsResponse
+    | OffsetDeleteResponse
 )
 
 
@@ -202,7 +220,23 @@ class PersistGroupDeletion:
     group_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class PersistOffsetDeletion:
+    """Append a tombstone for each of ``group_id``'s offsets of ``partitions``, then send
+    OffsetsPersisted."""
+
+    request_id: int
+    group_id: str
+    partitions: tuple[tuple[str, int], ...]
+
+
 # Rejected: an event that breaks the shell's contract (a completion for no write in flight, a
 # request id reused while its write is in flight); no request is answered for it.
-GroupEffect: TypeAlias = Respond | PersistOffsets | PersistGroupDeletion | Rejected[KafkaErrorCode]
-DurableRecord: TypeAlias = PersistOffsets | PersistGroupDeletion
+GroupEffect: TypeAlias = (
+    Respond
+    | PersistOffsets
+    | PersistGroupDeletion
+    | PersistOffsetDeletion
+    | Rejected[KafkaErrorCode]
+)
+DurableRecord: TypeAlias = PersistOffsets | PersistGroupDeletion | PersistOffsetDeletion

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeAlias
 
 from automq_ref.state_machines.group.events import (
+    CONSUMER_PROTOCOL_TYPE,
     Protocol,
     TopicPartition,
 )
@@ -86,6 +87,11 @@ class Group:
     initial_remaining_ms: int = 0
     new_member_added: bool = False
     sync_deadline_ms: int | None = None
+    # The topics the members of the last generation subscribe to (a ``consumer`` group's,
+    # read from their metadata as its join completed; empty once Empty), None when unknown
+    # (Kafka's ``subscribedTopics``: never computed, another protocol type, metadata that
+    # does not parse).
+    subscribed_topics: frozenset[str] | None = None
 
     @property
     def rebalance_timeout_ms(self) -> int:
@@ -98,6 +104,14 @@ class Group:
             if member.group_instance_id == group_instance_id:
                 return member.member_id
         return None
+
+    def is_subscribed_to(self, topic: str) -> bool:
+        """Whether the group consumes ``topic`` (Kafka's ``isSubscribedToTopic``): a topic of
+        its members' subscriptions; when those are unknown, any topic if it is a ``consumer``
+        group."""
+        if self.subscribed_topics is None:
+            return self.protocol_type == CONSUMER_PROTOCOL_TYPE
+        return topic in self.subscribed_topics
 
     def supporters(self, protocol_name: str) -> int:
         return sum(protocol_name in member.protocol_names for member in self.members.values())

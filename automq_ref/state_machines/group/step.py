@@ -12,6 +12,7 @@ from automq_ref.state_machines.group.admin import (
     _on_delete_groups,
     _on_describe_groups,
     _on_list_groups,
+    _on_offset_delete,
 )
 from automq_ref.state_machines.group.events import (
     DeleteGroups,
@@ -22,6 +23,7 @@ from automq_ref.state_machines.group.events import (
     LeaveGroup,
     ListGroups,
     OffsetCommit,
+    OffsetDelete,
     OffsetFetch,
     OffsetsPersisted,
     OffsetsPersistFailed,
@@ -83,6 +85,8 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Gro
             return _on_describe_groups(state, event)
         case DeleteGroups():
             return _on_delete_groups(state, event)
+        case OffsetDelete():
+            return _on_offset_delete(state, event)
         case Tick():
             return _on_tick(state, params)
         case OffsetsPersisted():
@@ -100,7 +104,7 @@ def _refusal(state: CoordinatorState, event: GroupEvent) -> Rejected[KafkaErrorC
             if event.request_id not in state.pending_writes:
                 message = f"no write in flight for request {event.request_id}"
                 return Rejected(KafkaErrorCode.INVALID_REQUEST, message)
-        case OffsetCommit() | TxnOffsetCommit() | DeleteGroups():
+        case OffsetCommit() | TxnOffsetCommit() | DeleteGroups() | OffsetDelete():
             if event.request_id in state.pending_writes:
                 message = f"request id {event.request_id} is already waiting for a write"
                 return Rejected(KafkaErrorCode.INVALID_REQUEST, message)
