@@ -1,17 +1,14 @@
 """An SSL listener (automq_ref/kafka/tls.py) with Kafka's PEM properties: refused settings named,
 and a broker that confluent-kafka, kafka-python and aiokafka produce to and consume from over
 TLS, with client certificates required when ``ssl.client.auth=required``. The certificates are
-made here (a CA, the broker's for 127.0.0.1 and localhost, a client's), with ``cryptography``."""
+made for the test (automq_ref/checker/certificates.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import ssl
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,11 +16,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from confluent_kafka import Consumer, Producer
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from kafka import KafkaConsumer, KafkaProducer
 
+from automq_ref.checker.certificates import Certificates, make_certificates
 from automq_ref.config import ConfigError, load_config
 from automq_ref.kafka.tls import TlsConfigError, pem_text
 from automq_ref.node import Node, start_node
@@ -31,59 +26,9 @@ from automq_ref.node import Node, start_node
 TIMEOUT_S = 30
 
 
-@dataclass(frozen=True)
-class Pem:
-    certificate: str
-    key: str
-
-
-@dataclass(frozen=True)
-class Certificates:
-    ca: Pem
-    broker: Pem
-    client: Pem
-
-
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _issue(common: str, issuer: Pem | None, *, ca: bool = False, hosts: bool = False) -> Pem:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    if issuer is None:
-        signer, issuer_name = key, _name(common)
-    else:
-        signer = serialization.load_pem_private_key(issuer.key.encode(), None)  # type: ignore[assignment]
-        issuer_name = x509.load_pem_x509_certificate(issuer.certificate.encode()).subject
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common))
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-    )
-    if hosts:
-        names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-        builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
-    certificate = builder.sign(signer, hashes.SHA256())
-    return Pem(
-        certificate.public_bytes(serialization.Encoding.PEM).decode(),
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ).decode(),
-    )
-
-
 @pytest.fixture(scope="module")
 def certificates() -> Certificates:
-    ca = _issue("automq-ref test CA", None, ca=True)
-    return Certificates(ca, _issue("broker", ca, hosts=True), _issue("client", ca))
+    return make_certificates()
 
 
 def write(directory: Path, name: str, text: str) -> str:

@@ -1,0 +1,232 @@
+"""Produce throughput over TLS against plaintext, through our broker, side by side (issue 21).
+
+    python -m bench.tls_bench [--runs 5] [--mb 200] [--rounds 10] [--partitions 1]
+                              [--quick] [--dir DIR] [--out FILE]
+
+Each run starts two brokers (``automq-ref serve`` on its embedded default, one node, the WAL
+file and objects under ``log.dirs``): one on a PLAINTEXT listener, one on an SSL listener
+(``ssl.keystore.type=PEM``, certificates made for the run, ``automq_ref/checker/certificates.py``;
+ECDSA P-256, TLS 1.3 as negotiated by librdkafka and Python's ``ssl``). A confluent-kafka
+producer per broker (``acks=all``, ``linger.ms=5``, ``batch.size=1000000``, idempotence on, the
+TLS one with ``security.protocol=SSL`` and the CA) sends ``--mb`` MB of 1 KiB records into a
+fresh topic of ``--partitions`` partitions, after 1,000 warm-up records. The two take turns in
+``--rounds`` chunks (which goes first alternates by round and by run), so both see the same
+background load; a workload's throughput is its bytes over the sum of its chunks' seconds (from
+a chunk's first ``produce`` to the end of its ``flush``).
+
+*TLS / plaintext* is each run's ratio, its median over the runs; every figure is the median
+over ``--runs``; MB = 10^6 bytes. ``--quick`` is a smoke run (``tests/unit/test_tls_bench.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from automq_ref.checker.certificates import make_certificates
+from bench.broker_bench import MEGABYTE, RECORD_BYTES, OursTarget
+
+MODES = ("plaintext", "tls")
+PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000, "enable.idempotence": True}
+WARM_UP_RECORDS = 1000
+CALL_TIMEOUT_S = 120.0
+
+
+def log(message: str) -> None:
+    print(f"[tls_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Delivery:
+    delivered: int = 0
+    error: KafkaError | None = None
+
+    def __call__(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.error = self.error or error
+        else:
+            self.delivered += 1
+
+
+class Workload:
+    """One broker, its producer and topic; chunks of records timed into ``seconds``."""
+
+    def __init__(self, bootstrap: str, client: dict[str, str], topic: str, partitions: int):
+        self.client: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": bootstrap,
+            **client,
+        }
+        self.topic = topic
+        self.partitions = partitions
+        self.payload = os.urandom(RECORD_BYTES)
+        self.delivery = Delivery()
+        self.records = 0
+        self.seconds = 0.0
+        admin = AdminClient(self.client)
+        for future in admin.create_topics(
+            [NewTopic(topic, partitions, 1)], operation_timeout=30
+        ).values():
+            future.result(timeout=60)
+        self.producer = Producer({**self.client, **PRODUCER})
+        self.send(WARM_UP_RECORDS)
+
+    def send(self, count: int) -> None:
+        sent = 0
+        while sent < count:
+            try:
+                self.producer.produce(
+                    self.topic,
+                    self.payload,
+                    partition=sent % self.partitions,
+                    on_delivery=self.delivery,
+                )
+            except BufferError:
+                self.producer.poll(0.005)
+                continue
+            sent += 1
+            if sent % 1000 == 0:
+                self.producer.poll(0)
+        if self.producer.flush(CALL_TIMEOUT_S):
+            raise RuntimeError(f"{self.topic}: records not flushed")
+        if self.delivery.error is not None:
+            raise RuntimeError(f"{self.topic}: delivery failed: {self.delivery.error}")
+
+    def chunk(self, count: int) -> None:
+        began = time.perf_counter()
+        self.send(count)
+        self.seconds += time.perf_counter() - began
+        self.records += count
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.records * RECORD_BYTES / MEGABYTE / self.seconds
+
+
+def run_once(
+    workdir: Path, records: int, rounds: int, partitions: int, run: int
+) -> dict[str, float]:
+    files = make_certificates().write(workdir / f"certificates-{run}")
+    tls_overrides = (
+        "listeners=SSL://127.0.0.1:0",
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={files['broker']}",
+    )
+    tls_client = {"security.protocol": "SSL", "ssl.ca.location": str(files["ca"])}
+    targets = {
+        "plaintext": OursTarget("ours-local", workdir / f"plaintext-{run}", 1 << 30, None),
+        "tls": OursTarget(
+            "ours-local", workdir / f"tls-{run}", 1 << 30, None, extra_overrides=tls_overrides
+        ),
+    }
+    try:
+        workloads = {
+            mode: Workload(
+                target.start(),
+                tls_client if mode == "tls" else {},
+                f"bench-{mode}-{run}",
+                partitions,
+            )
+            for mode, target in targets.items()
+        }
+        chunk = records // rounds
+        for number in range(rounds):
+            order = list(workloads.values())
+            for workload in order[::-1] if (number + run) % 2 else order:
+                workload.chunk(chunk)
+        figures = {f"{mode}_mb_s": workload.mb_per_s for mode, workload in workloads.items()}
+        figures["ratio"] = figures["tls_mb_s"] / figures["plaintext_mb_s"]
+        log(
+            f"run {run}: plaintext {figures['plaintext_mb_s']:.1f} MB/s, TLS "
+            f"{figures['tls_mb_s']:.1f} MB/s, ratio {figures['ratio']:.2f}"
+        )
+        return figures
+    finally:
+        for target in targets.values():
+            target.stop()
+
+
+def report(command: str, runs: list[dict[str, float]], settings: str) -> str:
+    medians = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    met = "yes" if medians["ratio"] >= 0.7 else "**no**"
+    lines = [
+        f"`{command}`: {settings}.",
+        "",
+        "| metric (median) | ours (local objects) |",
+        "|---|---:|",
+        f"| plaintext MB/s | {medians['plaintext_mb_s']:.1f} |",
+        f"| TLS MB/s | {medians['tls_mb_s']:.1f} |",
+        f"| TLS / plaintext (paired per run) | {medians['ratio']:.2f} |",
+        "",
+        "| run | plaintext MB/s | TLS MB/s | ratio |",
+        "|---:|---:|---:|---:|",
+        *(
+            f"| {number} | {run['plaintext_mb_s']:.1f} | {run['tls_mb_s']:.1f} | "
+            f"{run['ratio']:.2f} |"
+            for number, run in enumerate(runs, 1)
+        ),
+        "",
+        "| target | figure (median) | met |",
+        "|---|---|:---:|",
+        f"| TLS / plaintext >= 0.7 | {medians['ratio']:.2f} | {met} |",
+    ]
+    return "\n".join(lines)
+
+
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--mb", type=int, default=200, help="MB per workload, measured")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few MB")
+    parser.add_argument("--dir", type=Path, default=None, help="where the brokers keep data")
+    parser.add_argument("--out", type=Path, default=None, help="also write the report here")
+    arguments = parser.parse_args(argv)
+    if arguments.quick:
+        arguments.runs, arguments.mb, arguments.rounds = 1, 4, 2
+    for name in ("runs", "mb", "rounds", "partitions"):
+        if getattr(arguments, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    return arguments
+
+
+def main(argv: list[str] | None = None) -> None:
+    arguments = parse_arguments(argv)
+    records = arguments.mb * MEGABYTE // RECORD_BYTES
+    records -= records % arguments.rounds
+    workdir = Path(tempfile.mkdtemp(prefix="tls-bench-", dir=arguments.dir))
+    load_before = os.getloadavg()
+    began = time.perf_counter()
+    try:
+        runs = [
+            run_once(workdir, records, arguments.rounds, arguments.partitions, run)
+            for run in range(1, arguments.runs + 1)
+        ]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    load_after = os.getloadavg()
+    command = "python -m bench.tls_bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    settings = (
+        f"{arguments.runs} run(s), {records} records of {RECORD_BYTES} bytes per workload, "
+        f"{arguments.rounds} rounds, {arguments.partitions} partition(s); "
+        f"{time.perf_counter() - began:.0f} s in all; load average {load_before[0]:.1f} before, "
+        f"{load_after[0]:.1f} after ({os.cpu_count()} CPUs)"
+    )
+    text = report(command.strip(), runs, settings)
+    print(text, flush=True)
+    if arguments.out is not None:
+        arguments.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
