@@ -3,21 +3,44 @@ request frame (decode it, route it) that the listener calls.
 
 Every request but Produce is decoded with kio (unknown tagged fields skipped); Produce is decoded
 by hand so that its record batches stay slices of the frame (no copy). What a request cannot be
-answered with closes the connection, as Kafka does: an API key this broker does not serve, a
-version it does not speak (except ApiVersions, answered in v0 with UNSUPPORTED_VERSION so the
-client can retry lower: KIP-511), a frame that does not decode. The listener logs why once per
-client (client id and host, see :mod:`automq_ref.kafka.notices`), naming the API.
+answered with closes the connection, as Kafka's ``SocketServer`` does for an API its listener
+does not enable (an ``InvalidRequestException`` from ``parseRequestHeader``, then the close): a
+version of a served API it does not speak (except ApiVersions, answered in v0 with
+UNSUPPORTED_VERSION so the client can retry lower: KIP-511), an API key Kafka's brokers do not
+serve either (controller and inter-broker APIs, unknown keys), a frame that does not decode. The
+listener logs why once per client (client id and host, see :mod:`automq_ref.kafka.notices`),
+naming the API.
+
+Never a silent close for an API a Kafka 4.0 broker serves
+(:data:`KAFKA_BROKER_APIS_NOT_SERVED`: the rest of its ApiVersions table, which
+``tests/unit/test_broker_api_versions.py`` keeps equal to kafka-python's): one this broker does
+not serve (ACLs, SASL, delegation tokens, client quotas, SCRAM, features, the quorum's APIs), at
+a version Kafka 4.0 serves, is answered, when its response has a top-level ``error_code``, with
+``UNSUPPORTED_VERSION`` there and every other field empty, as Kafka's ``KafkaApis`` answers an
+API whose feature is off (``getErrorResponse(UNSUPPORTED_VERSION)``: KIP-848's, share groups',
+telemetry without a manager); the client fails at once with an error that names the version.
+Logged once per client (:func:`~automq_ref.kafka.notices.unsupported_request`). An API whose
+response has no such field (CreateAcls, DeleteAcls, AlterReplicaLogDirs, AlterClientQuotas,
+AlterUserScramCredentials: errors per entry only) is still closed.
 
 Features this broker lacks but Kafka's protocol has an error for are answered with that error
 by their handlers, so that clients fail at once and say why: the KIP-848
 consumer group protocol (ConsumerGroupHeartbeat is advertised, as Kafka 4.0 does, and answered
-``UNSUPPORTED_VERSION``, as Kafka does when that protocol is disabled), config changes to
-anything but a topic.
+``UNSUPPORTED_VERSION``, as Kafka does when that protocol is disabled; ConsumerGroupDescribe is
+answered ``GROUP_ID_NOT_FOUND`` for every group, as Kafka 4 answers for a group that is not a
+KIP-848 group, and the admin client falls back to DescribeGroups), config changes to anything
+but a topic.
 
 The version ranges are Kafka 4.0's for the keys implemented (``tests/unit/test_broker_api_versions
 .py`` compares them with kafka-python's table of real releases); ApiVersions answers from the
 table. Produce v0-2 are advertised, as Kafka 4.0 does for librdkafka's feature detection, and
-refused when used.
+refused when used. GetTelemetrySubscriptions and PushTelemetry (KIP-714) are served but not
+advertised, as a Kafka broker without a client-telemetry receiver leaves them out of its
+ApiVersions answer (:mod:`automq_ref.kafka.handlers.telemetry`).
+
+Served for admin tools: DescribeLogDirs (v1-4, the broker's one log dir and the partitions it
+leads), OffsetDelete (v0), DescribeTopicPartitions (v0, KIP-966: what Kafka 4's admin client
+describes topics with), ConsumerGroupDescribe (v0-1).
 
 AutomqZoneRouter (API key 515, AutoMQ's broker-to-broker request of the zone router: a proxy
 asks a partition's leader to append what it put in its RouterChannel) is served, and listed by
@@ -44,16 +67,19 @@ from automq_ref.kafka.handlers import (
     configs,
     fetch,
     groups,
+    log_dirs,
     metadata,
     offsets,
     partition_snapshot,
     produce,
     producer_ids,
     reassignments,
+    telemetry,
     topics,
     transactions,
     unsupported,
 )
+from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
 from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply
 from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
@@ -61,6 +87,8 @@ from automq_ref.protocol.kio_codec import (
     RequestDecodeError,
     api_name,
     decode_request,
+    encode_error_response,
+    has_error_code,
     peek_header,
 )
 from automq_ref.protocol.partition_snapshot import (
@@ -136,6 +164,7 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.TXN_OFFSET_COMMIT: Route(groups.handle_txn_offset_commit, 0, 5),
     ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
     ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
+    ApiKey.DESCRIBE_LOG_DIRS: Route(log_dirs.handle_describe_log_dirs, 1, 4),
     ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
     ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
     ApiKey.ELECT_LEADERS: Route(reassignments.handle_elect_leaders, 0, 2),
@@ -146,11 +175,17 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.LIST_PARTITION_REASSIGNMENTS: Route(
         reassignments.handle_list_partition_reassignments, 0, 0
     ),
+    ApiKey.OFFSET_DELETE: Route(groups.handle_offset_delete, 0, 0),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
     ApiKey.DESCRIBE_PRODUCERS: Route(transactions.handle_describe_producers, 0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: Route(transactions.handle_describe_transactions, 0, 0),
     ApiKey.LIST_TRANSACTIONS: Route(transactions.handle_list_transactions, 0, 1),
     ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: Route(groups.handle_consumer_group_describe, 0, 1),
+    # Served, not advertised: Kafka lists them only with a client-telemetry receiver.
+    ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: Route(telemetry.handle_get_telemetry_subscriptions, 0, 0),
+    ApiKey.PUSH_TELEMETRY: Route(telemetry.handle_push_telemetry, 0, 0),
+    ApiKey.DESCRIBE_TOPIC_PARTITIONS: Route(metadata.handle_describe_topic_partitions, 0, 0),
     # Between brokers only (AutoMQ's own API, kio has no schema): decoded by hand, answered
     # with the zone router on, not advertised to clients.
     ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT: Route(
@@ -158,6 +193,35 @@ ROUTES: Mapping[ApiKey, Route] = {
     ),
 }
 INTERNAL_KEYS = frozenset({ApiKey.AUTOMQ_GET_PARTITION_SNAPSHOT})
+# Served but left out of ApiVersions, as Kafka leaves them out without a telemetry receiver.
+UNADVERTISED_KEYS = INTERNAL_KEYS | {ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, ApiKey.PUSH_TELEMETRY}
+
+# The APIs a Kafka 4.0 broker's listener serves that this broker does not, with Kafka 4.0's
+# version ranges (its ApiVersions answer, kafka-python's table of it): a request of one of them,
+# in that range, is answered UNSUPPORTED_VERSION where its response has room (the module
+# docstring); any other key or version this broker does not serve is closed, as Kafka does.
+KAFKA_BROKER_APIS_NOT_SERVED: Mapping[int, tuple[int, int]] = {
+    17: (0, 1),  # SaslHandshake
+    29: (1, 3),  # DescribeAcls
+    30: (1, 3),  # CreateAcls
+    31: (1, 3),  # DeleteAcls
+    34: (1, 2),  # AlterReplicaLogDirs
+    36: (0, 2),  # SaslAuthenticate
+    38: (1, 3),  # CreateDelegationToken
+    39: (1, 2),  # RenewDelegationToken
+    40: (1, 2),  # ExpireDelegationToken
+    41: (1, 3),  # DescribeDelegationToken
+    48: (0, 1),  # DescribeClientQuotas
+    49: (0, 1),  # AlterClientQuotas
+    50: (0, 0),  # DescribeUserScramCredentials
+    51: (0, 0),  # AlterUserScramCredentials
+    55: (0, 2),  # DescribeQuorum
+    57: (0, 2),  # UpdateFeatures
+    64: (0, 0),  # UnregisterBroker
+    74: (0, 0),  # ListConfigResources
+    80: (0, 0),  # AddRaftVoter
+    81: (0, 0),  # RemoveRaftVoter
+}
 
 # Plain ints for admit's comparisons, the per-request path.
 _PRODUCE = int(ApiKey.PRODUCE)
@@ -169,7 +233,7 @@ _ZONE_ROUTER = int(ApiKey.AUTOMQ_ZONE_ROUTER)
 API_VERSIONS: dict[int, tuple[int, int]] = {
     int(key): (route.min_version, route.max_version)
     for key, route in sorted(ROUTES.items())
-    if key not in INTERNAL_KEYS
+    if key not in UNADVERTISED_KEYS
 }
 
 
@@ -199,6 +263,13 @@ class Dispatcher:
             return api_versions.unsupported_version(correlation_id, api_version_table(self.context))
         route = self._routes.get(api_key)
         if route is None:
+            kafkas = KAFKA_BROKER_APIS_NOT_SERVED.get(api_key)
+            if (
+                kafkas is not None
+                and kafkas[0] <= api_version <= kafkas[1]
+                and has_error_code(api_key, api_version)
+            ):
+                return self._unsupported(frame, peer, api_key, api_version, correlation_id)
             raise CloseConnection(
                 f"the client sent {api_name(api_key)} (API key {api_key}), which this broker "
                 "does not serve (it is not in its ApiVersions answer)",
@@ -235,6 +306,31 @@ class Dispatcher:
             ) from error
         request = Request(api_key, api_version, correlation_id, client_id, body, peer)
         return await route.handler(self.context, request)
+
+    def _unsupported(
+        self,
+        frame: bytes | bytearray,
+        peer: Peer,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+    ) -> Reply:
+        """An API a Kafka broker serves and this one does not: its response with
+        ``UNSUPPORTED_VERSION`` (the body is not decoded), logged once per client."""
+        name = api_name(api_key)
+        unsupported_request(
+            self.context.notices,
+            f"api {api_key}",
+            client_id=_client_id(frame),
+            host=peer.host,
+            api=name,
+            error=KafkaErrorCode.UNSUPPORTED_VERSION.name,
+            hint=f"the client sent {name} (API key {api_key}), which this broker does not "
+            "serve (it is not in its ApiVersions answer)",
+        )
+        return encode_error_response(
+            api_key, api_version, correlation_id, KafkaErrorCode.UNSUPPORTED_VERSION
+        )
 
 
 def _client_id(frame: bytes | bytearray) -> str | None:

@@ -767,3 +767,140 @@ class MarkerResult:
 class WriteTxnMarkersResponse(Response):
     API_KEY = ApiKey.WRITE_TXN_MARKERS
     markers: Sequence[MarkerResult]
+
+
+# ---------------------------------------------------------------------- admin: log dirs, ...
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsPartition:
+    partition_index: int
+    partition_size: int
+    offset_lag: int = 0
+    is_future_key: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsTopic:
+    name: str
+    partitions: Sequence[DescribeLogDirsPartition]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResult:
+    log_dir: str
+    topics: Sequence[DescribeLogDirsTopic]
+    error_code: KafkaErrorCode = NONE
+    total_bytes: int = -1
+    usable_bytes: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeLogDirsResponse(Response):
+    API_KEY = ApiKey.DESCRIBE_LOG_DIRS
+    results: Sequence[DescribeLogDirsResult]
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeletePartition:
+    partition_index: int
+    error_code: KafkaErrorCode = NONE
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteTopic:
+    name: str
+    partitions: Sequence[OffsetDeletePartition]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetDeleteResponse(Response):
+    API_KEY = ApiKey.OFFSET_DELETE
+    topics: Sequence[OffsetDeleteTopic] = ()
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicPartitionsPartition:
+    partition_index: int
+    leader_id: int
+    leader_epoch: int
+    replica_nodes: Sequence[int]
+    isr_nodes: Sequence[int]
+    offline_replicas: Sequence[int] = ()
+    eligible_leader_replicas: Sequence[int] | None = ()
+    last_known_elr: Sequence[int] | None = ()
+    error_code: KafkaErrorCode = NONE
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicPartitionsTopic:
+    name: str | None
+    topic_id: uuid.UUID
+    partitions: Sequence[DescribeTopicPartitionsPartition] = ()
+    is_internal: bool = False
+    topic_authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
+    error_code: KafkaErrorCode = NONE
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicPartitionsCursor:
+    topic_name: str
+    partition_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTopicPartitionsResponse(Response):
+    API_KEY = ApiKey.DESCRIBE_TOPIC_PARTITIONS
+    topics: Sequence[DescribeTopicPartitionsTopic]
+    next_cursor: DescribeTopicPartitionsCursor | None = None
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeGroup:
+    """KIP-848's describe: this broker has no such group, so only the error is set."""
+
+    group_id: str
+    error_code: KafkaErrorCode
+    error_message: str | None = None
+    group_state: str = ""
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: Sequence[Any] = ()  # none: this broker has no KIP-848 group to describe
+    authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeResponse(Response):
+    API_KEY = ApiKey.CONSUMER_GROUP_DESCRIBE
+    groups: Sequence[ConsumerGroupDescribeGroup]
+    throttle_time: int = 0
+
+
+# ---------------------------------------------------------------------------- telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class GetTelemetrySubscriptionsResponse(Response):
+    API_KEY = ApiKey.GET_TELEMETRY_SUBSCRIPTIONS
+    error_code: KafkaErrorCode
+    client_instance_id: uuid.UUID
+    subscription_id: int = 0
+    accepted_compression_types: Sequence[int] = ()
+    push_interval: int = 0
+    telemetry_max_bytes: int = 0
+    delta_temporality: bool = True
+    requested_metrics: Sequence[str] = ()
+    throttle_time: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PushTelemetryResponse(Response):
+    API_KEY = ApiKey.PUSH_TELEMETRY
+    error_code: KafkaErrorCode = NONE
+    throttle_time: int = 0

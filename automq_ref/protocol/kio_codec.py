@@ -228,3 +228,67 @@ def _convert(annotation: Any, field: dataclasses.Field[Any], value: Any) -> Any:
     if annotation is uuid.UUID and not isinstance(value, uuid.UUID):
         return uuid.UUID(int=int(value)) if isinstance(value, int) else uuid.UUID(str(value))
     return value
+
+
+def has_error_code(api_key: int, api_version: int) -> bool:
+    """Whether the response of ``api_key`` at ``api_version`` has a top-level ``error_code``
+    (False for a key or version kio does not know)."""
+    try:
+        cls = response_class(api_key, api_version)
+    except Exception:  # kio: an unknown key, or no such version of it
+        return False
+    return any(field.name == "error_code" for field in dataclasses.fields(cls))
+
+
+def encode_error_response(
+    api_key: int, api_version: int, correlation_id: int, error_code: int
+) -> list[bytes | memoryview]:
+    """A response of ``api_key`` whose top-level ``error_code`` is ``error_code`` and whose
+    other fields are empty (zero, empty strings and lists, null where allowed): Kafka's
+    ``getErrorResponse`` for a request it does not serve. The response must have an
+    ``error_code`` (:func:`has_error_code`)."""
+    cls = response_class(api_key, api_version)
+    values = {
+        field.name: _empty(hint, field)
+        for field, hint in ((f, _hints(cls)[f.name]) for f in dataclasses.fields(cls))
+        if field.name != "error_code"
+    }
+    body = cls(error_code=ErrorCode(error_code), **values)
+    return encode_response(api_key, api_version, correlation_id, body)
+
+
+def _empty(annotation: Any, field: dataclasses.Field[Any] | None = None) -> Any:
+    """The empty value of a field of ``annotation``: its default if it has one."""
+    if field is not None and field.default is not dataclasses.MISSING:
+        return field.default
+    if field is not None and field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    origin = typing.get_origin(annotation)
+    if origin in (types.UnionType, typing.Union):
+        return None  # optional: null
+    if origin is tuple:
+        return ()
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        nested = _hints(annotation)
+        return annotation(
+            **{f.name: _empty(nested[f.name], f) for f in dataclasses.fields(annotation)}
+        )
+    if annotation is ErrorCode:
+        return ErrorCode(0)
+    if isinstance(annotation, type) and issubclass(annotation, i32Timedelta | i64Timedelta):
+        return datetime.timedelta(0)
+    if annotation is uuid.UUID:
+        return uuid.UUID(int=0)
+    if annotation is bool:
+        return False
+    if annotation is bytes:
+        return b""
+    if isinstance(annotation, type) and issubclass(annotation, datetime.datetime):
+        return datetime.datetime.fromtimestamp(0, datetime.UTC)
+    if isinstance(annotation, type) and issubclass(annotation, str):
+        return annotation("")
+    if isinstance(annotation, type) and issubclass(annotation, int):
+        return annotation(0)
+    if isinstance(annotation, type) and issubclass(annotation, float):
+        return annotation(0.0)
+    raise TypeError(f"no empty value for {annotation!r}")

@@ -113,6 +113,35 @@ def test_an_unserved_api_closes_the_connection_and_is_told_once(broker: BrokerPr
     assert "v0-13" in version[0]
 
 
+def one_response(broker: BrokerProcess, api_key: int, version: int, client_id: str) -> bytes:
+    """A request header with nothing after it; the one response the broker sends back."""
+    name = client_id.encode()
+    payload = struct.pack(">hhih", api_key, version, 7, len(name)) + name + bytes(8)
+    with socket.create_connection(("127.0.0.1", broker.port), timeout=10) as sock:
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        received = b""
+        while len(received) < 4 or len(received) < 4 + struct.unpack_from(">i", received)[0]:
+            chunk = sock.recv(4096)
+            assert chunk, f"closed after {received!r}"
+            received += chunk
+        return received[4:]
+
+
+def test_an_api_kafka_serves_is_answered_unsupported_and_told_once(
+    broker: BrokerProcess,
+) -> None:
+    """DescribeAcls v1 (a version Kafka 4.0 serves): answered UNSUPPORTED_VERSION in its
+    response's error_code, not closed (v0 above, which Kafka 4.0 does not serve, is)."""
+    client_id = unique("raw-acls")
+    for _ in range(3):
+        response = one_response(broker, 29, 1, client_id)
+        correlation_id, _throttle, error_code = struct.unpack_from(">iih", response)
+        assert (correlation_id, error_code) == (7, 35)
+    told = wait_for_warning(broker, client_id, "DescribeAcls (API key 29)")
+    assert len(told) == 1, told
+    assert "answer=UNSUPPORTED_VERSION" in told[0]
+
+
 def test_config_changes_other_than_topics_say_what_to_do(broker: BrokerProcess) -> None:
     client_id = unique("ck-admin")
     admin = AdminClient({"bootstrap.servers": broker.bootstrap, "client.id": client_id})

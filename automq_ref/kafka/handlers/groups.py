@@ -1,5 +1,6 @@
 """The classic consumer-group APIs (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups, DeleteGroups) and FindCoordinator.
+OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete), FindCoordinator, and
+ConsumerGroupDescribe (KIP-848's, answered as Kafka answers it for a group of another kind).
 
 Each group request is translated into an event of the Group machine
 (:mod:`automq_ref.state_machines.group`), stamped with the injected clock's time, and handed to
@@ -482,3 +483,70 @@ def _valid_group(
         return response(KafkaErrorCode.INVALID_GROUP_ID if not group_id else error)
 
     return refused
+
+
+async def handle_offset_delete(context: Context, request: Request) -> Reply:
+    """OffsetDelete (KIP-496): a group's offsets of some partitions deleted, as Kafka's
+    ``handleOffsetDeleteRequest``: a topic the cluster lacks is ``UNKNOWN_TOPIC_OR_PARTITION``
+    for each partition named, as is a partition it lacks; the others go to the group's
+    coordinator (its errors: the machine's ``OffsetDelete``), even when none is left, so that
+    the group's own error (``GROUP_ID_NOT_FOUND``, ``NOT_COORDINATOR``, ...) is answered. An
+    empty group id is ``INVALID_GROUP_ID``."""
+    body = request.body
+    group_id = body.group_id
+    known = context.topics.topics
+    errors: dict[tuple[str, int], KafkaErrorCode] = {}
+    partitions: list[tuple[str, int]] = []
+    for topic in body.topics:
+        found = known.get(topic.name)
+        for p in topic.partitions:
+            key = (topic.name, int(p.partition_index))
+            if found is None or not 0 <= key[1] < found.partitions:
+                errors[key] = KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                partitions.append(key)
+
+    async def answer() -> Chunks:
+        error = KafkaErrorCode.NONE
+        if not group_id:
+            error = KafkaErrorCode.INVALID_GROUP_ID
+        else:
+            response = await context.groups.delete_offsets(group_id, tuple(partitions))
+            error = response.error_code
+            errors.update({(p.topic, p.partition): p.error_code for p in response.partitions})
+        by_topic: dict[str, list[r.OffsetDeletePartition]] = {}
+        for topic in body.topics:
+            for p in topic.partitions:
+                key = (topic.name, int(p.partition_index))
+                if key in errors:
+                    parts = by_topic.setdefault(topic.name, [])
+                    if all(known.partition_index != key[1] for known in parts):
+                        parts.append(r.OffsetDeletePartition(key[1], errors[key]))
+        topics = [r.OffsetDeleteTopic(name, parts) for name, parts in by_topic.items()]
+        return r.respond(request, r.OffsetDeleteResponse(topics, error))
+
+    return answer()
+
+
+async def handle_consumer_group_describe(context: Context, request: Request) -> Reply:
+    """ConsumerGroupDescribe (KIP-848) as Kafka 4 answers it for groups that are not KIP-848
+    consumer groups (``GroupMetadataManager.consumerGroupDescribe``): this broker has none, so
+    every group, unknown or classic, is ``GROUP_ID_NOT_FOUND`` (an empty id ``INVALID_GROUP_ID``,
+    a group coordinated elsewhere ``NOT_COORDINATOR``). Kafka's admin client then describes the
+    group with DescribeGroups."""
+    group_ids = tuple(request.body.group_ids)
+    named = tuple(g for g in group_ids if g)
+    described = {
+        g.group_id: g.error_code for g in (await context.groups.describe_groups(named)).groups
+    }
+    groups = []
+    for group_id in group_ids:
+        if not group_id:
+            # Kafka sets a null id, which the schema does not allow: the id sent ("").
+            groups.append(r.ConsumerGroupDescribeGroup("", KafkaErrorCode.INVALID_GROUP_ID))
+            continue
+        error = described[group_id]
+        if error in (KafkaErrorCode.NONE, KafkaErrorCode.GROUP_ID_NOT_FOUND):
+            error = KafkaErrorCode.GROUP_ID_NOT_FOUND
+        groups.append(r.ConsumerGroupDescribeGroup(group_id, error))
+    return r.respond(request, r.ConsumerGroupDescribeResponse(groups))

@@ -1,4 +1,5 @@
-"""Metadata and DescribeCluster: the cluster's brokers, its topics and their partitions' leaders.
+"""Metadata, DescribeTopicPartitions and DescribeCluster: the cluster's brokers, its topics and
+their partitions' leaders.
 
 Both answer from this broker's metadata view: the brokers are the live ones (unfenced, not
 shutting down) and those still handing partitions over, with their rack and the listener they
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, awaiting_failover
+from automq_ref.kafka import responses as r
 from automq_ref.kafka.acl_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
@@ -64,7 +66,7 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
-from automq_ref.kafka.topics import TopicError
+from automq_ref.kafka.topics import TopicError, check_topic_name
 from automq_ref.kafka.zones import (
     ProxyMapping,
     client_leader,
@@ -318,4 +320,98 @@ async def handle_describe_cluster(context: Context, request: Request) -> Reply:
                 else AUTHORIZED_OPERATIONS_OMITTED
             ),
         ),
+    )
+
+
+# Kafka's max.request.partition.size.limit (default 2000): the most partitions one
+# DescribeTopicPartitions answer holds, whatever the request's limit.
+MAX_REQUEST_PARTITION_SIZE_LIMIT = 2000
+
+
+async def handle_describe_topic_partitions(context: Context, request: Request) -> Reply:
+    """DescribeTopicPartitions (KIP-966), from Metadata's data (the same leaders, epochs,
+    replicas, the client's zone). Kafka's ``DescribeTopicPartitionsRequestHandler``: the topics
+    named (none: every topic) from the cursor's topic on, in name order, at most
+    ``min(response_partition_limit, 2000)`` partitions (at least 1); where the limit stops the
+    answer, ``next_cursor`` names the first partition left out (a topic's first when the
+    previous topic ended the answer). A cursor whose topic the list does not name, or whose
+    partition is negative, is ``INVALID_REQUEST`` for every topic named. A named topic the
+    cluster lacks is ``UNKNOWN_TOPIC_OR_PARTITION`` (``INVALID_TOPIC_EXCEPTION`` for an
+    invalid name); listing every topic skips none. No topic is created. The eligible leader
+    replicas (KIP-966's ELR) are empty: every partition's one replica is its leader."""
+    body = request.body
+    registry = context.topics
+    cursor = body.cursor
+    cursor_name = "" if cursor is None else cursor.topic_name
+    fetch_all = not body.topics
+    if fetch_all:
+        names = {name for name in registry.topics if name >= cursor_name}
+    else:
+        names = {t.name for t in body.topics if t.name >= cursor_name}
+    if (cursor is not None and not fetch_all and cursor.topic_name not in names) or (
+        cursor is not None and cursor.partition_index < 0
+    ):
+        refused = [
+            r.DescribeTopicPartitionsTopic(
+                t.name, ZERO_UUID, error_code=KafkaErrorCode.INVALID_REQUEST
+            )
+            for t in body.topics
+        ]
+        return respond(request, r.DescribeTopicPartitionsResponse(refused))
+    limit = max(min(MAX_REQUEST_PARTITION_SIZE_LIMIT, int(body.response_partition_limit)), 1)
+    zoning = _zoning(context, request)
+    remaining = limit
+    results: list[r.DescribeTopicPartitionsTopic] = []
+    next_cursor: r.DescribeTopicPartitionsCursor | None = None
+    for name in sorted(names):
+        if remaining == 0:
+            next_cursor = r.DescribeTopicPartitionsCursor(name, 0)
+            break
+        topic = registry.topics.get(name)
+        if topic is None:
+            if not fetch_all:
+                results.append(_unknown_topic(name))
+            continue
+        start = cursor.partition_index if cursor is not None and name == cursor_name else 0
+        described = _topic(context, topic, TOPIC_OPERATIONS, zoning)
+        upper = min(topic.partitions, start + remaining)
+        partitions = [
+            r.DescribeTopicPartitionsPartition(
+                partition_index=p.partition_index,
+                leader_id=p.leader_id,
+                leader_epoch=p.leader_epoch,
+                replica_nodes=p.replica_nodes,
+                isr_nodes=p.isr_nodes,
+                offline_replicas=p.offline_replicas,
+            )
+            for p in described.partitions[start:upper]
+        ]
+        results.append(
+            r.DescribeTopicPartitionsTopic(
+                name=topic.name,
+                topic_id=topic.topic_id,
+                partitions=partitions,
+                is_internal=is_internal_topic(topic.name),
+                topic_authorized_operations=TOPIC_OPERATIONS,
+            )
+        )
+        if upper < topic.partitions:
+            next_cursor = r.DescribeTopicPartitionsCursor(name, upper)
+            break
+        remaining -= len(partitions)
+    return respond(request, r.DescribeTopicPartitionsResponse(results, next_cursor))
+
+
+def _unknown_topic(name: str) -> r.DescribeTopicPartitionsTopic:
+    try:
+        check_topic_name(name)
+        error = KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    except TopicError:
+        error = KafkaErrorCode.INVALID_TOPIC_EXCEPTION
+    return r.DescribeTopicPartitionsTopic(
+        name,
+        ZERO_UUID,
+        is_internal=is_internal_topic(name),
+        topic_authorized_operations=TOPIC_OPERATIONS,
+        error_code=error,
     )
