@@ -1,12 +1,14 @@
 """An SSL listener (automq_ref/kafka/tls.py) with Kafka's PEM properties: refused settings named,
-and a broker that confluent-kafka, kafka-python and aiokafka produce to and consume from over
-TLS, with client certificates required when ``ssl.client.auth=required``. The certificates are
+and a broker that confluent-kafka, kafka-python, aiokafka and kcat produce to and consume from
+over TLS, with client certificates required when ``ssl.client.auth=required``. The certificates are
 made for the test (automq_ref/checker/certificates.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
 import ssl
+import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -230,6 +232,35 @@ async def test_clients_produce_and_consume_over_tls(
         b"five",
         b"six",
     ]
+
+
+def kcat_round_trip(kcat: str, bootstrap: str, ca: str, topic: str) -> list[str]:
+    tls = ["-X", "security.protocol=SSL", "-X", f"ssl.ca.location={ca}"]
+    lines = "".join(f"kcat-{index}\n" for index in range(10))
+    subprocess.run(
+        [kcat, "-b", bootstrap, *tls, "-P", "-t", topic],
+        input=lines,
+        text=True,
+        check=True,
+        timeout=TIMEOUT_S,
+    )
+    consumed = subprocess.run(
+        [kcat, "-b", bootstrap, *tls, "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=TIMEOUT_S,
+    )
+    return consumed.stdout.splitlines()
+
+
+async def test_kcat_over_tls(tls_node: Node, certificates: Certificates, tmp_path: Path) -> None:
+    kcat = shutil.which("kcat")
+    if kcat is None:
+        pytest.skip("kcat is not installed (.ci/run installs the Debian package)")
+    ca = write(tmp_path, "ca.pem", certificates.ca.certificate)
+    found = await asyncio.to_thread(kcat_round_trip, kcat, bootstrap_of(tls_node), ca, "tls-kcat")
+    assert found == [f"kcat-{index}" for index in range(10)]
 
 
 async def test_a_plaintext_client_on_the_tls_listener_is_served_nothing(tls_node: Node) -> None:
