@@ -549,6 +549,9 @@ class BrokerConfig(BaseModel):
     # Where this broker records the Failover machine's steps it takes, one file per start, for
     # trace validation against specs/Failover.tla (docs/trace_validation.md); off when unset.
     failover_trace_dir: str | None = Field(None, alias="failover.trace.dir")
+    # Record the transaction coordinator's steps of each new transactional id into this
+    # directory (<id>.ndjson), for trace validation against specs/Transaction.tla; unset: off.
+    transaction_trace_dir: str | None = Field(None, alias="transaction.trace.dir")
     # Route epochs (the zone router's channel lifecycle; on in a cluster whenever
     # automq.zonerouter.channels, below, is set): the active controller bumps the
     # current and fenced route epoch this often (AutoMQ: every 10 s); each broker reports its

@@ -32,8 +32,11 @@ of one transactional id, as the shard takes them, are recorded as a trace of
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats import transaction_record as trec
@@ -129,6 +132,51 @@ class TransactionTrace:
         self._line(tx.tla_action(event, before, after), after, key)
 
 
+class TransactionTraceFiles:
+    """``transaction.trace.dir``: every transactional id whose first request this broker's
+    coordinator serves is traced (a :class:`TransactionTrace` of its own) into
+    ``<dir>/<id>.ndjson`` (the id percent-encoded), a line written as each step is taken, for
+    ``specs/trace_validate.py --spec Transaction``. An id the coordinator already knew (loaded
+    from the log: its trace would not start at the spec's ``Init``) is not traced."""
+
+    def __init__(self, directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self._traces: dict[str, tuple[TransactionTrace, Path]] = {}
+        self._written: dict[str, int] = {}
+
+    def path_of(self, transactional_id: str) -> Path:
+        return self.directory / f"{urllib.parse.quote(transactional_id, safe='')}.ndjson"
+
+    def marker_written(self, effect: tx.WriteMarkers, key: tx.PartitionKey) -> None:
+        traced = self._traces.get(effect.transactional_id)
+        if traced is not None:
+            traced[0].marker_written(effect, key)
+
+    def stepped(
+        self, event: tx.TransactionEvent, before: tx.CoordinatorState, after: tx.CoordinatorState
+    ) -> None:
+        if isinstance(event, tx.Tick):
+            ids = list(self._traces)
+        else:
+            ids = [event.transactional_id]
+            if event.transactional_id not in self._traces:
+                if event.transactional_id in before.entries:
+                    return  # known before this broker traced it
+                trace = TransactionTrace(event.transactional_id)
+                self._traces[event.transactional_id] = (trace, self.path_of(trace.transactional_id))
+                self._written[event.transactional_id] = 0
+        for transactional_id in ids:
+            trace, path = self._traces[transactional_id]
+            trace.stepped(event, before, after)
+            written = self._written[transactional_id]
+            if len(trace.lines) > written:
+                with path.open("a") as out:
+                    for line in trace.lines[written:]:
+                        out.write(json.dumps(line, separators=(",", ":")) + "\n")
+                self._written[transactional_id] = len(trace.lines)
+
+
 class TransactionShard:
     """The machine of transaction log partition ``partition``: loading until :meth:`start`,
     serving until :meth:`stop`."""
@@ -139,7 +187,7 @@ class TransactionShard:
         clock: Clock,
         markers: MarkerWriter,
         before_decision: DecisionHook | None = None,
-        trace: TransactionTrace | None = None,
+        trace: TransactionTrace | TransactionTraceFiles | None = None,
     ) -> None:
         self.partition = partition
         self.trace = trace

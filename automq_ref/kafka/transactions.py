@@ -40,6 +40,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from automq_ref.config import BrokerConfig
@@ -52,7 +53,11 @@ from automq_ref.kafka.coordinator_topic import CoordinatorTopic
 from automq_ref.kafka.group_shard import ShardGone
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
-from automq_ref.kafka.transaction_shard import TransactionShard, TransactionTrace
+from automq_ref.kafka.transaction_shard import (
+    TransactionShard,
+    TransactionTrace,
+    TransactionTraceFiles,
+)
 from automq_ref.protocol.kio_codec import build, request_class
 from automq_ref.state_machines import stream_metadata as sm
 from automq_ref.state_machines import transaction as tx
@@ -114,9 +119,14 @@ class TransactionCoordinator:
         self._registry: TopicRegistry | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._links: dict[tuple[str, int], BrokerLink] = {}
-        # Tests only: set before the first transactional request, the shards record the steps
-        # of its transactional id (transaction_shard.TransactionTrace).
-        self.trace: TransactionTrace | None = None
+        # Set before the first transactional request, the shards record the steps of one
+        # transactional id (transaction_shard.TransactionTrace, tests), or of every new one into
+        # files (transaction.trace.dir: TransactionTraceFiles).
+        self.trace: TransactionTrace | TransactionTraceFiles | None = (
+            TransactionTraceFiles(Path(config.transaction_trace_dir))
+            if config.transaction_trace_dir
+            else None
+        )
 
     # ------------------------------------------------------------------------- lifecycle
 

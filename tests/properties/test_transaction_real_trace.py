@@ -22,6 +22,7 @@ before the decision is appended), are rejected at that marker.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import sys
 import time
@@ -29,6 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 
 from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
@@ -239,3 +241,63 @@ async def test_a_real_coordinators_trace_is_a_behaviour_of_the_spec(tmp_path: Pa
 
 def tv_lines(trace: list[tv.TraceLine]) -> str:
     return "".join(line.to_json() + "\n" for line in trace)
+
+
+def confluent_transactions(bootstrap: str, transactional_id: str) -> None:
+    """A real client: one committed and one aborted transaction over two partitions."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    producer.init_transactions(30)
+    for commit in (True, False):
+        producer.begin_transaction()
+        for topic in ("a", "b"):
+            producer.produce(topic, b"v")
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+
+
+async def test_the_trace_dir_records_each_new_id_for_validation(tmp_path: Path) -> None:
+    """``transaction.trace.dir``: a broker's coordinator writes the steps of each transactional
+    id it first served into ``<id>.ndjson``; a confluent-kafka producer's run is accepted by
+    ``specs/trace_validate.py``; an id loaded from the log at the next start is not traced."""
+    traces = tmp_path / "traces"
+    config = load_config(
+        overrides=[
+            f"log.dirs={tmp_path / 'data'}",
+            "listeners=PLAINTEXT://127.0.0.1:0",
+            "s3.wal.capacity=16777216",
+            "transaction.state.log.num.partitions=1",
+            f"transaction.trace.dir={traces}",
+        ],
+        environment={},
+    )
+    node = await start_node(config)
+    try:
+        await node.listen()
+        await topics(node)
+        host, port = node.advertised_address
+        await asyncio.to_thread(confluent_transactions, f"{host}:{port}", "real/client")
+        path = traces / "real%2Fclient.ndjson"
+        await until(
+            lambda: path.exists() and '"CompleteTransaction"' in path.read_text().splitlines()[-1],
+            "the abort completed in the trace",
+        )
+    finally:
+        await node.shutdown()
+    recorded = [json.loads(line) for line in path.read_text().splitlines()]
+    trace = [tv.TraceLine(line["action"], line["state"]) for line in recorded]
+    actions = [line.action for line in trace]
+    assert actions[0] == "Init" and actions.count("EndTxn") == 2, actions
+    (verdict,) = tv.validate_many([trace], "Transaction")
+    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{tv_lines(trace)}"
+    # The next start loads the id from the log: not traced again (its trace would not begin
+    # at the spec's Init).
+    node = await start_node(config)
+    try:
+        await node.listen()
+        host, port = node.advertised_address
+        await asyncio.to_thread(confluent_transactions, f"{host}:{port}", "real/client")
+    finally:
+        await node.shutdown()
+    assert len(path.read_text().splitlines()) == len(recorded)
