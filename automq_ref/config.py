@@ -10,6 +10,7 @@ command line can print them as they are.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import ipaddress
@@ -29,6 +30,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from automq_ref.formats.jaas import JaasError, plain_users
 
 MIB = 1024 * 1024
 
@@ -91,12 +94,15 @@ def _wal_device_address(raw: str) -> str | None:
     return location
 
 
-# Kafka's listener.security.protocol.map default, its protocols, and those served here.
+# Kafka's listener.security.protocol.map default, its protocols (all served here).
 DEFAULT_SECURITY_PROTOCOL_MAP = (
     "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
 )
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SERVED_PROTOCOLS = ("PLAINTEXT", "SSL")
+SERVED_PROTOCOLS = SECURITY_PROTOCOLS
+SERVED_SASL_MECHANISMS = ("PLAIN",)
+# The JAAS property of the one listener (its name lower-cased), kept in plain_sasl_jaas_config.
+JAAS_PROPERTY = re.compile(r"^listener\.name\.([^.]+)\.plain\.sasl\.jaas\.config$")
 SSL_CLIENT_AUTH = ("none", "requested", "required")
 _LISTENER = re.compile(r"^([A-Za-z0-9_]+)://(\[[^\]]*\]|[^:/\[\]]*):(\d+)$")
 
@@ -378,7 +384,7 @@ class BrokerConfig(BaseModel):
     broker_rack: str = Field("", alias="broker.rack")
     cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
     # One listener, NAME://host:port, its security protocol by listener.security.protocol.map
-    # (PLAINTEXT or SSL; automq_ref/kafka/tls.py).
+    # (PLAINTEXT, SSL: automq_ref/kafka/tls.py, SASL_PLAINTEXT, SASL_SSL: kafka/sasl.py).
     listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
     # What Metadata/FindCoordinator/DescribeCluster hand to clients; empty means the bound
     # listener. Set it when clients reach the broker through a proxy.
@@ -396,6 +402,10 @@ class BrokerConfig(BaseModel):
     ssl_truststore_location: str = Field("", alias="ssl.truststore.location")
     ssl_truststore_certificates: str = Field("", alias="ssl.truststore.certificates")
     ssl_client_auth: str = Field("none", alias="ssl.client.auth")
+    # SASL (a SASL_PLAINTEXT or SASL_SSL listener): PLAIN only; the users from the listener's
+    # listener.name.<name>.plain.sasl.jaas.config (load_config maps it to this field).
+    sasl_enabled_mechanisms: str = Field("GSSAPI", alias="sasl.enabled.mechanisms")
+    plain_sasl_jaas_config: str = ""
     log_dirs: str = Field("./data", alias="log.dirs")
     # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
     s3_data_buckets: str = Field("", alias="s3.data.buckets")
@@ -668,23 +678,20 @@ class BrokerConfig(BaseModel):
     @model_validator(mode="after")
     def _listener_protocol(self) -> BrokerConfig:
         protocol = self.security_protocol  # raises for a name the map does not know
-        if protocol not in SERVED_PROTOCOLS:
-            raise ValueError(
-                f"listeners={self.listeners}: security protocol {protocol} is not served yet "
-                f"(served: {', '.join(SERVED_PROTOCOLS)})"
-            )
         advertised = self.advertised_listeners
         if advertised and parse_listener(advertised)[0] != parse_listener(self.listeners)[0]:
             raise ValueError(
                 f"advertised.listeners={advertised} must name the listener of listeners "
                 f"({parse_listener(self.listeners)[0]})"
             )
-        if protocol == "SSL":
-            if self.etcd_endpoints:
-                raise ValueError(
-                    "an SSL listener is served by one broker only for now: a cluster's brokers "
-                    "talk to each other over their listener in plaintext"
-                )
+        if protocol != "PLAINTEXT" and self.etcd_endpoints:
+            raise ValueError(
+                f"a {protocol} listener is served by one broker only for now: a cluster's "
+                "brokers talk to each other over their listener in plaintext"
+            )
+        if protocol.startswith("SASL_"):
+            self.plain_users  # noqa: B018 (raises naming the property)
+        if protocol.endswith("SSL"):
             for name, kind in (
                 ("ssl.keystore.type", self.ssl_keystore_type),
                 ("ssl.truststore.type", self.ssl_truststore_type),
@@ -820,6 +827,36 @@ class BrokerConfig(BaseModel):
         return protocols[name]
 
     @property
+    def sasl_mechanisms(self) -> list[str]:
+        return [m.strip() for m in self.sasl_enabled_mechanisms.split(",") if m.strip()]
+
+    @property
+    def jaas_property(self) -> str:
+        return f"listener.name.{self.listener_name.lower()}.plain.sasl.jaas.config"
+
+    @property
+    def plain_users(self) -> dict[str, str]:
+        """A SASL listener's PLAIN users (name -> password); ValueError naming the property."""
+        mechanisms, name = self.sasl_mechanisms, "sasl.enabled.mechanisms"
+        others = [m for m in mechanisms if m not in SERVED_SASL_MECHANISMS]
+        if others or "PLAIN" not in mechanisms:
+            raise ValueError(
+                f"{name}={self.sasl_enabled_mechanisms}: only PLAIN is served here"
+                + (f" ({', '.join(others)} is not)" if others else "")
+                + f"; a {self.security_protocol} listener needs {name}=PLAIN"
+            )
+        if not self.plain_sasl_jaas_config.strip():
+            raise ValueError(
+                f"a {self.security_protocol} listener needs its users: {self.jaas_property}="
+                "org.apache.kafka.common.security.plain.PlainLoginModule required "
+                'user_<name>="<password>";'
+            )
+        try:
+            return plain_users(self.plain_sasl_jaas_config)
+        except JaasError as error:
+            raise ValueError(f"{self.jaas_property}: {error}") from error
+
+    @property
     def advertised_address(self) -> tuple[str, int] | None:
         if not self.advertised_listeners:
             return None
@@ -935,13 +972,20 @@ def load_config(
         if not separator:
             raise ConfigError(f"--override {override!r}: expected name=value")
         values[name.strip()] = value.strip()
+    listener = values.get("listeners", BrokerConfig.model_fields["listeners"].default)
+    for name in [name for name in values if JAAS_PROPERTY.match(name)]:
+        with contextlib.suppress(ValueError):  # a bad listeners is refused on its own
+            if JAAS_PROPERTY.match(name)[1] == parse_listener(listener)[0].lower():  # type: ignore[index]
+                values["plain_sasl_jaas_config"] = values.pop(name)
     problems = [
         f"unknown setting {name!r}"
         + (did_you_mean(name, names) or "; docs/broker.md lists the settings")
-        for name in sorted(set(values) - names)
+        for name in sorted(set(values) - names - {"plain_sasl_jaas_config"})
     ]
     try:
-        config = BrokerConfig.model_validate({k: v for k, v in values.items() if k in names})
+        config = BrokerConfig.model_validate(
+            {k: v for k, v in values.items() if k in names or k == "plain_sasl_jaas_config"}
+        )
     except ValidationError as error:
         raise ConfigError(*problems, *_problems(error)) from error
     if problems:

@@ -14,7 +14,7 @@ naming the API.
 Never a silent close for an API a Kafka 4.0 broker serves
 (:data:`KAFKA_BROKER_APIS_NOT_SERVED`: the rest of its ApiVersions table, which
 ``tests/unit/test_broker_api_versions.py`` keeps equal to kafka-python's): one this broker does
-not serve (ACLs, SASL, delegation tokens, client quotas, SCRAM, features, the quorum's APIs), at
+not serve (ACLs, delegation tokens, client quotas, SCRAM, features, the quorum's APIs), at
 a version Kafka 4.0 serves, is answered, when its response has a top-level ``error_code``, with
 ``UNSUPPORTED_VERSION`` there and every other field empty, as Kafka's ``KafkaApis`` answers an
 API whose feature is off (``getErrorResponse(UNSUPPORTED_VERSION)``: KIP-848's, share groups',
@@ -37,6 +37,12 @@ table. Produce v0-2 are advertised, as Kafka 4.0 does for librdkafka's feature d
 refused when used. GetTelemetrySubscriptions and PushTelemetry (KIP-714) are served but not
 advertised, as a Kafka broker without a client-telemetry receiver leaves them out of its
 ApiVersions answer (:mod:`automq_ref.kafka.handlers.telemetry`).
+
+On a SASL listener (SASL_PLAINTEXT, SASL_SSL) a connection's frames go through
+:class:`automq_ref.kafka.sasl.SaslGate` until it is authenticated: only ApiVersions (routed as
+usual), SaslHandshake and SaslAuthenticate are served before then; anything else closes the
+connection. Once authenticated, and on every other listener, SaslHandshake and SaslAuthenticate
+are answered ``ILLEGAL_SASL_STATE``, as Kafka's ``KafkaApis`` answers them.
 
 Served for admin tools: DescribeLogDirs (v1-4, the broker's one log dir and the partitions it
 leads), OffsetDelete (v0), DescribeTopicPartitions (v0, KIP-966: what Kafka 4's admin client
@@ -62,6 +68,7 @@ from typing import Any, Final, cast
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.kafka import sasl
 from automq_ref.kafka.handlers import (
     api_versions,
     configs,
@@ -151,6 +158,7 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.SYNC_GROUP: Route(groups.handle_sync_group, 0, 5),
     ApiKey.DESCRIBE_GROUPS: Route(groups.handle_describe_groups, 0, 6),
     ApiKey.LIST_GROUPS: Route(groups.handle_list_groups, 0, 5),
+    ApiKey.SASL_HANDSHAKE: Route(sasl.handle_sasl_handshake, *sasl.HANDSHAKE_VERSIONS),
     ApiKey.API_VERSIONS: Route(_api_versions, 0, 4),
     ApiKey.CREATE_TOPICS: Route(topics.handle_create_topics, 2, 7),
     ApiKey.DELETE_TOPICS: Route(topics.handle_delete_topics, 1, 6),
@@ -165,6 +173,7 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
     ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
     ApiKey.DESCRIBE_LOG_DIRS: Route(log_dirs.handle_describe_log_dirs, 1, 4),
+    ApiKey.SASL_AUTHENTICATE: Route(sasl.handle_sasl_authenticate, *sasl.AUTHENTICATE_VERSIONS),
     ApiKey.CREATE_PARTITIONS: Route(topics.handle_create_partitions, 0, 3),
     ApiKey.DELETE_GROUPS: Route(groups.handle_delete_groups, 0, 2),
     ApiKey.ELECT_LEADERS: Route(reassignments.handle_elect_leaders, 0, 2),
@@ -201,12 +210,10 @@ UNADVERTISED_KEYS = INTERNAL_KEYS | {ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, ApiKey.
 # in that range, is answered UNSUPPORTED_VERSION where its response has room (the module
 # docstring); any other key or version this broker does not serve is closed, as Kafka does.
 KAFKA_BROKER_APIS_NOT_SERVED: Mapping[int, tuple[int, int]] = {
-    17: (0, 1),  # SaslHandshake
     29: (1, 3),  # DescribeAcls
     30: (1, 3),  # CreateAcls
     31: (1, 3),  # DeleteAcls
     34: (1, 2),  # AlterReplicaLogDirs
-    36: (0, 2),  # SaslAuthenticate
     38: (1, 3),  # CreateDelegationToken
     39: (1, 2),  # RenewDelegationToken
     40: (1, 2),  # ExpireDelegationToken
@@ -255,8 +262,15 @@ class Dispatcher:
         if context.router_in is not None:
             self._routes[_ZONE_ROUTER] = ZONE_ROUTER_ROUTE
         self._api_versions_max = self._routes[ApiKey.API_VERSIONS].max_version
+        self._sasl = sasl.SaslGate.of(context.config)
 
     async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        gate = self._sasl
+        if gate is not None and peer.session.sasl_step != sasl.AUTHENTICATED:
+            # Before authentication: the gate answers, refuses, or lets ApiVersions through.
+            answer = gate.admit(frame, peer, self._api_versions_max)
+            if not isinstance(answer, sasl.Serve):
+                return answer
         # peek_header reads with struct.unpack_from: any buffer does.
         api_key, api_version, correlation_id = peek_header(cast(bytes, frame))
         if api_key == _API_VERSIONS and api_version > self._api_versions_max:

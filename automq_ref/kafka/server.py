@@ -21,7 +21,9 @@ Reading copies as little as it can: a large frame (a Produce request) is read fr
 straight into a buffer of its own, which is handed to the handler (see ``_Connection``). A frame
 larger than ``max_request_bytes`` (Kafka's ``socket.request.max.bytes``) or with a
 negative size closes the connection at once: the stream cannot be resynchronised. A handler that
-raises :class:`CloseConnection` closes the connection after the responses before it are written.
+raises :class:`CloseConnection` closes the connection after the responses before it are written
+(and after its own ``answer``, when it has one: a SASL authentication failure is answered, then
+closed).
 
 What the operator is told (see :mod:`automq_ref.kafka.notices`): a connection whose first bytes are
 a TLS handshake (``0x16 0x03``: a client configured for SSL) or an HTTP request, rather than a
@@ -55,7 +57,7 @@ import ssl
 import time
 import typing
 from collections.abc import Awaitable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from automq_ref.io.logfmt import fields
@@ -79,17 +81,36 @@ class CloseConnection(Exception):
     default the message itself): a client that retries does not repeat the line."""
 
     def __init__(
-        self, message: str, *, reason: str | None = None, client_id: str | None = None
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        client_id: str | None = None,
+        answer: Chunks | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason or message
         self.client_id = client_id
+        self.answer = answer
+
+
+class Session:
+    """What a connection learns of its client as it goes, kept with its :class:`Peer` (so it goes
+    when the connection goes): on a SASL listener, the exchange's step (``sasl_step``, see
+    :mod:`automq_ref.kafka.sasl`) and, once authenticated, ``principal`` (``User:<name>``)."""
+
+    __slots__ = ("principal", "sasl_step")
+
+    def __init__(self) -> None:
+        self.principal: str | None = None
+        self.sasl_step = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Peer:
     connection_id: int
     address: str  # "host:port", or "?" when the socket did not say
+    session: Session = field(default_factory=Session, compare=False, repr=False)
 
     @property
     def host(self) -> str:
@@ -298,6 +319,8 @@ class _Connection(asyncio.BufferedProtocol):
                 reply = await handler.admit(frame, self._peer)
             except CloseConnection as error:
                 self._tell_closing(error)
+                if error.answer is not None:
+                    self._replies.put_nowait(error.answer)
                 self._replies.put_nowait(_Closing())
                 return
             except Exception:

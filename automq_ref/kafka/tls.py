@@ -1,14 +1,14 @@
-"""TLS for an SSL listener, from Kafka's properties (PEM keystores and truststores).
+"""TLS for an SSL or SASL_SSL listener, from Kafka's properties (PEM keystores and truststores).
 
 The listener's security protocol is ``listener.security.protocol.map``'s for its name
-(``SSL://host:port``: SSL). Its certificate chain and private key come from
-``ssl.keystore.location`` (one PEM file holding both, Kafka's PEM keystore file) or from
-``ssl.keystore.certificate.chain`` and ``ssl.keystore.key`` (the PEM texts themselves), the key
-decrypted with ``ssl.key.password`` when it is encrypted. Client certificates are asked for as
-``ssl.client.auth`` says (``none``, ``requested``: asked, not required, ``required``) and checked
-against ``ssl.truststore.location`` or ``ssl.truststore.certificates`` (PEM certificates).
-TLS 1.2 is the oldest version served (Kafka's ``ssl.enabled.protocols`` default is TLSv1.2 and
-TLSv1.3); the ciphers are Python's defaults.
+(``SSL://host:port``: SSL; SASL_SSL is this TLS with SASL inside it, :mod:`.sasl`). Its certificate
+chain and private key come from ``ssl.keystore.location`` (one PEM file holding both, Kafka's PEM
+keystore file) or from ``ssl.keystore.certificate.chain`` and ``ssl.keystore.key`` (the PEM texts
+themselves), the key decrypted with ``ssl.key.password`` when it is encrypted. Client certificates
+are asked for as ``ssl.client.auth`` says (``none``, ``requested``: asked, not required,
+``required``) and checked against ``ssl.truststore.location`` or ``ssl.truststore.certificates``
+(PEM certificates). TLS 1.2 is the oldest version served (Kafka's ``ssl.enabled.protocols`` default
+is TLSv1.2 and TLSv1.3); the ciphers are Python's defaults.
 
 A PEM text given inline may have its line breaks replaced by spaces (a properties file holds one
 line); they are put back before it is read, as Kafka's ``PemStore`` does.
@@ -37,8 +37,8 @@ class TlsConfigError(ValueError):
 
 
 def server_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
-    """The SSL listener's context (None for a PLAINTEXT listener)."""
-    if config.security_protocol != "SSL":
+    """The SSL or SASL_SSL listener's context (None for a PLAINTEXT or SASL_PLAINTEXT one)."""
+    if config.security_protocol not in ("SSL", "SASL_SSL"):
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
