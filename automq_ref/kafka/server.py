@@ -262,7 +262,7 @@ class _Connection(asyncio.BufferedProtocol):
             self._server.notices.tell(
                 ("tls", self._peer.host),
                 "TLS handshake on a plaintext listener: configure the client with "
-                "security.protocol=PLAINTEXT (this listener is PLAINTEXT)",
+                "security.protocol=PLAINTEXT (SASL_PLAINTEXT on a SASL listener), not SSL",
                 client=self._peer.address,
             )
             return True
