@@ -8,19 +8,22 @@ serves."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 import typing
 from typing import Any
 
-from automq_ref.kafka import responses
+from automq_ref.kafka import responses, sasl
 from automq_ref.kafka.dispatch import ROUTES
 from automq_ref.kafka.request import ApiKey
 from automq_ref.protocol.kio_codec import response_class
 
+# The typed responses of responses.py, and of the modules that keep their own (sasl.py).
 RESPONSES = [
     cls
-    for cls in vars(responses).values()
+    for module in (responses, sasl)
+    for cls in vars(module).values()
     if isinstance(cls, type) and issubclass(cls, responses.Response)
-    if cls is not responses.Response
+    if cls is not responses.Response and cls.__module__ == module.__name__
 ]
 
 
@@ -44,7 +47,8 @@ def check(ours: type, theirs: list[type], where: str) -> None:
             their_fields.setdefault(field.name, [])
             if nested is not None:
                 their_fields[field.name].append(nested)
-    our_hints = typing.get_type_hints(ours, vars(responses))
+    names = {**vars(responses), **vars(sys.modules[ours.__module__])}
+    our_hints = typing.get_type_hints(ours, names)
     for field in dataclasses.fields(ours):
         assert field.name in their_fields, f"{where}.{field.name} is in no served version"
         our_nested = nested_class(our_hints[field.name])
