@@ -10,7 +10,6 @@ command line can print them as they are.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import ipaddress
@@ -27,11 +26,21 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from automq_ref.formats.jaas import JaasError, plain_users
+from automq_ref.formats.listeners import (
+    DEFAULT_SECURITY_PROTOCOL_MAP,
+    SSL_CLIENT_AUTH,
+    Listener,
+    is_listener_setting,
+    listener_setting,
+    parse_listeners,
+    parse_protocol_map,
+    resolve_listeners,
+)
 
 MIB = 1024 * 1024
 
@@ -92,50 +101,6 @@ def _wal_device_address(raw: str) -> str | None:
             f"0@device:///PATH, not {location!r}"
         )
     return location
-
-
-# Kafka's listener.security.protocol.map default, its protocols (all served here).
-DEFAULT_SECURITY_PROTOCOL_MAP = (
-    "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
-)
-SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SERVED_PROTOCOLS = SECURITY_PROTOCOLS
-SERVED_SASL_MECHANISMS = ("PLAIN",)
-# The JAAS property of the one listener (its name lower-cased), kept in plain_sasl_jaas_config.
-JAAS_PROPERTY = re.compile(r"^listener\.name\.([^.]+)\.plain\.sasl\.jaas\.config$")
-SSL_CLIENT_AUTH = ("none", "requested", "required")
-_LISTENER = re.compile(r"^([A-Za-z0-9_]+)://(\[[^\]]*\]|[^:/\[\]]*):(\d+)$")
-
-
-def parse_listener(value: str) -> tuple[str, str, int]:
-    """``NAME://host:port`` (Kafka's listener form) as (NAME, host, port); one listener only
-    (several, separated by commas, are not served yet); an empty host is every address."""
-    if "," in value:
-        raise ValueError("one listener is served (several are not, yet)")
-    match = _LISTENER.match(value.strip())
-    if match is None:
-        raise ValueError("a listener is NAME://host:port, e.g. PLAINTEXT://127.0.0.1:9092")
-    name, host, port = match.group(1).upper(), match.group(2).strip("[]"), int(match.group(3))
-    if port > 65535:
-        raise ValueError(f"port {port} is out of range")
-    return name, host, port
-
-
-def parse_protocol_map(value: str) -> dict[str, str]:
-    """``listener.security.protocol.map``: ``NAME:PROTOCOL`` pairs, comma-separated."""
-    found: dict[str, str] = {}
-    for pair in (piece.strip() for piece in value.split(",")):
-        if not pair:
-            continue
-        name, separator, protocol = pair.partition(":")
-        protocol = protocol.strip().upper()
-        if not separator or not name.strip() or protocol not in SECURITY_PROTOCOLS:
-            raise ValueError(
-                f"{pair!r}: a pair is NAME:PROTOCOL, the protocol one of "
-                + ", ".join(SECURITY_PROTOCOLS)
-            )
-        found[name.strip().upper()] = protocol
-    return found
 
 
 # AutoMQ's metrics exporter URI: the Prometheus exporter's scheme and the port it takes when the
@@ -355,6 +320,20 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+@functools.lru_cache(maxsize=64)
+def _resolved_listeners(
+    listeners: str,
+    advertised: str,
+    protocol_map: str,
+    global_settings: tuple[tuple[str, str], ...],
+    own: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
+) -> tuple[Listener, ...]:
+    """:func:`resolve_listeners`, once per distinct settings (a config is immutable)."""
+    return resolve_listeners(
+        listeners, advertised, protocol_map, dict(global_settings), {n: dict(v) for n, v in own}
+    )
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """``; did you mean 'X'?`` with the known name nearest ``name``, or nothing when none is
     near enough to be a likely typo."""
@@ -383,16 +362,26 @@ class BrokerConfig(BaseModel):
     # racks. Empty: no rack.
     broker_rack: str = Field("", alias="broker.rack")
     cluster_id: str = Field("automq-ref-embedded", alias="cluster.id")
-    # One listener, NAME://host:port, its security protocol by listener.security.protocol.map
-    # (PLAINTEXT, SSL: automq_ref/kafka/tls.py, SASL_PLAINTEXT, SASL_SSL: kafka/sasl.py).
+    # The listeners, NAME://host:port comma-separated, each with its security protocol by
+    # listener.security.protocol.map (PLAINTEXT, SSL: automq_ref/kafka/tls.py, SASL_PLAINTEXT,
+    # SASL_SSL: kafka/sasl.py) and its settings (formats/listeners.py: listener.name.<name>.*).
     listeners: str = Field("PLAINTEXT://127.0.0.1:9092", alias="listeners")
-    # What Metadata/FindCoordinator/DescribeCluster hand to clients; empty means the bound
-    # listener. Set it when clients reach the broker through a proxy.
+    # What Metadata/FindCoordinator/DescribeCluster hand to the clients of each listener; empty
+    # means the bound listeners. Set it when clients reach the broker through a proxy.
     advertised_listeners: str = Field("", alias="advertised.listeners")
     listener_security_protocol_map: str = Field(
         DEFAULT_SECURITY_PROTOCOL_MAP, alias="listener.security.protocol.map"
     )
-    # TLS (an SSL listener), Kafka's properties; PEM only (Kafka's default type is JKS).
+    # The listener other brokers reach this one on (its links: transaction markers, the zone
+    # router). Empty: the listener named PLAINTEXT if there is one, else the first listed.
+    inter_broker_listener_name: str = Field("", alias="inter.broker.listener.name")
+    # The mechanism of this broker's login on a SASL inter-broker listener (the username and
+    # password of that listener's JAAS text for it).
+    sasl_mechanism_inter_broker_protocol: str = Field(
+        "GSSAPI", alias="sasl.mechanism.inter.broker.protocol"
+    )
+    # TLS (SSL and SASL_SSL listeners), Kafka's properties; PEM only (Kafka's default type is
+    # JKS). A listener's listener.name.<name>.ssl.* override these.
     ssl_keystore_type: str = Field("JKS", alias="ssl.keystore.type")
     ssl_keystore_location: str = Field("", alias="ssl.keystore.location")
     ssl_keystore_certificate_chain: str = Field("", alias="ssl.keystore.certificate.chain")
@@ -402,10 +391,11 @@ class BrokerConfig(BaseModel):
     ssl_truststore_location: str = Field("", alias="ssl.truststore.location")
     ssl_truststore_certificates: str = Field("", alias="ssl.truststore.certificates")
     ssl_client_auth: str = Field("none", alias="ssl.client.auth")
-    # SASL (a SASL_PLAINTEXT or SASL_SSL listener): PLAIN only; the users from the listener's
-    # listener.name.<name>.plain.sasl.jaas.config (load_config maps it to this field).
+    # SASL (SASL_PLAINTEXT and SASL_SSL listeners): the mechanisms, and each listener's users
+    # from listener.name.<name>.plain.sasl.jaas.config.
     sasl_enabled_mechanisms: str = Field("GSSAPI", alias="sasl.enabled.mechanisms")
-    plain_sasl_jaas_config: str = ""
+    # listener.name.<NAME>.<setting> (load_config gathers them): NAME -> setting -> value.
+    listener_settings: dict[str, dict[str, str]] = {}
     log_dirs: str = Field("./data", alias="log.dirs")
     # Objects: AutoMQ's bucket URI; empty means a local directory under log.dirs.
     s3_data_buckets: str = Field("", alias="s3.data.buckets")
@@ -659,9 +649,9 @@ class BrokerConfig(BaseModel):
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod
-    def _one_listener(cls, value: str) -> str:
-        if value != "":
-            parse_listener(value)
+    def _listener_list(cls, value: str, info: ValidationInfo) -> str:
+        if value.strip() or info.field_name == "listeners":
+            parse_listeners(value, distinct_ports=info.field_name == "listeners")
         return value
 
     @field_validator("listener_security_protocol_map")
@@ -677,46 +667,22 @@ class BrokerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _listener_protocol(self) -> BrokerConfig:
-        protocol = self.security_protocol  # raises for a name the map does not know
-        advertised = self.advertised_listeners
-        if advertised and parse_listener(advertised)[0] != parse_listener(self.listeners)[0]:
-            raise ValueError(
-                f"advertised.listeners={advertised} must name the listener of listeners "
-                f"({parse_listener(self.listeners)[0]})"
-            )
-        if protocol != "PLAINTEXT" and self.etcd_endpoints:
-            raise ValueError(
-                f"a {protocol} listener is served by one broker only for now: a cluster's "
-                "brokers talk to each other over their listener in plaintext"
-            )
-        if protocol.startswith("SASL_"):
-            self.plain_users  # noqa: B018 (raises naming the property)
-        if protocol.endswith("SSL"):
-            for name, kind in (
-                ("ssl.keystore.type", self.ssl_keystore_type),
-                ("ssl.truststore.type", self.ssl_truststore_type),
-            ):
-                if kind.upper() != "PEM" and (
-                    name == "ssl.keystore.type"
-                    or self.ssl_truststore_location
-                    or self.ssl_truststore_certificates
-                ):
-                    raise ValueError(f"{name}={kind}: only PEM is read here (set {name}=PEM)")
-            has_file = bool(self.ssl_keystore_location)
-            has_text = bool(self.ssl_keystore_certificate_chain or self.ssl_keystore_key)
-            if has_file == has_text:
+        self.listener_specs  # noqa: B018 (raises naming the property)
+        inter = self.inter_broker_listener
+        if inter.sasl is not None and self.etcd_endpoints:
+            mechanism = self.sasl_mechanism_inter_broker_protocol.upper()
+            name = "sasl.mechanism.inter.broker.protocol"
+            if mechanism not in inter.sasl.mechanisms:
                 raise ValueError(
-                    "an SSL listener needs its certificate and key: ssl.keystore.location (a PEM "
-                    "file with both) or ssl.keystore.certificate.chain and ssl.keystore.key"
+                    f"{name}={mechanism}: the inter-broker listener {inter.name} enables "
+                    f"{', '.join(inter.sasl.mechanisms)} (set {name} to one of them)"
                 )
-            if has_text and not (self.ssl_keystore_certificate_chain and self.ssl_keystore_key):
-                raise ValueError("ssl.keystore.certificate.chain and ssl.keystore.key go together")
-            if self.ssl_client_auth != "none" and not (
-                self.ssl_truststore_location or self.ssl_truststore_certificates
-            ):
+            if inter.sasl.login(mechanism) is None:
                 raise ValueError(
-                    f"ssl.client.auth={self.ssl_client_auth} needs a truststore to check client "
-                    "certificates with (ssl.truststore.location or ssl.truststore.certificates)"
+                    f"the inter-broker listener {inter.name} is SASL: this broker logs in to "
+                    f"the others with the username and password of "
+                    f'{inter.sasl.jaas_property(mechanism)} (username="..." '
+                    'password="...")'
                 )
         return self
 
@@ -803,65 +769,38 @@ class BrokerConfig(BaseModel):
         return self
 
     @property
-    def host(self) -> str:
-        return parse_listener(self.listeners)[1]
+    def listener_specs(self) -> tuple[Listener, ...]:
+        """The listeners, in ``listeners``' order, with their protocols and settings."""
+        return _resolved_listeners(
+            self.listeners,
+            self.advertised_listeners,
+            self.listener_security_protocol_map,
+            tuple(
+                (name, str(value))
+                for name, value in self.model_dump(by_alias=True).items()
+                if name.startswith("ssl.") or name == "sasl.enabled.mechanisms"
+            ),
+            tuple((n, tuple(sorted(v.items()))) for n, v in sorted(self.listener_settings.items())),
+        )
 
     @property
-    def port(self) -> int:
-        return parse_listener(self.listeners)[2]
-
-    @property
-    def listener_name(self) -> str:
-        return parse_listener(self.listeners)[0]
-
-    @property
-    def security_protocol(self) -> str:
-        """The listener's security protocol (``listener.security.protocol.map``)."""
-        name = self.listener_name
-        protocols = parse_protocol_map(self.listener_security_protocol_map)
-        if name not in protocols:
-            raise ValueError(
-                f"listeners={self.listeners}: listener {name} is not in "
-                f"listener.security.protocol.map ({self.listener_security_protocol_map})"
-            )
-        return protocols[name]
-
-    @property
-    def sasl_mechanisms(self) -> list[str]:
-        return [m.strip() for m in self.sasl_enabled_mechanisms.split(",") if m.strip()]
-
-    @property
-    def jaas_property(self) -> str:
-        return f"listener.name.{self.listener_name.lower()}.plain.sasl.jaas.config"
-
-    @property
-    def plain_users(self) -> dict[str, str]:
-        """A SASL listener's PLAIN users (name -> password); ValueError naming the property."""
-        mechanisms, name = self.sasl_mechanisms, "sasl.enabled.mechanisms"
-        others = [m for m in mechanisms if m not in SERVED_SASL_MECHANISMS]
-        if others or "PLAIN" not in mechanisms:
-            raise ValueError(
-                f"{name}={self.sasl_enabled_mechanisms}: only PLAIN is served here"
-                + (f" ({', '.join(others)} is not)" if others else "")
-                + f"; a {self.security_protocol} listener needs {name}=PLAIN"
-            )
-        if not self.plain_sasl_jaas_config.strip():
-            raise ValueError(
-                f"a {self.security_protocol} listener needs its users: {self.jaas_property}="
-                "org.apache.kafka.common.security.plain.PlainLoginModule required "
-                'user_<name>="<password>";'
-            )
-        try:
-            return plain_users(self.plain_sasl_jaas_config)
-        except JaasError as error:
-            raise ValueError(f"{self.jaas_property}: {error}") from error
-
-    @property
-    def advertised_address(self) -> tuple[str, int] | None:
-        if not self.advertised_listeners:
-            return None
-        _, host, port = parse_listener(self.advertised_listeners)
-        return host, port
+    def inter_broker_listener(self) -> Listener:
+        """The listener other brokers reach this one on (``inter.broker.listener.name``)."""
+        specs = self.listener_specs
+        name = self.inter_broker_listener_name.upper()
+        if not name:
+            return next((s for s in specs if s.name == "PLAINTEXT"), specs[0])
+        for spec in specs:
+            if spec.name == name:
+                if spec.advertised is None:
+                    raise ValueError(
+                        f"inter.broker.listener.name={name}: the listener is not in "
+                        f"advertised.listeners ({self.advertised_listeners})"
+                    )
+                return spec
+        raise ValueError(
+            f"inter.broker.listener.name={name}: not a listener of listeners ({self.listeners})"
+        )
 
     @property
     def data_dir(self) -> Path:
@@ -928,7 +867,7 @@ class BrokerConfig(BaseModel):
     @property
     def controller_rpc_address(self) -> tuple[str, int]:
         if not self.controller_rpc_listener:
-            return self.host, 0
+            return self.inter_broker_listener.host, 0
         host, port = self.controller_rpc_listener.rsplit(":", 1)
         return host, int(port)
 
@@ -972,19 +911,19 @@ def load_config(
         if not separator:
             raise ConfigError(f"--override {override!r}: expected name=value")
         values[name.strip()] = value.strip()
-    listener = values.get("listeners", BrokerConfig.model_fields["listeners"].default)
-    for name in [name for name in values if JAAS_PROPERTY.match(name)]:
-        with contextlib.suppress(ValueError):  # a bad listeners is refused on its own
-            if JAAS_PROPERTY.match(name)[1] == parse_listener(listener)[0].lower():  # type: ignore[index]
-                values["plain_sasl_jaas_config"] = values.pop(name)
+    own: dict[str, dict[str, str]] = {}
+    for name in [name for name in values if listener_setting(name) is not None]:
+        listener, setting = listener_setting(name)  # type: ignore[misc]
+        if is_listener_setting(setting):
+            own.setdefault(listener, {})[setting] = values.pop(name)
     problems = [
         f"unknown setting {name!r}"
         + (did_you_mean(name, names) or "; docs/broker.md lists the settings")
-        for name in sorted(set(values) - names - {"plain_sasl_jaas_config"})
+        for name in sorted(set(values) - names)
     ]
     try:
         config = BrokerConfig.model_validate(
-            {k: v for k, v in values.items() if k in names or k == "plain_sasl_jaas_config"}
+            {**{k: v for k, v in values.items() if k in names}, "listener_settings": own}
         )
     except ValidationError as error:
         raise ConfigError(*problems, *_problems(error)) from error

@@ -47,11 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
 import signal
-import socket
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -96,6 +94,12 @@ from automq_ref.kafka.broker_metrics import BrokerState
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
 from automq_ref.kafka.groups import GroupCoordinator
+from automq_ref.kafka.listeners import ListenerUnavailable as ListenerUnavailable
+from automq_ref.kafka.listeners import (
+    advertised_endpoints,
+    check_listener_free,
+    on_bound_ports,
+)
 from automq_ref.kafka.producer_expiry import producer_expiry_forever
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.request import Context
@@ -253,42 +257,6 @@ class MetadataUnavailable(Exception):
         self.endpoints, self.reason = endpoints, reason
 
 
-class ListenerUnavailable(Exception):
-    """The listener's address cannot be bound: ``reason`` says why (the port is taken, the host
-    is not this machine's, ...)."""
-
-    def __init__(self, host: str, port: int, reason: str) -> None:
-        super().__init__(f"cannot listen on {host}:{port}: {reason}")
-        self.host, self.port, self.reason = host, port, reason
-
-
-def check_listener_free(config: BrokerConfig) -> None:
-    """Bind, then release, every address the listener would bind (as the listener will: with
-    ``SO_REUSEADDR``, so a port left in TIME_WAIT passes); raise :class:`ListenerUnavailable`
-    for the first that fails. Port 0 always binds."""
-    host, port = config.host, config.port
-    if port == 0:
-        return
-    try:
-        addresses = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as error:
-        raise ListenerUnavailable(host, port, f"unknown host ({error.strerror})") from error
-    for family, kind, proto, _, address in addresses:
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as error:
-                reason = (
-                    "the port is already in use"
-                    if error.errno == errno.EADDRINUSE
-                    else (error.strerror or str(error)).lower()
-                )
-                raise ListenerUnavailable(host, port, reason) from error
-
-
 class Node:
     """A running node: its parts, the task it runs, and the listener once it listens."""
 
@@ -307,13 +275,14 @@ class Node:
         session: BrokerSession,
         ticks: ControllerTicks,
         server: KafkaServer,
-        bound: tuple[str, int],
+        bound: dict[str, tuple[str, int]],
         failover: FailoverRunner | None = None,
         route_epochs: RouteEpochNode | None = None,
         zone_router: ZoneRouterParts | None = None,
         limiters: NetworkLimiters,
     ) -> None:
         self.config = config
+        specs = config.listener_specs
         self.limiters = limiters
         self.zone_router = zone_router
         self.failover = failover
@@ -332,6 +301,7 @@ class Node:
         self.transactions = transactions
         self.producer_ids = producer_ids
         self._store = store
+        advertised = {e.name: (e.host, e.port) for e in advertised_endpoints(specs, bound)}
         self.context = Context(
             config=config,
             topics=topics,
@@ -340,8 +310,9 @@ class Node:
             clock=clock,
             controller_client=metadata.client,
             view=metadata.view,
-            advertised_host=(config.advertised_address or bound)[0],
-            advertised_port=(config.advertised_address or bound)[1],
+            advertised_host=advertised[config.inter_broker_listener.name][0],
+            advertised_port=advertised[config.inter_broker_listener.name][1],
+            advertised_listeners=advertised,
             active_controller=metadata.active_controller,
             network=limiters,
             transactions=transactions,
@@ -372,7 +343,7 @@ class Node:
         if config.log_cleaner_enable:
             self._cleaner_task = asyncio.create_task(cleaner_forever(topics, config, clock))
         self._server: KafkaServer | None = server
-        self._bound = bound
+        self.bound_listeners = bound  # listener name -> bound host and port
         self.metrics = server.metrics  # None: no exporter (s3.telemetry.metrics.exporter.uri)
         self.metrics_endpoint = None if self.metrics is None else MetricsEndpoint(self.metrics)
         if self.metrics is not None:
@@ -380,18 +351,22 @@ class Node:
 
     @property
     def advertised_address(self) -> tuple[str, int]:
-        return self.context.advertised_host, self.context.advertised_port
+        """Where the first listener's clients are told to connect (``advertised.listeners``,
+        else the bound address)."""
+        first = self.config.listener_specs[0].name
+        return self.context.advertised_for(first) or self.bound_listeners[first]
 
     async def listen(self) -> tuple[str, int]:
-        """Accept connections on the address bound at start (``listeners``; port 0 picked a
-        free one); return it. Clients are told to connect to ``advertised.listeners``, else the
-        bound address: the one this broker registered."""
+        """Accept connections on the addresses bound at start (``listeners``; port 0 picked a
+        free one); return the first listener's (all are in :attr:`bound_listeners`). Clients
+        are told to connect to ``advertised.listeners``, else the bound addresses: what this
+        broker registered."""
         assert self._server is not None, "the node was shut down"
         await self._server.serve()
         exporter, endpoint = self.config.metrics_exporter, self.metrics_endpoint
         if endpoint is not None and exporter is not None and endpoint.address is None:
             await endpoint.start(exporter.host, exporter.port)
-        return self._bound
+        return self.bound_listeners[self.config.listener_specs[0].name]
 
     async def abandon(self) -> None:
         """Stop at once, uploading and closing nothing: the controller fenced this broker (its
@@ -537,7 +512,11 @@ async def _start_on(config: BrokerConfig, seams: Seams, metadata: NodeMetadata) 
     server = KafkaServer(
         _NotServing(), max_request_bytes=config.socket_request_max_bytes, metrics=metrics
     )
-    bound = await server.bind(config.host, config.port, server_ssl_context(config))
+    bound: dict[str, tuple[str, int]] = {}
+    for listener in config.listener_specs:
+        bound[listener.name] = await server.bind(
+            listener.host, listener.port, server_ssl_context(listener), listener=listener.name
+        )
     try:
         return await _start_bound(config, seams, metadata, server, bound)
     except BaseException:
@@ -557,19 +536,18 @@ async def _start_bound(
     seams: Seams,
     metadata: NodeMetadata,
     server: KafkaServer,
-    bound: tuple[str, int],
+    bound: dict[str, tuple[str, int]],
 ) -> Node:
     client, view = metadata.client, metadata.view
     # One registration per start, before the WAL: the WAL and every request carry the epoch the
     # controller granted, not the one proposed.
-    host, port = config.advertised_address or bound
     restarted = config.node_id in view.image.nodes  # for the failover trace: not the first start
     registration = await register_node(
         client,
         config.node_id,
         seams.clock.now_ms(),
         rack=config.broker_rack,
-        listeners=(sm.Endpoint(config.listener_name, host, port),),
+        listeners=advertised_endpoints(config.listener_specs, bound),
         wal_config=config.wal_location,
     )
     trace = open_trace(
@@ -641,7 +619,7 @@ async def _start_on_wal(
     seams: Seams,
     metadata: NodeMetadata,
     server: KafkaServer,
-    bound: tuple[str, int],
+    bound: dict[str, tuple[str, int]],
     *,
     client: ControllerClient,
     registration: Registration,
@@ -885,23 +863,16 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
             log.info("stopped before the broker started")
             return 0
         node = started
-        host, port = await node.listen()
+        await node.listen()
         if first:
-            advertised_host, advertised_port = node.advertised_address
             if node.metrics_endpoint is not None and node.metrics_endpoint.address:
                 print(f"automq-ref: metrics on {node.metrics_endpoint.url}", flush=True)
-            print(
-                f"automq-ref: serving Kafka on {host}:{port} "
-                f"(bootstrap.servers={advertised_host}:{advertised_port})",
-                flush=True,
-            )
+            _print_serving(node)
             first = False
             heap = _start_heap_freezer(config)
-            if config.port == 0:
-                # A broker fenced later starts again on the port it serves now, not on another
-                # free one: its clients' bootstrap addresses stay good.
-                listener = f"PLAINTEXT://{config.host}:{port}"
-                config = config.model_copy(update={"listeners": listener})
+            # A broker fenced later starts again on the ports it serves now, not on other free
+            # ones: its clients' bootstrap addresses stay good.
+            config = on_bound_ports(config, node.bound_listeners)
         if not await _until_stopped_or_fenced(stop, node.session.expired, node.storage.failed):
             break
         # Fenced, or its storage failed (a commit refused, or a request whose outcome stayed
@@ -926,6 +897,19 @@ async def serve(config: BrokerConfig, seams: Seams) -> int:
             await heap
     print("automq-ref: stopped", flush=True)
     return 0
+
+
+def _print_serving(node: Node) -> None:
+    """One line per listener (the line harnesses wait for), the first listener's first; with
+    several, each names its listener and protocol."""
+    specs = node.config.listener_specs
+    for listener in specs:
+        host, port = node.bound_listeners[listener.name]
+        advertised = node.context.advertised_for(listener.name)
+        told = "not advertised" if advertised is None else f"bootstrap.servers={advertised[0]}:"
+        told += "" if advertised is None else str(advertised[1])
+        named = f"{listener.name}, {listener.protocol}, " if len(specs) > 1 else ""
+        print(f"automq-ref: serving Kafka on {host}:{port} ({named}{told})", flush=True)
 
 
 def _start_heap_freezer(config: BrokerConfig) -> asyncio.Task[None] | None:

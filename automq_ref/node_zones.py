@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +36,7 @@ from automq_ref.io.storage.router_channel import (
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.wal_object import ObjectWalConfig
 from automq_ref.kafka.broker_link import BrokerLink
+from automq_ref.kafka.listeners import inter_broker_address, link_connect
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotReads
 from automq_ref.kafka.snapshot_sessions import WAL_TRIM_DELAY_S, SnapshotSessions
@@ -152,7 +154,13 @@ class ZoneRouterParts:
             channel=self.channel,
             router_in=router_in,
             route_epochs=route_epochs,
-            sender=link_sender(self.links, lambda: view.image, config.node_id),
+            sender=link_sender(
+                self.links,
+                lambda: view.image,
+                config.node_id,
+                functools.partial(inter_broker_address, config=config),
+                link_connect(config, f"automq-ref-router-{config.node_id}"),
+            ),
         )
 
     async def close(self) -> None:
@@ -214,9 +222,7 @@ def start_snapshot_reads(
 
     def address(node: int) -> tuple[str, int] | None:
         broker = view.image.brokers.get(node)
-        if broker is None or not broker.listeners:
-            return None
-        return broker.listeners[0].host, broker.listeners[0].port
+        return None if broker is None else inter_broker_address(broker, config)
 
     def mains() -> set[int]:
         mapping = proxy_mapping(view.image.brokers.values())
@@ -249,6 +255,7 @@ def start_snapshot_reads(
             node_id=config.node_id,
             trace_dir=trace_dir,
             on_cache_change=on_cache,
+            connect=link_connect(config, f"snapshot-read-{config.node_id}"),
         )
 
     reads = SnapshotReads(node_id=config.node_id, mains=mains, subscriber=subscriber)

@@ -9,7 +9,9 @@ word is letters, digits, ``.``, ``-``, ``_`` and ``$`` not starting with a digit
 (those start a number, which is not a value: quote it). Every entry ends with ``;``.
 
 The PLAIN users are the options ``user_<name>="<password>"`` of the entry whose module is
-Kafka's ``PlainLoginModule`` (``PlainServerCallbackHandler`` reads them from there).
+Kafka's ``PlainLoginModule`` (``PlainServerCallbackHandler`` reads them from there); its
+``username`` and ``password`` options are the login the broker itself uses on its links to other
+brokers (:func:`plain_login`).
 """
 
 from __future__ import annotations
@@ -173,3 +175,19 @@ def plain_users(text: str) -> dict[str, str]:
             "authenticate"
         )
     return users
+
+
+def plain_login(text: str) -> tuple[str, str] | None:
+    """The ``username`` and ``password`` options of the ``PlainLoginModule`` entry (the
+    broker's own login), or None when the entry has neither; :class:`JaasError` when only one is
+    given or the text is malformed."""
+    for entry in parse_jaas(text):
+        if entry.login_module != PLAIN_LOGIN_MODULE:
+            continue
+        username, password = entry.options.get("username"), entry.options.get("password")
+        if username is None and password is None:
+            return None
+        if not username or password is None:
+            raise JaasError(f"{PLAIN_LOGIN_MODULE}: username and password go together")
+        return username, password
+    return None

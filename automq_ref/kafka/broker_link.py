@@ -1,9 +1,8 @@
 """A broker's Kafka-protocol connection to another broker: how the zone router's proxy sends
 ``AutomqZoneRouterRequest`` to a partition's leader (:meth:`BrokerLink.call`), and a transaction
 coordinator ``WriteTxnMarkers`` to the leaders of a transaction's partitions
-(:meth:`BrokerLink.request`, any request kio has the schema of), on the listener every broker
-registered (the address Metadata gives clients), as AutoMQ's brokers send them over their
-inter-broker listener.
+(:meth:`BrokerLink.request`, any request kio has the schema of), on the target's inter-broker
+listener (``inter.broker.listener.name``), speaking its protocol (:mod:`.listeners`).
 
 One :class:`BrokerLink` per target broker carries any number of requests at once. Requests are
 written in the order :meth:`BrokerLink.call` is called (a FIFO lock around connecting and
@@ -23,6 +22,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+from automq_ref.kafka.listeners import Connect
 from automq_ref.protocol.kio_codec import decode_response, encode_request
 from automq_ref.protocol.zone_router import (
     ZoneRouterRequest,
@@ -47,9 +47,14 @@ class BrokerLinkError(Exception):
 class BrokerLink:
     """Requests to the broker listening on ``host:port`` (module docstring)."""
 
-    def __init__(self, host: str, port: int, client_id: str) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str, connect: Connect | None = None
+    ) -> None:
         self.host = host
         self.port = port
+        # How it connects (kafka/listeners.py: TLS and SASL as the inter-broker listener
+        # speaks them); None: a plain TCP connection.
+        self._connect = connect
         self._client_id = client_id
         self._lock = asyncio.Lock()
         self._writer: asyncio.StreamWriter | None = None
@@ -100,9 +105,12 @@ class BrokerLink:
         if self._writer is not None and not self._writer.is_closing():
             return self._writer
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port), CONNECT_TIMEOUT_S
+            connecting = (
+                asyncio.open_connection(self.host, self.port)
+                if self._connect is None
+                else self._connect(self.host, self.port)
             )
+            reader, writer = await asyncio.wait_for(connecting, CONNECT_TIMEOUT_S)
         except (OSError, TimeoutError) as error:
             raise BrokerLinkError(f"cannot connect to {self.host}:{self.port}: {error}") from error
         self._writer = writer

@@ -262,10 +262,14 @@ class Dispatcher:
         if context.router_in is not None:
             self._routes[_ZONE_ROUTER] = ZONE_ROUTER_ROUTE
         self._api_versions_max = self._routes[ApiKey.API_VERSIONS].max_version
-        self._sasl = sasl.SaslGate.of(context.config)
+        # Each listener's gate (None: no SASL there); a peer of no named listener (a server
+        # a test built) gets the first listener's.
+        specs = context.config.listener_specs
+        self._sasl = {spec.name: sasl.SaslGate.of(spec) for spec in specs}
+        self._sasl[""] = self._sasl[specs[0].name]
 
     async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
-        gate = self._sasl
+        gate = self._sasl.get(peer.listener, self._sasl[""])
         if gate is not None and peer.session.sasl_step != sasl.AUTHENTICATED:
             # Before authentication: the gate answers, refuses, or lets ApiVersions through.
             answer = gate.admit(frame, peer, self._api_versions_max)

@@ -10,7 +10,7 @@ a group rebalance) happens in the awaitable it returns.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -100,9 +100,11 @@ class Request:
 
 @dataclass(slots=True)
 class Context:
-    """The node's parts a handler may use. ``advertised_host``/``advertised_port`` are what
-    Metadata, DescribeCluster and FindCoordinator tell clients to connect to: the listener's
-    bound address (or ``advertised.listeners``), set once it listens. ``notices`` logs what a
+    """The node's parts a handler may use. ``advertised_listeners`` (listener name -> host,
+    port) is what Metadata, DescribeCluster and FindCoordinator tell the clients of each
+    listener to connect to: the listener's bound address (or ``advertised.listeners``), set
+    once it listens (:meth:`advertised_for`); ``advertised_host``/``advertised_port`` are the
+    inter-broker listener's, the address the other brokers know this one by. ``notices`` logs what a
     handler refuses for lack of a feature once per client. ``controller_client`` and ``view``
     are the metadata seams (the controller's decisions asked for, and the image they made), for
     the handlers that reach placement directly (partition reassignments, leader elections)."""
@@ -117,6 +119,8 @@ class Context:
     advertised_host: str
     advertised_port: int
     notices: Notices = field(default_factory=Notices)
+    # Empty: one listener, advertised at advertised_host:advertised_port.
+    advertised_listeners: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     # The brokers Metadata keeps listing for a moment after their session lapsed.
     recently_fenced: RecentlyFenced = field(default_factory=RecentlyFenced)
     # The node id of the active controller's broker, as this broker last saw it (None: unknown).
@@ -133,6 +137,12 @@ class Context:
     # The transaction coordinator (None: a context built without one, as some tests build it:
     # transactional requests are then answered COORDINATOR_NOT_AVAILABLE).
     transactions: TransactionCoordinator | None = None
+
+    def advertised_for(self, listener: str) -> tuple[str, int] | None:
+        """This broker's address for the clients of ``listener`` (None: not advertised there)."""
+        if not self.advertised_listeners or not listener:
+            return self.advertised_host, self.advertised_port
+        return self.advertised_listeners.get(listener.upper())
 
 
 Handler: TypeAlias = Callable[[Context, Request], Awaitable[Reply]]

@@ -41,8 +41,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
-from automq_ref.config import BrokerConfig
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats.listeners import Listener
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import Response, encode, respond
 from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply, Session
@@ -132,11 +132,11 @@ class SaslGate:
         self.users = dict(users)
 
     @classmethod
-    def of(cls, config: BrokerConfig) -> SaslGate | None:
-        """The gate of a SASL listener (None for PLAINTEXT or SSL)."""
-        if not config.security_protocol.startswith("SASL_"):
+    def of(cls, listener: Listener) -> SaslGate | None:
+        """The gate of a SASL_PLAINTEXT or SASL_SSL listener; None for another."""
+        if listener.sasl is None:
             return None
-        return cls(config.sasl_mechanisms, config.plain_users)
+        return cls(listener.sasl.mechanisms, listener.sasl.plain_users)
 
     def admit(self, frame: bytes | bytearray, peer: Peer, api_versions_max: int) -> Reply | Serve:
         session = peer.session

@@ -110,6 +110,8 @@ class Session:
 class Peer:
     connection_id: int
     address: str  # "host:port", or "?" when the socket did not say
+    # The name of the listener the connection came to ("": a server with one unnamed listener).
+    listener: str = ""
     session: Session = field(default_factory=Session, compare=False, repr=False)
 
     @property
@@ -147,11 +149,12 @@ CONNECTION_LOG_WINDOW_S = 10.0
 
 
 class _Connection(asyncio.BufferedProtocol):
-    def __init__(self, server: KafkaServer, connection_id: int) -> None:
+    def __init__(self, server: KafkaServer, connection_id: int, listener: str = "") -> None:
         self._server = server
         self._connection_id = connection_id
+        self._listener = listener
         self._transport: asyncio.Transport | None = None
-        self._peer = Peer(connection_id, "?")
+        self._peer = Peer(connection_id, "?", listener)
         self._scratch = bytearray(SCRATCH_BYTES)
         self._scratch_view = memoryview(self._scratch)
         self._start = 0  # the first byte of _scratch not yet taken as a frame
@@ -180,7 +183,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._transport = typing.cast(asyncio.Transport, transport)
         peername = self._transport.get_extra_info("peername")
         address = f"{peername[0]}:{peername[1]}" if peername else "?"
-        self._peer = Peer(self._connection_id, address)
+        self._peer = Peer(self._connection_id, address, self._listener)
         self._server._connections.add(self)
         self._server._connection_log.opened(self._peer)
         self._tasks = [
@@ -437,7 +440,8 @@ def _api_label(api_key: int) -> str:
 
 
 class KafkaServer:
-    """Listens on ``host:port`` and feeds every connection's requests to ``handler``."""
+    """Listens on one address per listener bound and feeds every connection's requests to
+    ``handler``."""
 
     def __init__(
         self,
@@ -451,7 +455,7 @@ class KafkaServer:
         self.max_request_bytes = max_request_bytes
         self.max_in_flight = max_in_flight
         self.metrics = metrics
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[_Connection] = set()
         if metrics is not None:
             metrics.connections.set_function(lambda: len(self._connections))
@@ -466,31 +470,43 @@ class KafkaServer:
         return address
 
     async def bind(
-        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        listener: str = "",
     ) -> tuple[str, int]:
         """Bind the address without accepting yet; return it (port 0 picks a free port). A
         broker binds before it registers, so the address it registers is the one it serves.
-        With ``ssl_context`` (an SSL listener) every connection speaks TLS."""
+        With ``ssl_context`` (an SSL listener) every connection speaks TLS. Each call binds one
+        more listener (its connections' peers carry ``listener``, its name)."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._new_connection, host, port, start_serving=False, ssl=ssl_context
+        server = await loop.create_server(
+            functools.partial(self._new_connection, listener),
+            host,
+            port,
+            start_serving=False,
+            ssl=ssl_context,
         )
-        address = self._server.sockets[0].getsockname()
+        self._servers.append(server)
+        address = server.sockets[0].getsockname()
         return address[0], address[1]
 
     async def serve(self) -> None:
-        """Accept connections on the address :meth:`bind` bound."""
-        assert self._server is not None, "bind first"
-        await self._server.start_serving()
+        """Accept connections on the addresses :meth:`bind` bound."""
+        assert self._servers, "bind first"
+        for server in self._servers:
+            await server.start_serving()
 
-    def _new_connection(self) -> _Connection:
+    def _new_connection(self, listener: str) -> _Connection:
         self._next_connection_id += 1
-        return _Connection(self, self._next_connection_id)
+        return _Connection(self, self._next_connection_id, listener)
 
     async def close(self) -> None:
         """Stop accepting, close every connection."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for connection in list(self._connections):
             connection._close()
         for connection in list(self._connections):
@@ -500,8 +516,8 @@ class KafkaServer:
                     await task
             connection._discard_replies()
         self._connection_log.close()
-        if self._server is not None:
-            await self._server.wait_closed()
+        for server in self._servers:
+            await server.wait_closed()
 
 
 class _ConnectionLog:

@@ -74,6 +74,7 @@ from automq_ref.formats.zone_router import LinkRecord, RecordOffset
 from automq_ref.io.storage.object_store import ObjectStore, ObjectStoreError
 from automq_ref.io.storage.s3stream import OffsetOutOfRangeError, StorageError
 from automq_ref.io.storage.wal_object import DATA_ALIGN_BYTES
+from automq_ref.kafka.listeners import Connect
 from automq_ref.kafka.log_state import cut_at
 from automq_ref.kafka.snapshot_sessions import CLEANED_SUFFIX, LOG_STREAM
 from automq_ref.kafka.snapshot_transactions import (
@@ -648,9 +649,13 @@ class MainSubscriber:
         record_trace: bool = False,
         trace_dir: Path | None = None,
         on_cache_change: Callable[[int], None] = lambda delta: None,
+        connect: Connect | None = None,
     ) -> None:
         self.main = main
         self._address = address
+        # How to connect to the main (kafka/listeners.py: its inter-broker listener's TLS and
+        # SASL); None: plain TCP.
+        self._connect = connect
         self._topic_name = topic_name
         self._committed = committed
         self._resolver = resolver
@@ -671,7 +676,7 @@ class MainSubscriber:
         self.answers = 0
         self.wal_reads = 0
         self.delta_answers = 0
-        self.queries = AbortedQueries(main, address, node_id)
+        self.queries = AbortedQueries(main, address, node_id, connect)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(
@@ -698,7 +703,11 @@ class MainSubscriber:
                 continue
             writer: asyncio.StreamWriter | None = None
             try:
-                reader, writer = await asyncio.open_connection(*address)
+                reader, writer = await (
+                    asyncio.open_connection(*address)
+                    if self._connect is None
+                    else self._connect(*address)
+                )
                 self._session_id, self._session_epoch = 0, 0
                 while True:
                     correlation += 1

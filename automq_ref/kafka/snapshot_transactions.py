@@ -33,6 +33,7 @@ from typing import Final
 
 from automq_ref.formats.partition_checkpoint import AbortedRow
 from automq_ref.io.storage.s3stream import StorageError
+from automq_ref.kafka.listeners import Connect
 from automq_ref.protocol.partition_snapshot import (
     MAX_VERSION,
     QUERY_SESSION_ID,
@@ -150,10 +151,15 @@ class AbortedQueries:
     long poll may hold)."""
 
     def __init__(
-        self, main: int, address: Callable[[int], tuple[str, int] | None], node_id: int
+        self,
+        main: int,
+        address: Callable[[int], tuple[str, int] | None],
+        node_id: int,
+        connect: Connect | None = None,
     ) -> None:
         self.main = main
         self._address = address
+        self._connect = connect
         self._node_id = node_id
         self._waiting: Waiting = []
         self._task: asyncio.Task[None] | None = None
@@ -224,7 +230,11 @@ class AbortedQueries:
             address = self._address(self.main)
             if address is None:
                 raise ConnectionError(f"node {self.main} has no known listener")
-            self._link = await asyncio.open_connection(*address)
+            self._link = await (
+                asyncio.open_connection(*address)
+                if self._connect is None
+                else self._connect(*address)
+            )
         reader, writer = self._link
         self._correlation += 1
         correlation = self._correlation

@@ -1,8 +1,10 @@
 """TLS for an SSL or SASL_SSL listener, from Kafka's properties (PEM keystores and truststores).
 
 The listener's security protocol is ``listener.security.protocol.map``'s for its name
-(``SSL://host:port``: SSL; SASL_SSL is this TLS with SASL inside it, :mod:`.sasl`). Its certificate
-chain and private key come from ``ssl.keystore.location`` (one PEM file holding both, Kafka's PEM
+(``SSL://host:port``: SSL; SASL_SSL is this TLS with SASL inside it, :mod:`.sasl`), its
+settings the listener's ``listener.name.<name>.ssl.*`` over the global ``ssl.*``
+(:class:`~automq_ref.formats.listeners.SslSettings`). Its certificate chain and private key
+come from ``ssl.keystore.location`` (one PEM file holding both, Kafka's PEM
 keystore file) or from ``ssl.keystore.certificate.chain`` and ``ssl.keystore.key`` (the PEM texts
 themselves), the key decrypted with ``ssl.key.password`` when it is encrypted. Client certificates
 are asked for as ``ssl.client.auth`` says (``none``, ``requested``: asked, not required,
@@ -22,7 +24,7 @@ import ssl
 import tempfile
 from pathlib import Path
 
-from automq_ref.config import BrokerConfig
+from automq_ref.formats.listeners import Listener, SslSettings
 
 _PEM_BLOCK = re.compile(r"(-----BEGIN [A-Z0-9 ]+-----)(.*?)(-----END [A-Z0-9 ]+-----)", re.DOTALL)
 _CLIENT_AUTH = {
@@ -36,41 +38,74 @@ class TlsConfigError(ValueError):
     """The listener's TLS properties cannot be used; the message names the property."""
 
 
-def server_ssl_context(config: BrokerConfig) -> ssl.SSLContext | None:
+def server_ssl_context(listener: Listener) -> ssl.SSLContext | None:
     """The SSL or SASL_SSL listener's context (None for a PLAINTEXT or SASL_PLAINTEXT one)."""
-    if config.security_protocol not in ("SSL", "SASL_SSL"):
+    if listener.ssl is None:
         return None
+    settings = listener.ssl
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    password = config.ssl_key_password or None
+    _load_keystore(context, settings)
+    context.verify_mode = _CLIENT_AUTH[settings.get("ssl.client.auth") or "none"]
+    _load_truststore(context, settings)
+    return context
+
+
+def client_ssl_context(listener: Listener) -> ssl.SSLContext | None:
+    """A context for this broker's links to another broker's TLS listener of the same name:
+    the server's certificate checked against the truststore (the system's when none is set)
+    and its host name against the certificate, as Kafka's default
+    ``ssl.endpoint.identification.algorithm=https`` does; this broker's own certificate offered
+    (the listener's keystore) for a listener that asks for one. None for a listener without
+    TLS."""
+    if listener.ssl is None:
+        return None
+    settings = listener.ssl
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    if settings.get("ssl.truststore.location") or settings.get("ssl.truststore.certificates"):
+        _load_truststore(context, settings)
+    else:
+        context.load_default_certs()
+    _load_keystore(context, settings)
+    return context
+
+
+def _load_keystore(context: ssl.SSLContext, settings: SslSettings) -> None:
+    password = settings.get("ssl.key.password") or None
+    location = settings.get("ssl.keystore.location")
     try:
-        if config.ssl_keystore_location:
-            context.load_cert_chain(config.ssl_keystore_location, password=password)
+        if location:
+            context.load_cert_chain(location, password=password)
         else:
             _load_inline_chain(
                 context,
-                config.ssl_keystore_certificate_chain,
-                config.ssl_keystore_key,
+                settings.get("ssl.keystore.certificate.chain"),
+                settings.get("ssl.keystore.key"),
                 password,
             )
     except (OSError, ssl.SSLError) as error:
         what = (
-            f"ssl.keystore.location={config.ssl_keystore_location}"
-            if config.ssl_keystore_location
-            else "ssl.keystore.certificate.chain / ssl.keystore.key"
+            f"{settings.named('ssl.keystore.location')}={location}"
+            if location
+            else f"{settings.named('ssl.keystore.certificate.chain')} / "
+            f"{settings.named('ssl.keystore.key')}"
         )
         raise TlsConfigError(
             f"{what}: not a usable PEM certificate chain and key: {error}"
         ) from error
-    context.verify_mode = _CLIENT_AUTH[config.ssl_client_auth]
+
+
+def _load_truststore(context: ssl.SSLContext, settings: SslSettings) -> None:
     try:
-        if config.ssl_truststore_location:
-            context.load_verify_locations(cafile=config.ssl_truststore_location)
-        elif config.ssl_truststore_certificates:
-            context.load_verify_locations(cadata=pem_text(config.ssl_truststore_certificates))
+        if settings.get("ssl.truststore.location"):
+            context.load_verify_locations(cafile=settings.get("ssl.truststore.location"))
+        elif settings.get("ssl.truststore.certificates"):
+            context.load_verify_locations(
+                cadata=pem_text(settings.get("ssl.truststore.certificates"))
+            )
     except (OSError, ssl.SSLError) as error:
         raise TlsConfigError(f"the truststore: not usable PEM certificates: {error}") from error
-    return context
 
 
 def pem_text(value: str) -> str:

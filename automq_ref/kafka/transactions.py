@@ -51,6 +51,7 @@ from automq_ref.io.metadata.view import MetadataView
 from automq_ref.kafka.broker_link import BrokerLink, BrokerLinkError
 from automq_ref.kafka.coordinator_topic import CoordinatorTopic
 from automq_ref.kafka.group_shard import ShardGone
+from automq_ref.kafka.listeners import inter_broker_address, link_connect
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.transaction_shard import (
@@ -343,16 +344,16 @@ class TransactionCoordinator:
         return KafkaErrorCode.UNKNOWN_SERVER_ERROR
 
     def _link(self, node_id: int) -> BrokerLink | None:
-        """The link to broker ``node_id`` at the listener it registered (None: unknown)."""
+        """The link to broker ``node_id`` at its inter-broker listener (None: unknown)."""
         broker = self._view.image.brokers.get(node_id)
-        if broker is None or not broker.listeners:
+        address = None if broker is None else inter_broker_address(broker, self._config)
+        if address is None:
             return None
-        endpoint = broker.listeners[0]
-        address = (endpoint.host, endpoint.port)
         link = self._links.get(address)
         if link is None:
+            client_id = f"transaction-coordinator-{self._config.node_id}"
             link = self._links[address] = BrokerLink(
-                endpoint.host, endpoint.port, f"transaction-coordinator-{self._config.node_id}"
+                *address, client_id, link_connect(self._config, client_id)
             )
         return link
 

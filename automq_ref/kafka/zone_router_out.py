@@ -53,6 +53,7 @@ from automq_ref.formats.zone_router import (
 )
 from automq_ref.kafka.broker_link import BrokerLink, BrokerLinkError
 from automq_ref.kafka.handlers.produce import admit_partition, answer_partition
+from automq_ref.kafka.listeners import Connect
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.kafka.zone_router_in import EpochGate, Located, RouterIn
@@ -460,25 +461,27 @@ _closing: set[asyncio.Future[None]] = set()
 
 
 def link_sender(
-    links: dict[int, BrokerLink], image: Callable[[], sm.StreamMetadataImage], node_id: int
+    links: dict[int, BrokerLink],
+    image: Callable[[], sm.StreamMetadataImage],
+    node_id: int,
+    address: Callable[[sm.BrokerRegistration], tuple[str, int] | None],
+    connect: Connect | None = None,
 ) -> Callable[[int], BrokerLink | None]:
-    """The sender for each target: a :class:`BrokerLink` to the listener the target
-    registered, made again when that address changes."""
+    """The sender for each target: a :class:`BrokerLink` to the target's ``address`` (its
+    inter-broker listener), made again when that address changes."""
 
     def sender(target: int) -> BrokerLink | None:
         broker = image().brokers.get(target)
-        if broker is None or not broker.listeners:
+        found = None if broker is None else address(broker)
+        if found is None:
             return None
-        endpoint = broker.listeners[0]
         link = links.get(target)
-        if link is None or (link.host, link.port) != (endpoint.host, endpoint.port):
+        if link is None or (link.host, link.port) != found:
             if link is not None:
                 closing = asyncio.ensure_future(link.close())
                 _closing.add(closing)
                 closing.add_done_callback(_closing.discard)
-            link = links[target] = BrokerLink(
-                endpoint.host, endpoint.port, f"automq-ref-router-{node_id}"
-            )
+            link = links[target] = BrokerLink(*found, f"automq-ref-router-{node_id}", connect)
         return link
 
     return sender

@@ -65,9 +65,11 @@ def refused(*overrides: str) -> str:
 
 def test_the_users_come_from_the_listeners_jaas_property() -> None:
     config = load_config(overrides=[LISTENER, *sasl_settings()], environment={})
-    assert config.security_protocol == "SASL_PLAINTEXT"
-    assert config.plain_users == USERS
-    assert config.sasl_mechanisms == ["PLAIN"]
+    (listener,) = config.listener_specs
+    assert listener.protocol == "SASL_PLAINTEXT" and listener.sasl is not None
+    assert listener.sasl.plain_users == USERS
+    assert listener.sasl.mechanisms == ("PLAIN",)
+    assert listener.sasl.login("PLAIN") == ("admin", "admin-secret")
 
 
 def test_refused_settings_name_the_property() -> None:
@@ -90,14 +92,27 @@ def test_refused_settings_name_the_property() -> None:
     ):
         message = refused(LISTENER, "sasl.enabled.mechanisms=PLAIN", f"{jaas}={malformed}")
         assert f"{jaas}:" in message and why in message, message
-    # The property of another listener than the one served is unknown.
-    assert "unknown setting 'listener.name.other.plain.sasl.jaas.config'" in refused(
+    # The property of a listener that is not in listeners is refused, naming it.
+    assert "OTHER is not a listener of listeners" in refused(
         LISTENER,
         "sasl.enabled.mechanisms=PLAIN",
         f"listener.name.other.plain.sasl.jaas.config={JAAS}",
     )
-    assert "served by one broker only" in refused(
-        LISTENER, *sasl_settings(), "metadata.etcd.endpoints=http://127.0.0.1:2379"
+    assert "unknown setting 'listener.name.sasl_plaintext.plain.sasl.jass.config'" in refused(
+        LISTENER, *sasl_settings(), f"listener.name.sasl_plaintext.plain.sasl.jass.config={JAAS}"
+    )
+    # In a cluster, the SASL inter-broker listener needs the broker's own login.
+    cluster = "metadata.etcd.endpoints=http://127.0.0.1:2379"
+    assert "sasl.mechanism.inter.broker.protocol=GSSAPI" in refused(
+        LISTENER, *sasl_settings(), cluster
+    )
+    no_login = JAAS.replace('username="admin" password="admin-secret" ', "")
+    assert "logs in to the others with the username and password" in refused(
+        LISTENER,
+        "sasl.enabled.mechanisms=PLAIN",
+        f"listener.name.sasl_plaintext.plain.sasl.jaas.config={no_login}",
+        "sasl.mechanism.inter.broker.protocol=PLAIN",
+        cluster,
     )
     assert "needs its certificate and key" in refused(
         "listeners=SASL_SSL://127.0.0.1:0", *sasl_settings("sasl_ssl"), "ssl.keystore.type=PEM"
@@ -504,8 +519,9 @@ async def test_the_documented_properties_file_starts_a_sasl_broker(tmp_path: Pat
     properties = tmp_path / "sasl.properties"
     properties.write_text(block.replace("127.0.0.1:9094", "127.0.0.1:0"))
     config = load_config(properties, overrides=[f"log.dirs={tmp_path / 'data'}"], environment={})
-    assert config.security_protocol == "SASL_PLAINTEXT"
-    assert config.plain_users == USERS
+    (listener,) = config.listener_specs
+    assert listener.protocol == "SASL_PLAINTEXT" and listener.sasl is not None
+    assert listener.sasl.plain_users == USERS
     node = await start_node(config)
     try:
         await node.listen()

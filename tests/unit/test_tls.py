@@ -69,8 +69,11 @@ def test_refused_settings_name_the_property(tmp_path: Path) -> None:
     # SASL_SSL is served (tests/unit/test_sasl.py): it needs PLAIN and its users first.
     assert "sasl.enabled.mechanisms=GSSAPI" in refused("listeners=SASL_SSL://127.0.0.1:0")
     assert "not in listener.security.protocol.map" in refused("listeners=INTERNAL://:0")
-    assert "one listener is served" in refused(
-        "listeners=PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0"
+    assert "listener PLAINTEXT is given more than once" in refused(
+        "listeners=PLAINTEXT://127.0.0.1:0,plaintext://127.0.0.1:0"
+    )
+    assert "several listeners bind port 9092" in refused(
+        "listeners=PLAINTEXT://127.0.0.1:9092,SSL://127.0.0.1:9092"
     )
     # A name of one's own, mapped to a protocol.
     mapped = load_config(
@@ -80,7 +83,7 @@ def test_refused_settings_name_the_property(tmp_path: Path) -> None:
         ],
         environment={},
     )
-    assert (mapped.listener_name, mapped.security_protocol) == ("INTERNAL", "PLAINTEXT")
+    assert [(s.name, s.protocol) for s in mapped.listener_specs] == [("INTERNAL", "PLAINTEXT")]
 
 
 def test_pem_on_one_line_is_read_back(certificates: Certificates) -> None:
@@ -323,7 +326,9 @@ async def test_the_documented_properties_file_starts_a_tls_broker(
     properties = tmp_path / "secure.properties"
     properties.write_text(block)
     config = load_config(properties, overrides=[f"log.dirs={tmp_path / 'data'}"], environment={})
-    assert (config.security_protocol, config.ssl_client_auth) == ("SSL", "required")
+    (listener,) = config.listener_specs
+    assert listener.ssl is not None
+    assert (listener.protocol, listener.ssl.get("ssl.client.auth")) == ("SSL", "required")
     node = await start_node(config)
     try:
         await node.listen()

@@ -30,6 +30,7 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
 from automq_ref.kafka.acl_operations import GROUP_OPERATIONS
 from automq_ref.kafka.handlers.transactions import PRODUCE_MAX_VERSION, verify_produce
+from automq_ref.kafka.listeners import endpoint_of
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Peer, Reply
 from automq_ref.state_machines import group as gc
@@ -65,10 +66,14 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
         if request.api_version >= 4:
             coordinators = []
             for key in body.coordinator_keys:
-                node_id, host, port, error = await _coordinator(context, key, key_type)
+                node_id, host, port, error = await _coordinator(
+                    context, key, key_type, request.peer.listener
+                )
                 coordinators.append(r.Coordinator(key, node_id, host, port, error))
             return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
-        node_id, host, port, error = await _coordinator(context, body.key, key_type)
+        node_id, host, port, error = await _coordinator(
+            context, body.key, key_type, request.peer.listener
+        )
         return r.respond(
             request,
             r.FindCoordinatorResponse(node_id=node_id, host=host, port=port, error_code=error),
@@ -79,10 +84,11 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
 
 
 async def _coordinator(
-    context: Context, key: str, key_type: int
+    context: Context, key: str, key_type: int, listener: str
 ) -> tuple[int, str, int, KafkaErrorCode]:
     """(node id, host, port, error) of the coordinator of ``key`` (a group id, key type 0; a
-    transactional id, key type 1) as FindCoordinator answers."""
+    transactional id, key type 1) as FindCoordinator answers, its endpoint of ``listener``
+    (the request's)."""
     if key_type == GROUP_KEY_TYPE:
         found = await context.groups.coordinator(key)
     elif key_type == TRANSACTION_KEY_TYPE and context.transactions is not None:
@@ -92,11 +98,14 @@ async def _coordinator(
     if isinstance(found, KafkaErrorCode):
         return -1, "", -1, found
     if found == context.config.node_id:
-        return found, context.advertised_host, context.advertised_port, KafkaErrorCode.NONE
+        here = context.advertised_for(listener)
+        if here is None:
+            return -1, "", -1, KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
+        return found, *here, KafkaErrorCode.NONE
     broker = context.view.image.brokers.get(found)
-    if broker is None or not broker.live or not broker.listeners:
+    endpoint = None if broker is None or not broker.live else endpoint_of(broker, listener)
+    if endpoint is None:
         return -1, "", -1, KafkaErrorCode.COORDINATOR_NOT_AVAILABLE
-    endpoint = broker.listeners[0]
     return found, endpoint.host, endpoint.port, KafkaErrorCode.NONE
 
 

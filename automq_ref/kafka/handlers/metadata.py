@@ -53,6 +53,7 @@ from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, awaiting_failover
 from automq_ref.kafka import responses as r
 from automq_ref.kafka.acl_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from automq_ref.kafka.listeners import endpoint_of
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     AUTHORIZED_OPERATIONS_OMITTED,
@@ -124,7 +125,7 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             results.append(_error(name, code, topic_id, topic_operations))
             continue
         results.append(_topic(context, topic, topic_operations, zoning))
-    brokers = _brokers(context)
+    brokers = _brokers(context, request.peer.listener)
     # By hand, not through kio: at 1,000 partitions kio's path was 30-50 ms of the loop.
     return encode_metadata_response(
         request.api_version,
@@ -236,23 +237,20 @@ class _Broker:
     rack: str | None
 
 
-def _brokers(context: Context) -> list[_Broker]:
-    """The live brokers with the listener each registered, by id; this broker as it advertises
-    itself (live or not: it answers)."""
+def _brokers(context: Context, listener: str) -> list[_Broker]:
+    """The live brokers with their endpoint of ``listener`` (the request's), by id; this broker
+    as it advertises itself there (live or not: it answers). A broker with no endpoint of that
+    name is left out, as Kafka leaves it."""
     node_id = context.config.node_id
-    found = [
-        _Broker(
-            node_id,
-            context.advertised_host,
-            context.advertised_port,
-            context.config.broker_rack or None,
-        )
-    ]
+    found = []
+    here = context.advertised_for(listener)
+    if here is not None:
+        found.append(_Broker(node_id, *here, context.config.broker_rack or None))
     image = context.topics.view.image
     for broker in [*sm.live_brokers(image), *_handing_over(image, _failing_over(context, image))]:
-        if broker.node_id == node_id or not broker.listeners:
+        endpoint = endpoint_of(broker, listener)
+        if broker.node_id == node_id or endpoint is None:
             continue
-        endpoint = broker.listeners[0]
         found.append(_Broker(broker.node_id, endpoint.host, endpoint.port, broker.rack or None))
     return sorted(found, key=lambda b: b.node_id)
 
@@ -304,7 +302,7 @@ def _controller_id(context: Context, brokers: list[_Broker]) -> int:
 
 async def handle_describe_cluster(context: Context, request: Request) -> Reply:
     config = context.config
-    brokers = _brokers(context)
+    brokers = _brokers(context, request.peer.listener)
     return respond(
         request,
         DescribeClusterResponse(
