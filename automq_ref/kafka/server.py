@@ -63,6 +63,7 @@ from typing import Protocol
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metrics import BrokerMetrics
 from automq_ref.kafka.notices import Notices
+from automq_ref.kafka.tls import certificate_principal
 from automq_ref.protocol.kio_codec import api_name
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,10 @@ class CloseConnection(Exception):
 class Session:
     """What a connection learns of its client as it goes, kept with its :class:`Peer` (so it goes
     when the connection goes): on a SASL listener, the exchange's step (``sasl_step``, see
-    :mod:`automq_ref.kafka.sasl`) and, once authenticated, ``principal`` (``User:<name>``)."""
+    :mod:`automq_ref.kafka.sasl`) and ``principal``: ``User:<name>`` once SASL authenticated
+    it, before that (and on a listener without SASL) the client certificate's subject
+    (``User:CN=...``, :func:`automq_ref.kafka.tls.certificate_principal`) or
+    ``User:ANONYMOUS``."""
 
     __slots__ = ("principal", "sasl_step")
 
@@ -184,6 +188,9 @@ class _Connection(asyncio.BufferedProtocol):
         peername = self._transport.get_extra_info("peername")
         address = f"{peername[0]}:{peername[1]}" if peername else "?"
         self._peer = Peer(self._connection_id, address, self._listener)
+        # TLS is done by now (asyncio calls this after the handshake): who the client is.
+        ssl_object = self._transport.get_extra_info("ssl_object")
+        self._peer.session.principal = certificate_principal(ssl_object)
         self._server._connections.add(self)
         self._server._connection_log.opened(self._peer)
         self._tasks = [

@@ -12,6 +12,9 @@ are asked for as ``ssl.client.auth`` says (``none``, ``requested``: asked, not r
 (PEM certificates). TLS 1.2 is the oldest version served (Kafka's ``ssl.enabled.protocols`` default
 is TLSv1.2 and TLSv1.3); the ciphers are Python's defaults.
 
+A connection's principal (what ACLs will be checked against) is its client certificate's subject
+(:func:`certificate_principal`), until a SASL login replaces it.
+
 A PEM text given inline may have its line breaks replaced by spaces (a properties file holds one
 line); they are put back before it is read, as Kafka's ``PemStore`` does.
 """
@@ -23,6 +26,9 @@ import re
 import ssl
 import tempfile
 from pathlib import Path
+from typing import Final
+
+from cryptography import x509
 
 from automq_ref.formats.listeners import Listener, SslSettings
 
@@ -32,6 +38,22 @@ _CLIENT_AUTH = {
     "requested": ssl.CERT_OPTIONAL,
     "required": ssl.CERT_REQUIRED,
 }
+
+
+ANONYMOUS: Final = "User:ANONYMOUS"
+
+
+def certificate_principal(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str:
+    """The principal of a TLS connection, as Kafka's ``DefaultKafkaPrincipalBuilder`` builds it
+    with ``ssl.principal.mapping.rules=DEFAULT``: ``User:`` and the client certificate's
+    subject as an RFC 2253 distinguished name (``CN=client,O=example``: the most specific part
+    first); ``User:ANONYMOUS`` when the client sent no certificate (or the connection is not
+    TLS)."""
+    certificate = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
+    if not certificate:
+        return ANONYMOUS
+    subject = x509.load_der_x509_certificate(certificate).subject
+    return "User:" + subject.rfc4514_string()
 
 
 class TlsConfigError(ValueError):

@@ -7,16 +7,22 @@ through their links; a broker link with a wrong login refused."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from automq_ref.checker.certificates import Certificates, make_certificates
 from automq_ref.config import ConfigError, load_config
@@ -29,7 +35,13 @@ from automq_ref.kafka.listeners import (
     link_security,
     open_link,
 )
-from automq_ref.kafka.tls import client_ssl_context
+from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
+from automq_ref.kafka.tls import (
+    ANONYMOUS,
+    certificate_principal,
+    client_ssl_context,
+    server_ssl_context,
+)
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
 from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
@@ -424,3 +436,78 @@ async def test_the_documented_example_starts(tmp_path: Path, certificates: Certi
         assert got == b""
     finally:
         await node.shutdown()
+
+
+# ------------------------------------------------------------------- the principal of a client
+
+
+class _Recorder:
+    """A handler that notes each connection's principal and serves nothing."""
+
+    def __init__(self) -> None:
+        self.principals: list[str | None] = []
+        self.seen = asyncio.Event()
+
+    async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        self.principals.append(peer.session.principal)
+        self.seen.set()
+        raise CloseConnection("recorded")
+
+
+async def test_a_client_certificate_is_the_connections_principal(
+    tmp_path: Path, certificates: Certificates
+) -> None:
+    config = load_config(
+        overrides=[
+            "listeners=SSL://127.0.0.1:0",
+            *keystore(tmp_path, certificates),
+            "ssl.client.auth=requested",
+        ],
+        environment={},
+    )
+    recorder = _Recorder()
+    server = KafkaServer(recorder)
+    host, port = await server.bind("127.0.0.1", 0, server_ssl_context(config.listener_specs[0]))
+    await server.serve()
+    try:
+        for own in (True, False):
+            context = ssl.create_default_context(cadata=certificates.ca.certificate)
+            if own:
+                chain = certificates.client.certificate + certificates.client.key
+                context.load_cert_chain(write(tmp_path, "client.pem", chain))
+            recorder.seen.clear()
+            _, writer = await asyncio.open_connection(host, port, ssl=context)
+            writer.write(b"\0\0\0\4abcd")
+            await asyncio.wait_for(recorder.seen.wait(), TIMEOUT_S)
+            writer.close()
+        assert recorder.principals == ["User:CN=client", ANONYMOUS]
+    finally:
+        await server.close()
+
+
+def test_the_principal_names_the_subject_most_specific_first() -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COUNTRY_NAME, "FR"),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Example, Inc"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "streams"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "alice"),
+        ]
+    )
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    der = certificate.public_bytes(serialization.Encoding.DER)
+    peer = SimpleNamespace(getpeercert=lambda binary_form: der)
+    # As Java's X500Principal.getName() (RFC 2253) writes it: the comma in a value escaped.
+    assert certificate_principal(peer) == "User:CN=alice,OU=streams,O=Example\\, Inc,C=FR"  # type: ignore[arg-type]
+    assert certificate_principal(None) == ANONYMOUS
