@@ -27,14 +27,14 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from automq_ref.checker.certificates import make_certificates
 from bench.broker_bench import MEGABYTE, RECORD_BYTES, OursTarget
+from bench.producing import Delivery, produce_some
 
 MODES = ("plaintext", "tls")
 PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000, "enable.idempotence": True}
@@ -44,18 +44,6 @@ CALL_TIMEOUT_S = 120.0
 
 def log(message: str) -> None:
     print(f"[tls_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class Delivery:
-    delivered: int = 0
-    error: KafkaError | None = None
-
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            self.error = self.error or error
-        else:
-            self.delivered += 1
 
 
 class Workload:
@@ -81,21 +69,7 @@ class Workload:
         self.send(WARM_UP_RECORDS)
 
     def send(self, count: int) -> None:
-        sent = 0
-        while sent < count:
-            try:
-                self.producer.produce(
-                    self.topic,
-                    self.payload,
-                    partition=sent % self.partitions,
-                    on_delivery=self.delivery,
-                )
-            except BufferError:
-                self.producer.poll(0.005)
-                continue
-            sent += 1
-            if sent % 1000 == 0:
-                self.producer.poll(0)
+        produce_some(self.producer, self.topic, self.partitions, self.payload, count, self.delivery)
         if self.producer.flush(CALL_TIMEOUT_S):
             raise RuntimeError(f"{self.topic}: records not flushed")
         if self.delivery.error is not None:

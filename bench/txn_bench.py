@@ -58,7 +58,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench.broker_bench import (
     PEER_SCRIPT,
@@ -71,6 +71,7 @@ from bench.broker_bench import (
     fmt,
     percentile,
 )
+from bench.producing import Delivery, produce_some
 
 MIB = 2**20
 ALL_TARGETS = ("ours-local", "peer-memory")
@@ -91,26 +92,6 @@ def log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------- workloads
-
-
-@dataclass
-class Delivery:
-    """Counts delivery reports; the first error is kept."""
-
-    delivered: int = 0
-    error: KafkaError | None = None
-
-    def __call__(self, error: KafkaError | None, message: Message) -> None:
-        if error is not None:
-            self.error = self.error or error
-        else:
-            self.delivered += 1
-
-    def check(self, what: str, expected: int) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"{what}: delivery failed: {self.error}")
-        if self.delivered != expected:
-            raise RuntimeError(f"{what}: {self.delivered} of {expected} delivered")
 
 
 @dataclass(frozen=True)
@@ -137,28 +118,6 @@ class Outcome:
     @property
     def mib_per_s(self) -> float:
         return self.records * RECORD_BYTES / MIB / self.seconds
-
-
-def produce_some(
-    producer: Producer,
-    topic: str,
-    partitions: int,
-    payload: bytes,
-    count: int,
-    delivery: Delivery,
-) -> None:
-    """``count`` records, round-robin over the partitions, waiting while librdkafka's queue is
-    full."""
-    sent = 0
-    while sent < count:
-        try:
-            producer.produce(topic, payload, partition=sent % partitions, on_delivery=delivery)
-        except BufferError:
-            producer.poll(0.005)
-            continue
-        sent += 1
-        if sent % 1000 == 0:
-            producer.poll(0)
 
 
 class Workload:
