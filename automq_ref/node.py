@@ -102,6 +102,7 @@ from automq_ref.kafka.listeners import (
 )
 from automq_ref.kafka.producer_expiry import producer_expiry_forever
 from automq_ref.kafka.producer_ids import ProducerIdAllocator
+from automq_ref.kafka.quotas import ClientQuotas
 from automq_ref.kafka.request import Context
 from automq_ref.kafka.retention import retention_forever
 from automq_ref.kafka.server import CloseConnection, KafkaServer, Peer, Reply
@@ -316,6 +317,7 @@ class Node:
             active_controller=metadata.active_controller,
             network=limiters,
             transactions=transactions,
+            quotas=ClientQuotas(metadata.view, clock),
         )
         if config.zone_router_enabled and config.etcd_endpoints:
             start_snapshot_reads(

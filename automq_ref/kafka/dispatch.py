@@ -68,7 +68,7 @@ from typing import Any, Final, cast
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
-from automq_ref.kafka import sasl
+from automq_ref.kafka import quotas, sasl
 from automq_ref.kafka.handlers import (
     api_versions,
     configs,
@@ -185,6 +185,8 @@ ROUTES: Mapping[ApiKey, Route] = {
         reassignments.handle_list_partition_reassignments, 0, 0
     ),
     ApiKey.OFFSET_DELETE: Route(groups.handle_offset_delete, 0, 0),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: Route(quotas.handle_describe_client_quotas, 0, 1),
+    ApiKey.ALTER_CLIENT_QUOTAS: Route(quotas.handle_alter_client_quotas, 0, 1),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
     ApiKey.DESCRIBE_PRODUCERS: Route(transactions.handle_describe_producers, 0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: Route(transactions.handle_describe_transactions, 0, 0),
@@ -218,8 +220,6 @@ KAFKA_BROKER_APIS_NOT_SERVED: Mapping[int, tuple[int, int]] = {
     39: (1, 2),  # RenewDelegationToken
     40: (1, 2),  # ExpireDelegationToken
     41: (1, 3),  # DescribeDelegationToken
-    48: (0, 1),  # DescribeClientQuotas
-    49: (0, 1),  # AlterClientQuotas
     50: (0, 0),  # DescribeUserScramCredentials
     51: (0, 0),  # AlterUserScramCredentials
     55: (0, 2),  # DescribeQuorum
@@ -269,6 +269,8 @@ class Dispatcher:
         self._sasl[""] = self._sasl[specs[0].name]
 
     async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:
+        if peer.session.muted_until_s and self.context.quotas is not None:
+            await self.context.quotas.until_unmuted(peer)  # throttled: KIP-219's mute
         gate = self._sasl.get(peer.listener, self._sasl[""])
         if gate is not None and peer.session.sasl_step != sasl.AUTHENTICATED:
             # Before authentication: the gate answers, refuses, or lets ApiVersions through.

@@ -27,6 +27,7 @@ from automq_ref.kafka.server import Peer, Reply
 from automq_ref.kafka.topic_registry import TopicRegistry
 
 if TYPE_CHECKING:  # these modules import this one's neighbours, not this one
+    from automq_ref.kafka.quotas import ClientQuotas
     from automq_ref.kafka.snapshot_read import SnapshotReads
     from automq_ref.kafka.snapshot_sessions import SnapshotSessions
     from automq_ref.kafka.transactions import TransactionCoordinator
@@ -73,6 +74,8 @@ class ApiKey(enum.IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -134,6 +137,8 @@ class Context:
     router_in: RouterIn | None = None
     # The network bandwidth limiter (Fetch responses consume outbound); None: not limited.
     network: NetworkLimiters | None = None
+    # Client quotas (kafka/quotas.py; None: a context built without them: nothing throttled).
+    quotas: ClientQuotas | None = None
     # The transaction coordinator (None: a context built without one, as some tests build it:
     # transactional requests are then answered COORDINATOR_NOT_AVAILABLE).
     transactions: TransactionCoordinator | None = None

@@ -103,11 +103,13 @@ class Session:
     (``User:CN=...``, :func:`automq_ref.kafka.tls.certificate_principal`) or
     ``User:ANONYMOUS``."""
 
-    __slots__ = ("principal", "sasl_step")
+    __slots__ = ("muted_until_s", "principal", "sasl_step")
 
     def __init__(self) -> None:
         self.principal: str | None = None
         self.sasl_step = 0
+        # Throttled by a quota (kafka/quotas.py): no request is taken before this (monotonic).
+        self.muted_until_s = 0.0
 
 
 @dataclass(frozen=True, slots=True)

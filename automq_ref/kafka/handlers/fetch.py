@@ -59,6 +59,7 @@ from automq_ref.protocol import (
     encode_fetch_response,
 )
 from automq_ref.state_machines.network_limiter import Priority
+from automq_ref.state_machines.quota import CONSUMER_BYTE_RATE
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,16 @@ async def _fetch(context: Context, request: Request) -> Chunks:
     if context.network is not None and read.total:
         priority = Priority.CATCH_UP if read.from_objects else Priority.TAIL
         await context.network.outbound.consume(read.total, priority)
-    chunks = encode_fetch_response(version, request.correlation_id, read.responses)
+    throttle_ms = 0
+    if context.quotas is not None:
+        quotas = context.quotas
+        throttle_ms = quotas.throttle_ms(
+            CONSUMER_BYTE_RATE, request.peer, request.client_id, read.total
+        )
+        await quotas.throttled(request, throttle_ms)  # an old client's answer waits
+    chunks = encode_fetch_response(
+        version, request.correlation_id, read.responses, throttle_time_ms=throttle_ms
+    )
     # The encoder's first chunk starts with the frame size; the listener writes its own.
     return [memoryview(chunks[0])[4:], *chunks[1:]]
 

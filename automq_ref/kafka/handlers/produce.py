@@ -44,6 +44,7 @@ from automq_ref.protocol.produce_response import (
     ProducePartitionAnswer,
     encode_produce_response,
 )
+from automq_ref.state_machines.quota import PRODUCER_BYTE_RATE
 from automq_ref.vocabulary.naming import is_internal_topic
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,12 @@ async def handle_produce(context: Context, request: Request) -> Reply:
         raise CloseConnection(f"Produce v{request.api_version} is not supported (v3+)")
     acks = body.acks
     await _hold_for_opening(context, body)
+    throttle_ms = 0
+    if context.quotas is not None:
+        size = sum(len(p.records or b"") for topic in body.topic_data for p in topic.partition_data)
+        throttle_ms = context.quotas.throttle_ms(
+            PRODUCER_BYTE_RATE, request.peer, request.client_id, size
+        )
     if context.router_out is not None:
         # The zone router decides, per partition, here, through the channel, or refused; what
         # it appends here at once is verified here first (what goes through the channel is
@@ -70,6 +77,8 @@ async def handle_produce(context: Context, request: Request) -> Reply:
             if body.transactional_id is not None and router.appends_at_once(context, request)
             else {}
         )
+        if context.quotas is not None:
+            await context.quotas.throttled(request, throttle_ms)
         return router.route(context, request, body, verified)
     verified = (
         await _verify(context, request.api_version, body)
@@ -96,8 +105,10 @@ async def handle_produce(context: Context, request: Request) -> Reply:
             results.append((partition_data.index, outcome))
         outcomes.append((topic_data.name, results))
     if acks == 0:
+        if context.quotas is not None:
+            await context.quotas.throttled(request, throttle_ms)
         return None
-    return _answer(request, outcomes)
+    return _answer(context, request, outcomes, throttle_ms)
 
 
 def admit_partition(
@@ -211,10 +222,18 @@ async def _hold_for_opening(context: Context, body: Any) -> None:
         await registry.wait_opened(opening, hold_ms / 1000)
 
 
-async def _answer(request: Request, outcomes: Outcomes) -> Chunks:
+async def _answer(
+    context: Context, request: Request, outcomes: Outcomes, throttle_ms: int = 0
+) -> Chunks:
     topics: list[tuple[str, list[ProducePartitionAnswer]]] = []
     for name, results in outcomes:
         answers = [await answer_partition(name, index, outcome) for index, outcome in results]
         topics.append((name, answers))
+    if context.quotas is not None:
+        await context.quotas.throttled(request, throttle_ms)  # an old client's answer waits
     # By hand: the busiest response; kio's dataclasses cost a tenth of the loop at 1,000/s.
-    return [encode_produce_response(request.api_version, request.correlation_id, topics)]
+    return [
+        encode_produce_response(
+            request.api_version, request.correlation_id, topics, throttle_time_ms=throttle_ms
+        )
+    ]
