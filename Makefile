@@ -84,7 +84,8 @@ run: $(RUNTIME)
 # Three brokers on this machine: etcd, an S3 server (moto), node ids 1-3 in racks az1-az3, Kafka
 # on 127.0.0.1:9092-9094, data under ./data/cluster (emptied at start: moto keeps its objects in
 # memory). It prints bootstrap.servers=... once all three serve; Ctrl-C stops everything
-# gracefully. ARGS go to every broker, e.g. make cluster ARGS="--override num.partitions=3".
+# gracefully. Each broker's metrics for Prometheus on 127.0.0.1:9464-9466. ARGS go to every
+# broker, e.g. make cluster ARGS="--override num.partitions=3".
 cluster: $(CLUSTER) etcd
 	$(BIN)/automq-ref cluster $(ARGS)
 

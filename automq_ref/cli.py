@@ -80,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     cluster.add_argument(
+        "--metrics-base-port",
+        type=int,
+        default=9464,
+        help=(
+            "Prometheus endpoints of brokers 1, 2, 3: this port and the next two (default "
+            "9464; 0, or --base-port 0: a free port each, named in the launcher's lines; -1: "
+            "no metrics)"
+        ),
+    )
+    cluster.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -193,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             ClusterSettings(
                 data_dir=arguments.data_dir or default_dir,
                 base_port=arguments.base_port,
+                metrics_base_port=(
+                    None if arguments.metrics_base_port < 0 else arguments.metrics_base_port
+                ),
                 overrides=tuple(arguments.override),
                 wal=arguments.wal,
                 network=ZoneNetwork() if arguments.zones else None,

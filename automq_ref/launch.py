@@ -72,6 +72,8 @@ POLL_S = 0.05
 PR_SET_PDEATHSIG = 1
 PREFIX = "automq-ref cluster:"
 SERVING = re.compile(r"serving Kafka on \S+:(\d+)")
+METRICS = re.compile(r"metrics on (\S+)")
+DEFAULT_METRICS_BASE_PORT = 9464
 
 
 class LaunchError(Exception):
@@ -182,6 +184,20 @@ class ClusterSettings:
     network: ZoneNetwork | None = None
     # With base_port 0, the port each broker bound (read from its log once it serves).
     bound: dict[int, int] = field(default_factory=dict)
+    # Each broker's Prometheus endpoint on this port and the next ones (with base_port 0: a free
+    # port each); None: no metrics.
+    metrics_base_port: int | None = DEFAULT_METRICS_BASE_PORT
+    # The endpoints' URLs, by node id (read from the brokers' logs once they serve).
+    metrics_urls: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def metrics_ports(self) -> list[int]:
+        """Each broker's metrics port (0: a free one), by node id from 1; empty: none."""
+        if self.metrics_base_port is None:
+            return []
+        if self.base_port == 0 or self.metrics_base_port == 0:
+            return [0] * self.brokers
+        return [self.metrics_base_port + index for index in range(self.brokers)]
 
     @property
     def ports(self) -> list[int]:
@@ -266,6 +282,14 @@ class LocalCluster:
             # The zone router on, its channel in the same bucket: a client declaring its zone
             # (client.id=automq_az=az2) is told its zone's broker leads every partition.
             f"automq.zonerouter.channels=0@s3://{bucket}",
+            *(
+                [
+                    "s3.telemetry.metrics.exporter.uri=prometheus://?host="
+                    f"{self.settings.host(node_id)}&port={self.settings.metrics_ports[node_id - 1]}"
+                ]
+                if self.settings.metrics_ports
+                else []
+            ),
             *self.settings.overrides,
         ]
 
@@ -324,6 +348,9 @@ class LocalCluster:
                 return False
             if self.settings.base_port == 0:
                 self.settings.bound[node_id] = int(serving.group(1))
+            metrics = METRICS.search(child.log_path.read_text(errors="replace"))
+            if metrics is not None:
+                self.settings.metrics_urls[node_id] = metrics.group(1)
             with self.settings.reach(f"az{node_id}"):
                 return _accepts(self.settings.ports[node_id - 1], self.settings.host(node_id))
 
@@ -335,8 +362,10 @@ class LocalCluster:
             port = self.settings.ports[node_id - 1]
             address = f"{self.settings.host(node_id)}:{port}"
             zone = "" if self.settings.network is None else f" in zone az{node_id}"
+            metrics = self.settings.metrics_urls.get(node_id)
             self.say(
                 f"broker {node_id} (rack az{node_id}){zone} on {address}, log {child.log_path}"
+                + (f", metrics {metrics}" if metrics else "")
             )
 
     def _start_etcd(self) -> None:
@@ -491,12 +520,14 @@ def run(settings: ClusterSettings, out: IO[str] = sys.stdout) -> int:
         return 2
     # In zones the brokers listen on the zones' own addresses, never on the host's.
     taken = [
-        port for port in settings.ports if port and settings.network is None and _port_taken(port)
+        port
+        for port in [*settings.ports, *settings.metrics_ports]
+        if port and settings.network is None and _port_taken(port)
     ]
     if taken:
         print(
             f"{PREFIX} 127.0.0.1:{taken[0]} is in use (a broker of `make run` or an earlier "
-            "cluster?); stop it or choose other ports with --base-port",
+            "cluster?); stop it or choose other ports with --base-port or --metrics-base-port",
             file=sys.stderr,
         )
         return 2

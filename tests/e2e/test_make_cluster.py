@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from prometheus_client.parser import text_string_to_metric_families
 
 from automq_ref.launch import BROKERS
 from tests.waiting import wait_until
@@ -160,6 +162,7 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
     assert values == [f"record-{index}".encode() for index in range(RECORDS)]
 
     zoned_clients_stay_in_az2(bootstrap.split(",")[1], data_dir)
+    every_broker_has_metrics(output, ports)
 
     process.send_signal(signal.SIGTERM)
     rest, _ = process.communicate(timeout=STOP_TIMEOUT_S)
@@ -171,6 +174,30 @@ def test_make_cluster_serves_three_brokers_and_stops_gracefully(
         log = (data_dir / f"broker-{node_id}.log").read_text()
         assert "shutting down: uploading the WAL's data" in log, log[-2000:]
         assert log.rstrip().endswith("automq-ref: stopped"), log[-2000:]
+
+
+def every_broker_has_metrics(output: list[str], ports: list[int]) -> None:
+    """Each broker's Prometheus endpoint, named in the launcher's lines, answers a scrape that
+    prometheus_client parses, with the Produce requests the clients sent it."""
+    urls = {
+        int(match.group(1)): match.group(2)
+        for line in output
+        if (match := re.search(r"broker (\d+) .*, metrics (\S+)$", line.strip()))
+    }
+    assert sorted(urls) == list(range(1, BROKERS + 1)), "".join(output)
+    produced = 0.0
+    for node_id, url in urls.items():
+        assert f":{ports[node_id - 1]}" not in url  # a port of its own
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        families = {family.name: family for family in text_string_to_metric_families(text)}
+        assert "kafka_request_count" in families, text[:500]
+        produced += sum(
+            sample.value
+            for sample in families["kafka_request_count"].samples
+            if sample.labels.get("type") == "Produce"
+        )
+    assert produced > 0
 
 
 def _requests_by_node(stats: list[str]) -> dict[int, dict[str, int]]:
