@@ -3,19 +3,21 @@
     python -m bench.tls_bench [--runs 5] [--mb 200] [--rounds 10] [--partitions 1]
                               [--quick] [--dir DIR] [--out FILE]
 
-Each run starts two brokers (``automq-ref serve`` on its embedded default, one node, the WAL
+Each run starts three brokers (``automq-ref serve`` on its embedded default, one node, the WAL
 file and objects under ``log.dirs``): one on a PLAINTEXT listener, one on an SSL listener
 (``ssl.keystore.type=PEM``, certificates made for the run, ``automq_ref/checker/certificates.py``;
-ECDSA P-256, TLS 1.3 as negotiated by librdkafka and Python's ``ssl``). A confluent-kafka
-producer per broker (``acks=all``, ``linger.ms=5``, ``batch.size=1000000``, idempotence on, the
-TLS one with ``security.protocol=SSL`` and the CA) sends ``--mb`` MB of 1 KiB records into a
-fresh topic of ``--partitions`` partitions, after 1,000 warm-up records. The two take turns in
-``--rounds`` chunks (which goes first alternates by round and by run), so both see the same
+ECDSA P-256, TLS 1.3 as negotiated by librdkafka and Python's ``ssl``) and one on a SASL_SSL
+listener (the same TLS, SASL/PLAIN inside). A confluent-kafka producer per broker (``acks=all``,
+``linger.ms=5``, ``batch.size=1000000``, idempotence on, the TLS ones with the CA, the SASL one
+with its user) sends ``--mb`` MB of 1 KiB records into a fresh topic of ``--partitions``
+partitions, after 1,000 warm-up records. The three take turns in ``--rounds`` chunks (which
+goes first turns by round and by run), so all see the same
 background load; a workload's throughput is its bytes over the sum of its chunks' seconds (from
 a chunk's first ``produce`` to the end of its ``flush``).
 
-*TLS / plaintext* is each run's ratio, its median over the runs; every figure is the median
-over ``--runs``; MB = 10^6 bytes. ``--quick`` is a smoke run (``tests/unit/test_tls_bench.py``).
+*TLS / plaintext* and *SASL_SSL / plaintext* are each run's ratios, their medians over the runs;
+every figure is the median over ``--runs``; MB = 10^6 bytes. ``--quick`` is a smoke run
+(``tests/unit/test_tls_bench.py``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from automq_ref.checker.certificates import make_certificates
 from bench.broker_bench import MEGABYTE, RECORD_BYTES, OursTarget
 from bench.producing import Delivery, produce_some
 
-MODES = ("plaintext", "tls")
+MODES = ("plaintext", "tls", "sasl_ssl")
+JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_bench="bench-secret";'
 PRODUCER = {"acks": "all", "linger.ms": 5, "batch.size": 1_000_000, "enable.idempotence": True}
 WARM_UP_RECORDS = 1000
 CALL_TIMEOUT_S = 120.0
@@ -95,33 +98,49 @@ def run_once(
         "ssl.keystore.type=PEM",
         f"ssl.keystore.location={files['broker']}",
     )
+    sasl_overrides = (
+        "listeners=SASL_SSL://127.0.0.1:0",
+        *tls_overrides[1:],
+        "sasl.enabled.mechanisms=PLAIN",
+        f"listener.name.sasl_ssl.plain.sasl.jaas.config={JAAS}",
+    )
     tls_client = {"security.protocol": "SSL", "ssl.ca.location": str(files["ca"])}
+    clients = {
+        "plaintext": {},
+        "tls": tls_client,
+        "sasl_ssl": {
+            **tls_client,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "bench",
+            "sasl.password": "bench-secret",
+        },
+    }
+    overrides = {"plaintext": (), "tls": tls_overrides, "sasl_ssl": sasl_overrides}
     targets = {
-        "plaintext": OursTarget("ours-local", workdir / f"plaintext-{run}", 1 << 30, None),
-        "tls": OursTarget(
-            "ours-local", workdir / f"tls-{run}", 1 << 30, None, extra_overrides=tls_overrides
-        ),
+        mode: OursTarget(
+            "ours-local", workdir / f"{mode}-{run}", 1 << 30, None, extra_overrides=overrides[mode]
+        )
+        for mode in MODES
     }
     try:
         workloads = {
-            mode: Workload(
-                target.start(),
-                tls_client if mode == "tls" else {},
-                f"bench-{mode}-{run}",
-                partitions,
-            )
+            mode: Workload(target.start(), clients[mode], f"bench-{mode}-{run}", partitions)
             for mode, target in targets.items()
         }
         chunk = records // rounds
         for number in range(rounds):
             order = list(workloads.values())
-            for workload in order[::-1] if (number + run) % 2 else order:
+            shift = (number + run) % len(order)  # who goes first turns by round and by run
+            for workload in order[shift:] + order[:shift]:
                 workload.chunk(chunk)
         figures = {f"{mode}_mb_s": workload.mb_per_s for mode, workload in workloads.items()}
         figures["ratio"] = figures["tls_mb_s"] / figures["plaintext_mb_s"]
+        figures["sasl_ratio"] = figures["sasl_ssl_mb_s"] / figures["plaintext_mb_s"]
         log(
             f"run {run}: plaintext {figures['plaintext_mb_s']:.1f} MB/s, TLS "
-            f"{figures['tls_mb_s']:.1f} MB/s, ratio {figures['ratio']:.2f}"
+            f"{figures['tls_mb_s']:.1f} MB/s, SASL_SSL {figures['sasl_ssl_mb_s']:.1f} MB/s, "
+            f"ratios {figures['ratio']:.2f} and {figures['sasl_ratio']:.2f}"
         )
         return figures
     finally:
@@ -139,13 +158,15 @@ def report(command: str, runs: list[dict[str, float]], settings: str) -> str:
         "|---|---:|",
         f"| plaintext MB/s | {medians['plaintext_mb_s']:.1f} |",
         f"| TLS MB/s | {medians['tls_mb_s']:.1f} |",
+        f"| SASL_SSL (PLAIN) MB/s | {medians['sasl_ssl_mb_s']:.1f} |",
         f"| TLS / plaintext (paired per run) | {medians['ratio']:.2f} |",
+        f"| SASL_SSL / plaintext (paired per run) | {medians['sasl_ratio']:.2f} |",
         "",
-        "| run | plaintext MB/s | TLS MB/s | ratio |",
-        "|---:|---:|---:|---:|",
+        "| run | plaintext MB/s | TLS MB/s | SASL_SSL MB/s | TLS ratio | SASL_SSL ratio |",
+        "|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {number} | {run['plaintext_mb_s']:.1f} | {run['tls_mb_s']:.1f} | "
-            f"{run['ratio']:.2f} |"
+            f"{run['sasl_ssl_mb_s']:.1f} | {run['ratio']:.2f} | {run['sasl_ratio']:.2f} |"
             for number, run in enumerate(runs, 1)
         ),
         "",

@@ -1,6 +1,7 @@
 """The TLS benchmark: a smoke run (``--quick``) against our broker, which checks that the report
-has a figure in every row (the run exits 0: both producers delivered everything, one of them over
-TLS), so the benchmark cannot rot unnoticed; the figures themselves are never judged."""
+has a figure in every row (the run exits 0: the three producers delivered everything, over
+plaintext, TLS and SASL_SSL), so the benchmark cannot rot unnoticed; the figures themselves are
+never judged."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def test_quick_run(tmp_path: Path) -> None:
         for line in out.read_text().splitlines()
         if line.startswith("| ")
     }
-    for metric in ("plaintext MB/s", "TLS MB/s", "TLS / plaintext (paired per run)"):
+    for metric in (
+        "plaintext MB/s",
+        "TLS MB/s",
+        "SASL_SSL (PLAIN) MB/s",
+        "TLS / plaintext (paired per run)",
+        "SASL_SSL / plaintext (paired per run)",
+    ):
         assert float(rows[metric]) > 0, (metric, rows)
     assert not list(tmp_path.glob("tls-bench-*")), "the work directory is removed"
