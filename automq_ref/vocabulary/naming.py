@@ -15,10 +15,11 @@ Controller KV keys
     :data:`OFFSETS_STREAM_KEY` and :func:`node_offsets_stream_key` (the offsets streams of
     earlier versions, imported once into ``__consumer_offsets``; :func:`offsets_imported_key`
     marks each partition done) and
-    :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far), and the zone router's
+    :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far), :func:`acl_key` (one
+    ACL binding each), and the zone router's
     :data:`ROUTE_EPOCH_KEY` and :func:`node_committed_route_epoch_key`. The values under them
     are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``,
-    ``route_epoch_record``).
+    ``route_epoch_record``, ``acl_record``).
 
 Topics
     :data:`CONSUMER_OFFSETS_TOPIC`, the internal topic that holds the groups' committed
@@ -200,6 +201,21 @@ PRODUCER_ID_KEY: Final = "producer-ids/next"
 Written by: the controller, when a node's producer-id allocator asks for a new block (the
 StreamMetadata machine's ``AllocateProducerIds`` reads and advances it in one decision). Read by:
 that same decision, to learn where the next block starts."""
+
+
+ACL_KEY_PREFIX: Final = "acls/"
+
+
+def acl_key(digest: str) -> str:
+    """The KV key of one ACL binding: ``acls/`` and the SHA-256 (hex) of its record's value
+    (:func:`automq_ref.formats.acl_record.acl_record_key`), so that one binding has one key
+    whichever broker writes it, and writing it twice is a put-if-absent that finds it.
+
+    Written by: the broker serving CreateAcls (put-if-absent) and DeleteAcls (compare-and-delete
+    on the value it read), through the controller (:mod:`automq_ref.kafka.acls`). Read by: every
+    broker's ACL table, from its followed image (:func:`automq_ref.kafka.acls.acls_in`), for
+    DescribeAcls and the authorizer's decisions."""
+    return ACL_KEY_PREFIX + digest
 
 
 # ----------------------------------------------------------------------------- topics
