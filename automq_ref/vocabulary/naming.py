@@ -16,10 +16,11 @@ Controller KV keys
     earlier versions, imported once into ``__consumer_offsets``; :func:`offsets_imported_key`
     marks each partition done) and
     :data:`PRODUCER_ID_KEY` (the producer-id blocks handed out so far), :func:`acl_key` (one
-    ACL binding each), and the zone router's
+    ACL binding each), :func:`scram_credential_key` (a user's SCRAM credential for one
+    mechanism), and the zone router's
     :data:`ROUTE_EPOCH_KEY` and :func:`node_committed_route_epoch_key`. The values under them
     are encoded by :mod:`automq_ref.formats` (``topic_record``, ``kv_integer``,
-    ``route_epoch_record``, ``acl_record``).
+    ``route_epoch_record``, ``acl_record``, ``scram_credential``).
 
 Topics
     :data:`CONSUMER_OFFSETS_TOPIC`, the internal topic that holds the groups' committed
@@ -33,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import re
 from typing import TYPE_CHECKING, Final
+from urllib.parse import quote, unquote
 
 if TYPE_CHECKING:
     import uuid
@@ -216,6 +218,37 @@ def acl_key(digest: str) -> str:
     broker's ACL table, from its followed image (:func:`automq_ref.kafka.acls.acls_in`), for
     DescribeAcls and the authorizer's decisions."""
     return ACL_KEY_PREFIX + digest
+
+
+SCRAM_KEY_PREFIX: Final = "scram/"
+
+
+def scram_credential_key(mechanism: str, username: str) -> str:
+    """The KV key of user ``username``'s credential for SCRAM mechanism ``mechanism``
+    (``SCRAM-SHA-256`` or ``SCRAM-SHA-512``): ``scram/<mechanism>/<username>``, the username
+    percent-encoded (``/`` and ``%`` too), so every name has one key and no key two names.
+
+    Written by: the broker serving AlterUserScramCredentials (compare-and-set, compare-and-delete
+    on the value it read), through the controller (:mod:`automq_ref.kafka.handlers.scram`).
+    Read by: every broker from its followed image, for DescribeUserScramCredentials and for a
+    SCRAM login on a SASL listener (:mod:`automq_ref.kafka.sasl`); the value is
+    :mod:`automq_ref.formats.scram_credential`'s."""
+    return f"{SCRAM_KEY_PREFIX}{mechanism}/{quote(username, safe='')}"
+
+
+def parse_scram_credential_key(key: str) -> tuple[str, str] | None:
+    """``(mechanism, username)`` of a :func:`scram_credential_key`, or None for another key
+    (or one no username encodes to)."""
+    if not key.startswith(SCRAM_KEY_PREFIX):
+        return None
+    mechanism, slash, encoded = key[len(SCRAM_KEY_PREFIX) :].partition("/")
+    if not slash or not mechanism or not encoded:
+        return None
+    try:
+        username = unquote(encoded, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    return (mechanism, username) if quote(username, safe="") == encoded else None
 
 
 # ----------------------------------------------------------------------------- topics
