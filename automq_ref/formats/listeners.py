@@ -101,8 +101,9 @@ def listener_setting(property_name: str) -> tuple[str, str] | None:
 
 # ------------------------------------------------------------------------- resolved listeners
 
-# The SASL mechanisms served (Kafka's default for sasl.enabled.mechanisms, GSSAPI, is not).
-SERVED_SASL_MECHANISMS: Final = ("PLAIN",)
+# The SASL mechanisms served (Kafka's default for sasl.enabled.mechanisms, GSSAPI, is not):
+# PLAIN's users from the listener's JAAS text, SCRAM's from the controller KV.
+SERVED_SASL_MECHANISMS: Final = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 SSL_CLIENT_AUTH: Final = ("none", "requested", "required")
 # The TLS settings, global (ssl.*) and per listener (listener.name.<name>.ssl.*).
 SSL_SETTINGS: Final = (
@@ -324,10 +325,9 @@ def _sasl_settings(
     others = [m for m in mechanisms if m not in SERVED_SASL_MECHANISMS]
     if others or not mechanisms:
         raise ValueError(
-            f"{property_name}={text}: only {', '.join(SERVED_SASL_MECHANISMS)} is served here"
+            f"{property_name}={text}: only {', '.join(SERVED_SASL_MECHANISMS)} are served here"
             + (f" ({', '.join(others)} is not)" if others else "")
-            + f"; a SASL listener ({name}) needs {property_name}="
-            + ",".join(SERVED_SASL_MECHANISMS)
+            + f"; a SASL listener ({name}) needs some of them (e.g. {property_name}=PLAIN)"
         )
     jaas = {
         setting.removesuffix(".sasl.jaas.config").upper(): value

@@ -14,14 +14,14 @@ naming the API.
 Never a silent close for an API a Kafka 4.0 broker serves
 (:data:`KAFKA_BROKER_APIS_NOT_SERVED`: the rest of its ApiVersions table, which
 ``tests/unit/test_broker_api_versions.py`` keeps equal to kafka-python's): one this broker does
-not serve (ACLs, delegation tokens, client quotas, SCRAM, features, the quorum's APIs), at
+not serve (ACLs, delegation tokens, client quotas, features, the quorum's APIs), at
 a version Kafka 4.0 serves, is answered, when its response has a top-level ``error_code``, with
 ``UNSUPPORTED_VERSION`` there and every other field empty, as Kafka's ``KafkaApis`` answers an
 API whose feature is off (``getErrorResponse(UNSUPPORTED_VERSION)``: KIP-848's, share groups',
 telemetry without a manager); the client fails at once with an error that names the version.
 Logged once per client (:func:`~automq_ref.kafka.notices.unsupported_request`). An API whose
-response has no such field (CreateAcls, DeleteAcls, AlterReplicaLogDirs, AlterClientQuotas,
-AlterUserScramCredentials: errors per entry only) is still closed.
+response has no such field (CreateAcls, DeleteAcls, AlterReplicaLogDirs, AlterClientQuotas:
+errors per entry only) is still closed.
 
 Features this broker lacks but Kafka's protocol has an error for are answered with that error
 by their handlers, so that clients fail at once and say why: the KIP-848
@@ -42,7 +42,10 @@ On a SASL listener (SASL_PLAINTEXT, SASL_SSL) a connection's frames go through
 :class:`automq_ref.kafka.sasl.SaslGate` until it is authenticated: only ApiVersions (routed as
 usual), SaslHandshake and SaslAuthenticate are served before then; anything else closes the
 connection. Once authenticated, and on every other listener, SaslHandshake and SaslAuthenticate
-are answered ``ILLEGAL_SASL_STATE``, as Kafka's ``KafkaApis`` answers them.
+are answered ``ILLEGAL_SASL_STATE``, as Kafka's ``KafkaApis`` answers them. The SCRAM users'
+credentials are the controller KV's, which the gates read from the followed image at each login;
+DescribeUserScramCredentials and AlterUserScramCredentials (v0,
+:mod:`automq_ref.kafka.handlers.scram`) manage them.
 
 Served for admin tools: DescribeLogDirs (v1-4, the broker's one log dir and the partitions it
 leads), OffsetDelete (v0), DescribeTopicPartitions (v0, KIP-966: what Kafka 4's admin client
@@ -68,6 +71,7 @@ from typing import Any, Final, cast
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.errors import FormatError
+from automq_ref.formats.scram import ScramCredential
 from automq_ref.kafka import quotas, sasl
 from automq_ref.kafka.handlers import (
     api_versions,
@@ -81,6 +85,7 @@ from automq_ref.kafka.handlers import (
     produce,
     producer_ids,
     reassignments,
+    scram,
     telemetry,
     topics,
     transactions,
@@ -187,6 +192,10 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.OFFSET_DELETE: Route(groups.handle_offset_delete, 0, 0),
     ApiKey.DESCRIBE_CLIENT_QUOTAS: Route(quotas.handle_describe_client_quotas, 0, 1),
     ApiKey.ALTER_CLIENT_QUOTAS: Route(quotas.handle_alter_client_quotas, 0, 1),
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: Route(
+        scram.handle_describe_user_scram_credentials, 0, 0
+    ),
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: Route(scram.handle_alter_user_scram_credentials, 0, 0),
     ApiKey.DESCRIBE_CLUSTER: Route(metadata.handle_describe_cluster, 0, 2),
     ApiKey.DESCRIBE_PRODUCERS: Route(transactions.handle_describe_producers, 0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: Route(transactions.handle_describe_transactions, 0, 0),
@@ -220,8 +229,6 @@ KAFKA_BROKER_APIS_NOT_SERVED: Mapping[int, tuple[int, int]] = {
     39: (1, 2),  # RenewDelegationToken
     40: (1, 2),  # ExpireDelegationToken
     41: (1, 3),  # DescribeDelegationToken
-    50: (0, 0),  # DescribeUserScramCredentials
-    51: (0, 0),  # AlterUserScramCredentials
     55: (0, 2),  # DescribeQuorum
     57: (0, 2),  # UpdateFeatures
     64: (0, 0),  # UnregisterBroker
@@ -265,7 +272,16 @@ class Dispatcher:
         # Each listener's gate (None: no SASL there); a peer of no named listener (a server
         # a test built) gets the first listener's.
         specs = context.config.listener_specs
-        self._sasl = {spec.name: sasl.SaslGate.of(spec) for spec in specs}
+        gates = {spec.name: sasl.SaslGate.of(spec) for spec in specs}
+
+        def credentials(mechanism: str, username: str) -> ScramCredential | None:
+            # The followed image's, at each login (AlterUserScramCredentials writes them).
+            return scram.credential_in(context.view.image.kv, mechanism, username)
+
+        self._sasl = {
+            name: None if gate is None else gate.with_credentials(credentials)
+            for name, gate in gates.items()
+        }
         self._sasl[""] = self._sasl[specs[0].name]
 
     async def admit(self, frame: bytes | bytearray, peer: Peer) -> Reply:

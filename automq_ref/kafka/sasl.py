@@ -1,5 +1,6 @@
-"""SASL/PLAIN on a SASL_PLAINTEXT or SASL_SSL listener, with the steps and answers of Kafka's
-``SaslServerAuthenticator`` and ``PlainSaslServer``.
+"""SASL/PLAIN and SASL/SCRAM (SCRAM-SHA-256, SCRAM-SHA-512) on a SASL_PLAINTEXT or SASL_SSL
+listener, with the steps and answers of Kafka's ``SaslServerAuthenticator``, ``PlainSaslServer``
+and ``ScramSaslServer``.
 
 A connection is authenticated before anything else is served. Its steps (kept in its
 :class:`~automq_ref.kafka.server.Session`, so they go with the connection):
@@ -12,9 +13,10 @@ A connection is authenticated before anything else is served. Its steps (kept in
   ``IllegalStateException`` does);
 - SaslHandshake names a mechanism: one not in ``sasl.enabled.mechanisms`` is answered
   ``UNSUPPORTED_SASL_MECHANISM`` with the enabled ones, then the connection is closed; PLAIN is
-  answered NONE with the enabled ones. SaslHandshake v1 means the tokens come in SaslAuthenticate
-  requests; v0 (the older flow) means the next frame is the bare token, answered with a bare
-  empty token on success and closed unanswered on failure;
+  answered NONE with the enabled ones, and so is SCRAM-SHA-256 or SCRAM-SHA-512. SaslHandshake
+  v1 means the tokens come in SaslAuthenticate requests; v0 (the older flow) means the next
+  frames are the bare tokens, each answered with the bare server token on success and closed
+  unanswered on failure;
 - *authenticating*: SaslAuthenticate only; any other request is answered with its error response
   (``ILLEGAL_SASL_STATE``, when it has a top-level error code) and the connection closed, as Kafka
   does ("Unexpected Kafka request of type ... during SASL authentication");
@@ -25,23 +27,38 @@ A connection is authenticated before anything else is served. Its steps (kept in
   success is answered NONE with an empty token and a session lifetime of 0
   (``connections.max.reauth.ms``' default: no re-authentication), and the connection's
   principal becomes ``User:<username>``;
+- SCRAM takes two tokens (:mod:`automq_ref.formats.scram`, RFC 5802): the client-first is
+  answered with the server-first (the server's nonce drawn here, the salt and iterations of
+  the user's credential), the client-final, once its proof checks against the stored key, with
+  the server-final (``v=`` and the server's signature), and the principal becomes
+  ``User:<username>``. The credential is looked up by the gate's ``credentials`` function
+  (mechanism, username), which on a broker reads the followed image's KV (the credentials
+  AlterUserScramCredentials wrote: :mod:`automq_ref.kafka.handlers.scram`), so every broker of
+  a cluster knows every user, and a user whose credential is deleted logs in no more (a
+  connection already authenticated stays so, as in Kafka). Any refusal (a malformed message,
+  an unknown user, a wrong proof, a ``tokenauth`` extension: no delegation tokens here) is
+  answered ``SASL_AUTHENTICATION_FAILED`` with Kafka's "Authentication failed during
+  authentication due to invalid credentials with SASL mechanism SCRAM-SHA-..." and closed; an
+  authzid other than the username is answered with Kafka's message for it, as for PLAIN;
 - *authenticated*: every request is routed as usual. SaslHandshake and SaslAuthenticate then
   reach :func:`handle_sasl_handshake` and :func:`handle_sasl_authenticate`, which answer
   ``ILLEGAL_SASL_STATE`` as Kafka's ``KafkaApis`` does when re-authentication is off (and as it
   does on a listener without SASL).
 
-Passwords are compared in constant time (``hmac.compare_digest``), as Kafka's
-``PlainServerCallbackHandler`` does.
+Passwords (PLAIN) and stored keys (SCRAM) are compared in constant time
+(``hmac.compare_digest``), as Kafka's ``PlainServerCallbackHandler`` and ``ScramSaslServer`` do.
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Any, Final, TypeAlias, cast
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats import scram
 from automq_ref.formats.listeners import Listener
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import Response, encode, respond
@@ -88,6 +105,20 @@ class SaslAuthenticateResponse(Response):
     session_lifetime: int = 0
 
 
+# A user's SCRAM credential for a mechanism: (mechanism, username) -> credential, or None.
+CredentialLookup: TypeAlias = Callable[[str, str], scram.ScramCredential | None]
+
+
+def no_credentials(mechanism: str, username: str) -> None:
+    """The lookup of a gate given none: no SCRAM user logs in."""
+    return None
+
+
+def server_nonce() -> str:
+    """The server's part of a SCRAM nonce: 32 random URL-safe characters (printable, no ``,``)."""
+    return secrets.token_urlsafe(24)
+
+
 class Serve:
     """What :meth:`SaslGate.admit` returns for a request served as usual (ApiVersions)."""
 
@@ -127,9 +158,22 @@ class SaslGate:
     """The steps before a SASL listener's connection is authenticated (the module docstring).
     The dispatcher hands it every frame of a connection not yet authenticated."""
 
-    def __init__(self, mechanisms: Sequence[str], users: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        mechanisms: Sequence[str],
+        users: Mapping[str, str],
+        *,
+        credentials: CredentialLookup = no_credentials,
+        nonces: Callable[[], str] = server_nonce,
+    ) -> None:
         self.mechanisms = list(mechanisms)
         self.users = dict(users)
+        self.credentials = credentials
+        self.nonces = nonces
+
+    def with_credentials(self, credentials: CredentialLookup) -> SaslGate:
+        """This gate, its SCRAM users looked up by ``credentials`` (mechanism, username)."""
+        return SaslGate(self.mechanisms, self.users, credentials=credentials, nonces=self.nonces)
 
     @classmethod
     def of(cls, listener: Listener) -> SaslGate | None:
@@ -177,6 +221,8 @@ class SaslGate:
                 answer=encode(version, correlation_id, response),
             )
         session.sasl_step = AUTHENTICATING if version >= 1 else RAW_TOKEN
+        is_scram = body.mechanism in scram.HASHES
+        session.sasl_exchange = scram.start(body.mechanism) if is_scram else None
         return encode(
             version, correlation_id, SaslHandshakeResponse(KafkaErrorCode.NONE, self.mechanisms)
         )
@@ -184,6 +230,20 @@ class SaslGate:
     def _authenticate(
         self, token: bytes, version: int, correlation_id: int, session: Session
     ) -> Chunks:
+        if session.sasl_exchange is not None:
+            try:
+                answer = self._scram(token, session)
+            except _ScramRefused as refused:
+                failed = refused.failed
+                response = SaslAuthenticateResponse(
+                    KafkaErrorCode.SASL_AUTHENTICATION_FAILED, failed.message
+                )
+                raise _refused(
+                    f"SASL/{failed.mechanism} authentication failed: {failed.reason}",
+                    answer=encode(version, correlation_id, response),
+                ) from None
+            response = SaslAuthenticateResponse(KafkaErrorCode.NONE, auth_bytes=answer)
+            return encode(version, correlation_id, response)
         try:
             username = check_plain_token(token, self.users)
         except AuthenticationFailed as error:
@@ -198,12 +258,46 @@ class SaslGate:
         return encode(version, correlation_id, SaslAuthenticateResponse(KafkaErrorCode.NONE))
 
     def _raw_token(self, token: bytes, session: Session) -> Chunks:
+        if session.sasl_exchange is not None:
+            try:
+                return [self._scram(token, session)]
+            except _ScramRefused as refused:
+                failed = refused.failed
+                message = f"SASL/{failed.mechanism} authentication failed: {failed.reason}"
+                raise _refused(message) from None
         try:
             username = check_plain_token(token, self.users)
         except AuthenticationFailed as error:
             raise _refused(f"SASL/PLAIN authentication failed: {error}") from error
         _authenticated(session, username)
         return [b""]  # the empty PLAIN server token, size-prefixed by the listener
+
+    def _scram(self, token: bytes, session: Session) -> bytes:
+        """The server's next SCRAM token; :class:`_ScramRefused` when the exchange failed.
+        Authenticates the session once the client's proof checked."""
+        exchange = cast(scram.Exchange, session.sasl_exchange)
+        mechanism = exchange.mechanism
+
+        def lookup(username: str) -> scram.ScramCredential | None:
+            return self.credentials(mechanism, username)
+
+        exchange, answer = scram.step(exchange, token, self.nonces(), lookup)
+        if isinstance(exchange, scram.Failed):
+            session.sasl_exchange = None
+            raise _ScramRefused(exchange)
+        assert answer is not None  # an exchange that goes on answers
+        if isinstance(exchange, scram.Authenticated):
+            session.sasl_exchange = None
+            _authenticated(session, exchange.username)
+        else:
+            session.sasl_exchange = exchange
+        return answer
+
+
+class _ScramRefused(Exception):
+    def __init__(self, failed: scram.Failed) -> None:
+        super().__init__(failed.reason)
+        self.failed = failed
 
 
 def _authenticated(session: Session, username: str) -> None:

@@ -103,11 +103,14 @@ class Session:
     (``User:CN=...``, :func:`automq_ref.kafka.tls.certificate_principal`) or
     ``User:ANONYMOUS``."""
 
-    __slots__ = ("muted_until_s", "principal", "sasl_step")
+    __slots__ = ("muted_until_s", "principal", "sasl_exchange", "sasl_step")
 
     def __init__(self) -> None:
         self.principal: str | None = None
         self.sasl_step = 0
+        # A SCRAM login under way: its exchange (automq_ref.formats.scram's state; None for
+        # PLAIN, or before the handshake).
+        self.sasl_exchange: object | None = None
         # Throttled by a quota (kafka/quotas.py): no request is taken before this (monotonic).
         self.muted_until_s = 0.0
 

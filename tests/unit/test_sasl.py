@@ -75,11 +75,12 @@ def test_the_users_come_from_the_listeners_jaas_property() -> None:
 def test_refused_settings_name_the_property() -> None:
     jaas = "listener.name.sasl_plaintext.plain.sasl.jaas.config"
     # Kafka's default mechanism is GSSAPI, not served here.
-    assert "sasl.enabled.mechanisms=GSSAPI: only PLAIN is served" in refused(
-        LISTENER, f"{jaas}={JAAS}"
+    assert (
+        "sasl.enabled.mechanisms=GSSAPI: only PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 are served"
+        in refused(LISTENER, f"{jaas}={JAAS}")
     )
-    assert "SCRAM-SHA-256 is not" in refused(
-        LISTENER, "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256", f"{jaas}={JAAS}"
+    assert "OAUTHBEARER is not" in refused(
+        LISTENER, "sasl.enabled.mechanisms=PLAIN,OAUTHBEARER", f"{jaas}={JAAS}"
     )
     assert f"needs its users: {jaas}=" in refused(LISTENER, "sasl.enabled.mechanisms=PLAIN")
     for malformed, why in (
