@@ -20,8 +20,8 @@ a version Kafka 4.0 serves, is answered, when its response has a top-level ``err
 API whose feature is off (``getErrorResponse(UNSUPPORTED_VERSION)``: KIP-848's, share groups',
 telemetry without a manager); the client fails at once with an error that names the version.
 Logged once per client (:func:`~automq_ref.kafka.notices.unsupported_request`). An API whose
-response has no such field (CreateAcls, DeleteAcls, AlterReplicaLogDirs, AlterClientQuotas:
-errors per entry only) is still closed.
+response has no such field (AlterReplicaLogDirs: errors per entry only) is still
+closed.
 
 Features this broker lacks but Kafka's protocol has an error for are answered with that error
 by their handlers, so that clients fail at once and say why: the KIP-848
@@ -49,7 +49,9 @@ DescribeUserScramCredentials and AlterUserScramCredentials (v0,
 
 Served for admin tools: DescribeLogDirs (v1-4, the broker's one log dir and the partitions it
 leads), OffsetDelete (v0), DescribeTopicPartitions (v0, KIP-966: what Kafka 4's admin client
-describes topics with), ConsumerGroupDescribe (v0-1).
+describes topics with), ConsumerGroupDescribe (v0-1). The ACL APIs (DescribeAcls, CreateAcls,
+DeleteAcls, v1-3: :mod:`automq_ref.kafka.handlers.acls`) are served always, and answer
+SECURITY_DISABLED without an authorizer, as Kafka's.
 
 AutomqZoneRouter (API key 515, AutoMQ's broker-to-broker request of the zone router: a proxy
 asks a partition's leader to append what it put in its RouterChannel) is served, and listed by
@@ -74,6 +76,7 @@ from automq_ref.formats.errors import FormatError
 from automq_ref.formats.scram import ScramCredential
 from automq_ref.kafka import quotas, sasl
 from automq_ref.kafka.handlers import (
+    acls,
     api_versions,
     configs,
     fetch,
@@ -175,6 +178,9 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.END_TXN: Route(transactions.handle_end_txn, 0, 4),
     ApiKey.WRITE_TXN_MARKERS: Route(transactions.handle_write_txn_markers, 1, 1),
     ApiKey.TXN_OFFSET_COMMIT: Route(groups.handle_txn_offset_commit, 0, 5),
+    ApiKey.DESCRIBE_ACLS: Route(acls.handle_describe_acls, 1, 3),
+    ApiKey.CREATE_ACLS: Route(acls.handle_create_acls, 1, 3),
+    ApiKey.DELETE_ACLS: Route(acls.handle_delete_acls, 1, 3),
     ApiKey.DESCRIBE_CONFIGS: Route(configs.handle_describe_configs, 1, 4),
     ApiKey.ALTER_CONFIGS: Route(configs.handle_alter_configs, 0, 2),
     ApiKey.DESCRIBE_LOG_DIRS: Route(log_dirs.handle_describe_log_dirs, 1, 4),
@@ -221,9 +227,6 @@ UNADVERTISED_KEYS = INTERNAL_KEYS | {ApiKey.GET_TELEMETRY_SUBSCRIPTIONS, ApiKey.
 # in that range, is answered UNSUPPORTED_VERSION where its response has room (the module
 # docstring); any other key or version this broker does not serve is closed, as Kafka does.
 KAFKA_BROKER_APIS_NOT_SERVED: Mapping[int, tuple[int, int]] = {
-    29: (1, 3),  # DescribeAcls
-    30: (1, 3),  # CreateAcls
-    31: (1, 3),  # DeleteAcls
     34: (1, 2),  # AlterReplicaLogDirs
     38: (1, 3),  # CreateDelegationToken
     39: (1, 2),  # RenewDelegationToken

@@ -19,6 +19,7 @@ from automq_ref.io.clock import Clock
 from automq_ref.io.metadata.client import ControllerClient
 from automq_ref.io.metadata.view import MetadataView
 from automq_ref.io.network_limiter import NetworkLimiters
+from automq_ref.kafka.acls import ClusterAcls
 from automq_ref.kafka.fenced_brokers import RecentlyFenced
 from automq_ref.kafka.groups import GroupCoordinator
 from automq_ref.kafka.notices import Notices
@@ -63,6 +64,9 @@ class ApiKey(enum.IntEnum):
     END_TXN = 26
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     DESCRIBE_LOG_DIRS = 35
@@ -144,6 +148,9 @@ class Context:
     # The transaction coordinator (None: a context built without one, as some tests build it:
     # transactional requests are then answered COORDINATOR_NOT_AVAILABLE).
     transactions: TransactionCoordinator | None = None
+    # The authorizer (kafka/acls.py: its settings and the cluster's ACLs; None: no authorizer,
+    # Kafka's default of an empty authorizer.class.name: the ACL APIs answer SECURITY_DISABLED).
+    acls: ClusterAcls | None = None
 
     def advertised_for(self, listener: str) -> tuple[str, int] | None:
         """This broker's address for the clients of ``listener`` (None: not advertised there)."""

@@ -104,9 +104,9 @@ def raw_request(broker: BrokerProcess, api_key: int, version: int, client_id: st
 def test_an_unserved_api_closes_the_connection_and_is_told_once(broker: BrokerProcess) -> None:
     client_id = unique("raw")
     for _ in range(3):
-        assert raw_request(broker, 29, 0, client_id) == b""  # DescribeAcls
+        assert raw_request(broker, 41, 0, client_id) == b""  # DescribeDelegationToken
         assert raw_request(broker, 3, 99, client_id) == b""  # Metadata v99
-    unserved = wait_for_warning(broker, client_id, "DescribeAcls (API key 29)")
+    unserved = wait_for_warning(broker, client_id, "DescribeDelegationToken (API key 41)")
     assert len(unserved) == 1, unserved
     version = wait_for_warning(broker, client_id, "Metadata v99")
     assert len(version) == 1, version
@@ -130,14 +130,14 @@ def one_response(broker: BrokerProcess, api_key: int, version: int, client_id: s
 def test_an_api_kafka_serves_is_answered_unsupported_and_told_once(
     broker: BrokerProcess,
 ) -> None:
-    """DescribeAcls v1 (a version Kafka 4.0 serves): answered UNSUPPORTED_VERSION in its
-    response's error_code, not closed (v0 above, which Kafka 4.0 does not serve, is)."""
-    client_id = unique("raw-acls")
+    """DescribeDelegationToken v1 (a version Kafka 4.0 serves): answered UNSUPPORTED_VERSION in
+    its response's error_code, not closed (v0 above, which Kafka 4.0 does not serve, is)."""
+    client_id = unique("raw-tokens")
     for _ in range(3):
-        response = one_response(broker, 29, 1, client_id)
-        correlation_id, _throttle, error_code = struct.unpack_from(">iih", response)
+        response = one_response(broker, 41, 1, client_id)
+        correlation_id, error_code = struct.unpack_from(">ih", response)
         assert (correlation_id, error_code) == (7, 35)
-    told = wait_for_warning(broker, client_id, "DescribeAcls (API key 29)")
+    told = wait_for_warning(broker, client_id, "DescribeDelegationToken (API key 41)")
     assert len(told) == 1, told
     assert "answer=UNSUPPORTED_VERSION" in told[0]
 

@@ -274,24 +274,13 @@ async def test_an_api_kafka_serves_is_answered_unsupported_not_closed(tmp_path: 
     node = await start_node(node_config(tmp_path))
     try:
         admit = node.front_end.admit
-        # DescribeAcls (29): no authorizer here; its response has an error_code.
-        acls = await call(
-            admit,
-            PEER,
-            29,
-            3,
-            resource_type_filter=i8(1),
-            resource_name_filter=None,
-            pattern_type_filter=i8(1),
-            principal_filter=None,
-            host_filter=None,
-            operation=i8(1),
-            permission_type=i8(1),
-        )
-        assert int(acls.error_code) == E.UNSUPPORTED_VERSION
-        assert list(acls.resources) == []
-        # CreateAcls (30) has errors per entry only: the connection is closed, as before.
-        frame = request_frame(30, 3, 1, creations=())
+        # DescribeDelegationToken (41): no delegation tokens here; its response has an
+        # error_code.
+        tokens = await call(admit, PEER, 41, 3, owners=None)
+        assert int(tokens.error_code) == E.UNSUPPORTED_VERSION
+        assert list(tokens.tokens) == []
+        # AlterReplicaLogDirs (34) has errors per entry only: the connection is closed.
+        frame = request_frame(34, 2, 1, dirs=())
         with pytest.raises(CloseConnection):
             await admit(frame, PEER)
         # An API a Kafka broker does not serve (Vote, a controller's) is closed too.

@@ -14,15 +14,16 @@ from typing import Any
 
 from automq_ref.kafka import quotas, responses, sasl
 from automq_ref.kafka.dispatch import ROUTES
+from automq_ref.kafka.handlers import acls
 from automq_ref.kafka.handlers import scram as scram_handlers
 from automq_ref.kafka.request import ApiKey
 from automq_ref.protocol.kio_codec import response_class
 
 # The typed responses of responses.py, and of the modules that keep their own (sasl.py,
-# quotas.py, handlers/scram.py).
+# quotas.py, handlers/acls.py, handlers/scram.py).
 RESPONSES = [
     cls
-    for module in (responses, sasl, quotas, scram_handlers)
+    for module in (responses, sasl, quotas, acls, scram_handlers)
     for cls in vars(module).values()
     if isinstance(cls, type) and issubclass(cls, responses.Response)
     if cls is not responses.Response and cls.__module__ == module.__name__
