@@ -113,7 +113,8 @@ def alter(settings: dict[str, Any], alterations: list[Any]) -> dict[str, str]:
 
 def described(settings: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
     admin = AdminClient(settings)
-    result = admin.describe_user_scram_credentials().result(TIMEOUT_S)
+    future: Any = admin.describe_user_scram_credentials()  # all users: one future
+    result = future.result(TIMEOUT_S)
     return {
         user: sorted(
             (info.mechanism.value, info.iterations) for info in found.scram_credential_infos
@@ -135,8 +136,9 @@ def round_trip(settings: dict[str, Any], topic: str) -> list[bytes]:
     try:
         for _ in range(TIMEOUT_S * 2):
             message = consumer.poll(0.5)
-            if message is not None and not message.error() and message.value() is not None:
-                found.append(message.value())
+            value = None if message is None or message.error() else message.value()
+            if value is not None:
+                found.append(value)
             if len(found) == 2:
                 break
     finally:
