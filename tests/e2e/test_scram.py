@@ -136,9 +136,9 @@ def round_trip(settings: dict[str, Any], topic: str) -> list[bytes]:
     try:
         for _ in range(TIMEOUT_S * 2):
             message = consumer.poll(0.5)
-            value = None if message is None or message.error() else message.value()
-            if value is not None:
-                found.append(value)
+            got = None if message is None or message.error() else message.value()
+            if got is not None:
+                found.append(got)
             if len(found) == 2:
                 break
     finally:
