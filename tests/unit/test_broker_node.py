@@ -29,6 +29,7 @@ def node_config(tmp_path: Path) -> BrokerConfig:
             f"log.dirs={tmp_path}",
             "s3.wal.capacity=16777216",
             "group.initial.rebalance.delay.ms=0",
+            "listeners=PLAINTEXT://127.0.0.1:0",  # a free port: 9092 is make run's
         ],
         environment={},
     )
