@@ -465,6 +465,17 @@ class BrokerConfig(BaseModel):
     # A JoinGroup's session timeout outside these bounds is answered INVALID_SESSION_TIMEOUT.
     group_min_session_timeout_ms: int = Field(6000, alias="group.min.session.timeout.ms", ge=0)
     group_max_session_timeout_ms: int = Field(1_800_000, alias="group.max.session.timeout.ms", ge=0)
+    # KIP-848 consumer groups (group.protocol=consumer), Kafka's names and defaults: a member
+    # not heard from for the session timeout is fenced; members heartbeat at the interval; no
+    # more members than the max size; the server-side assignors (the first is the default).
+    group_consumer_session_timeout_ms: int = Field(
+        45_000, alias="group.consumer.session.timeout.ms", ge=1
+    )
+    group_consumer_heartbeat_interval_ms: int = Field(
+        5_000, alias="group.consumer.heartbeat.interval.ms", ge=1
+    )
+    group_consumer_max_size: int = Field(2**31 - 1, alias="group.consumer.max.size", ge=1)
+    group_consumer_assignors: str = Field("uniform,range", alias="group.consumer.assignors")
     # The partitions of __consumer_offsets when a broker creates it (Kafka's name and default):
     # groups are spread over them, and each is coordinated by the broker leading its partition.
     offsets_topic_num_partitions: int = Field(50, alias="offsets.topic.num.partitions", ge=1)
@@ -755,6 +766,26 @@ class BrokerConfig(BaseModel):
         if value != 1:
             raise ValueError(f"{value}: shared storage keeps one copy of a partition (use 1)")
         return value
+
+    @field_validator("group_consumer_assignors")
+    @classmethod
+    def _known_assignors(cls, value: str) -> str:
+        """Kafka's names (uniform, range) or its assignor classes, kept as names."""
+        names = [n.strip().rsplit(".", 1)[-1] for n in value.split(",") if n.strip()]
+        names = [{"UniformAssignor": "uniform", "RangeAssignor": "range"}.get(n, n) for n in names]
+        unknown = [n for n in names if n not in ("uniform", "range")]
+        if not names or unknown:
+            raise ValueError(f"{value}: the assignors are uniform and range")
+        return ",".join(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _consumer_heartbeat_within_session(self) -> BrokerConfig:
+        if self.group_consumer_heartbeat_interval_ms >= self.group_consumer_session_timeout_ms:
+            raise ValueError(
+                "group.consumer.heartbeat.interval.ms must be lower than "
+                "group.consumer.session.timeout.ms"
+            )
+        return self
 
     @model_validator(mode="after")
     def _session_bounds_ordered(self) -> BrokerConfig:

@@ -24,12 +24,11 @@ response has no such field (AlterReplicaLogDirs: errors per entry only) is still
 closed.
 
 Features this broker lacks but Kafka's protocol has an error for are answered with that error
-by their handlers, so that clients fail at once and say why: the KIP-848
-consumer group protocol (ConsumerGroupHeartbeat is advertised, as Kafka 4.0 does, and answered
-``UNSUPPORTED_VERSION``, as Kafka does when that protocol is disabled; ConsumerGroupDescribe is
-answered ``GROUP_ID_NOT_FOUND`` for every group, as Kafka 4 answers for a group that is not a
-KIP-848 group, and the admin client falls back to DescribeGroups), config changes to anything
-but a topic.
+by their handlers, so that clients fail at once and say why: config changes to anything but a
+topic.
+
+The KIP-848 consumer group protocol (``group.protocol=consumer``) is served: ConsumerGroupHeartbeat
+and ConsumerGroupDescribe (v0-1, :mod:`automq_ref.kafka.handlers.consumer_groups`).
 
 The version ranges are Kafka 4.0's for the keys implemented (``tests/unit/test_broker_api_versions
 .py`` compares them with kafka-python's table of real releases); ApiVersions answers from the
@@ -79,6 +78,7 @@ from automq_ref.kafka.handlers import (
     acls,
     api_versions,
     configs,
+    consumer_groups,
     fetch,
     groups,
     log_dirs,
@@ -92,7 +92,6 @@ from automq_ref.kafka.handlers import (
     telemetry,
     topics,
     transactions,
-    unsupported,
 )
 from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
@@ -206,8 +205,8 @@ ROUTES: Mapping[ApiKey, Route] = {
     ApiKey.DESCRIBE_PRODUCERS: Route(transactions.handle_describe_producers, 0, 0),
     ApiKey.DESCRIBE_TRANSACTIONS: Route(transactions.handle_describe_transactions, 0, 0),
     ApiKey.LIST_TRANSACTIONS: Route(transactions.handle_list_transactions, 0, 1),
-    ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(unsupported.handle_consumer_group_heartbeat, 0, 1),
-    ApiKey.CONSUMER_GROUP_DESCRIBE: Route(groups.handle_consumer_group_describe, 0, 1),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: Route(consumer_groups.handle_consumer_group_heartbeat, 0, 1),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: Route(consumer_groups.handle_consumer_group_describe, 0, 1),
     # Served, not advertised: Kafka lists them only with a client-telemetry receiver.
     ApiKey.GET_TELEMETRY_SUBSCRIPTIONS: Route(telemetry.handle_get_telemetry_subscriptions, 0, 0),
     ApiKey.PUSH_TELEMETRY: Route(telemetry.handle_push_telemetry, 0, 0),

@@ -106,6 +106,28 @@ def _log_generations(before: Mapping[str, gc.Group], after: Mapping[str, gc.Grou
         log.info("group removed %s", fields(group=group_id))
 
 
+def _log_consumer_epochs(
+    before: Mapping[str, gc.ConsumerGroup], after: Mapping[str, gc.ConsumerGroup]
+) -> None:
+    """One line per KIP-848 group whose target assignment moved to a new epoch."""
+    for group_id, group in after.items():
+        old = before.get(group_id)
+        if group is old or group.assignment_epoch == (0 if old is None else old.assignment_epoch):
+            continue
+        log.info(
+            "group rebalanced %s",
+            fields(
+                group=group_id,
+                generation=group.assignment_epoch,
+                members=len(group.members),
+                protocol_type="consumer",
+                group_type="consumer",
+            ),
+        )
+    for group_id in sorted(before.keys() - after.keys()):
+        log.info("group removed %s", fields(group=group_id))
+
+
 def offset_records(
     group_id: str, offsets: tuple[gc.OffsetRecord, ...]
 ) -> list[tuple[bytes, bytes]]:
@@ -352,7 +374,7 @@ class GroupShard:
     def tick(self, now_ms: int) -> None:
         """The ticker's Tick: every shard holding groups hears one each round, so the machine's
         timers fire and forgotten Empty groups go."""
-        if self.serving and self.state.groups:
+        if self.serving and (self.state.groups or self.state.consumer_groups):
             self._step(gc.Tick(now_ms))
 
     def _fire_due_timers(self, now_ms: int) -> None:
@@ -362,11 +384,13 @@ class GroupShard:
 
     def _step(self, event: gc.GroupEvent) -> None:
         assert self._driver is not None
-        before = self._driver.state.groups
+        before, consumer_before = self._driver.state.groups, self._driver.state.consumer_groups
         self._driver.apply(event)
-        after = self._driver.state.groups
+        after, consumer_after = self._driver.state.groups, self._driver.state.consumer_groups
         if after is not before and log.isEnabledFor(logging.INFO):
             _log_generations(before, after)
+        if consumer_after is not consumer_before and log.isEnabledFor(logging.INFO):
+            _log_consumer_epochs(consumer_before, consumer_after)
 
     def _marker(self, producer_id: int, commit: bool) -> None:
         """The partition's marker listener: a transaction ended in this partition."""

@@ -101,6 +101,10 @@ class GroupCoordinator:
             group_initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             group_min_session_timeout_ms=config.group_min_session_timeout_ms,
             group_max_session_timeout_ms=config.group_max_session_timeout_ms,
+            consumer_session_timeout_ms=config.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+            consumer_max_size=config.group_consumer_max_size,
+            consumer_assignors=tuple(config.group_consumer_assignors.split(",")),
         )
         self._shards: dict[int, GroupShard] = {}
         self._loads: dict[GroupShard, asyncio.Task[None]] = {}
@@ -400,6 +404,26 @@ class GroupCoordinator:
             lambda p, error: gc.DescribedGroup(group_ids[p], error, "", "", "", ()),
         )
         return gc.DescribeGroupsResponse(tuple(results))
+
+    async def consumer_group_describe(
+        self, group_ids: Sequence[str]
+    ) -> gc.ConsumerGroupDescribeResponse:
+        """ConsumerGroupDescribe: each group by its shard (KIP-848 groups with their members)."""
+
+        async def ask(
+            shard: GroupShard, positions: list[int]
+        ) -> Sequence[gc.DescribedConsumerGroup]:
+            wanted = tuple(group_ids[p] for p in positions)
+            response = await shard.request(
+                lambda request_id, now: gc.ConsumerGroupDescribe(request_id, now, wanted)
+            )
+            assert isinstance(response, gc.ConsumerGroupDescribeResponse)
+            return response.groups
+
+        results = await self._per_shard(
+            group_ids, ask, lambda p, error: gc.DescribedConsumerGroup(group_ids[p], error)
+        )
+        return gc.ConsumerGroupDescribeResponse(tuple(results))
 
     async def delete_groups(self, group_ids: Sequence[str]) -> gc.DeleteGroupsResponse:
         distinct = list(dict.fromkeys(group_ids))  # one result per group, as the machine gives

@@ -382,14 +382,27 @@ class FindCoordinatorResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerGroupTopicPartitions:
+    topic_id: uuid.UUID
+    partitions: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupAssignment:
+    topic_partitions: Sequence[ConsumerGroupTopicPartitions]
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerGroupHeartbeatResponse(Response):
-    """KIP-848's heartbeat: this broker answers only with an error (see its handler)."""
+    """KIP-848's heartbeat: the member's id, epoch and, when sent, its assignment."""
 
     API_KEY = ApiKey.CONSUMER_GROUP_HEARTBEAT
     error_code: KafkaErrorCode = NONE
     error_message: str | None = None
+    member_id: str | None = None
     member_epoch: int = 0
     heartbeat_interval: int = 0
+    assignment: ConsumerGroupAssignment | None = None
     throttle_time: int = 0
 
 
@@ -861,8 +874,35 @@ class DescribeTopicPartitionsResponse(Response):
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeTopicPartitions:
+    topic_id: uuid.UUID
+    topic_name: str
+    partitions: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeAssignment:
+    topic_partitions: Sequence[ConsumerGroupDescribeTopicPartitions]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeMember:
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: Sequence[str]
+    assignment: ConsumerGroupDescribeAssignment
+    target_assignment: ConsumerGroupDescribeAssignment
+    subscribed_topic_regex: str | None = None
+    member_type: int = 1  # v1: a consumer-protocol member
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerGroupDescribeGroup:
-    """KIP-848's describe: this broker has no such group, so only the error is set."""
+    """KIP-848's describe: a consumer group with its members, or only the error."""
 
     group_id: str
     error_code: KafkaErrorCode
@@ -871,7 +911,7 @@ class ConsumerGroupDescribeGroup:
     group_epoch: int = 0
     assignment_epoch: int = 0
     assignor_name: str = ""
-    members: Sequence[Any] = ()  # none: this broker has no KIP-848 group to describe
+    members: Sequence[ConsumerGroupDescribeMember] = ()
     authorized_operations: int = AUTHORIZED_OPERATIONS_OMITTED
 
 

@@ -2,10 +2,9 @@
 its own timeout) with an error that says why, and the broker logs the reason once per client,
 however often the client retries.
 
-The KIP-848 consumer group protocol
-(confluent-kafka with ``group.protocol=consumer``), an API key the broker does not serve and a
-version it does not speak (raw requests), and config changes to anything but a topic
-(confluent-kafka, kafka-python); AlterConfigs, the older non-incremental API, is served.
+An API key the broker does not serve and a version it does not speak (raw requests), and config
+changes to anything but a topic (confluent-kafka, kafka-python); AlterConfigs, the older
+non-incremental API, is served.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import uuid
 import warnings
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -59,34 +58,6 @@ def wait_for_warning(broker: BrokerProcess, client_id: str, text: str) -> list[s
             return found
         time.sleep(0.1)
     return []
-
-
-def test_consumer_group_protocol_fails_at_once(broker: BrokerProcess) -> None:
-    client_id = unique("ck-848")
-    consumer = Consumer(
-        {
-            "bootstrap.servers": broker.bootstrap,
-            "group.id": unique("group"),
-            "group.protocol": "consumer",
-            "client.id": client_id,
-        }
-    )
-    consumer.subscribe([unique("topic")])
-    started = time.monotonic()
-    fatal = None
-    try:
-        while fatal is None and time.monotonic() - started < CLIENT_TIMEOUT_S:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is not None:
-                fatal = message.error()
-    finally:
-        consumer.close()
-    assert fatal is not None and fatal.code() == KafkaError._FATAL
-    assert time.monotonic() - started < FAIL_FAST_S
-    assert "ConsumerGroupHeartbeat" in fatal.str()
-    told = wait_for_warning(broker, client_id, "group.protocol=classic")
-    assert len(told) == 1, told
-    assert "answer=UNSUPPORTED_VERSION" in told[0]
 
 
 def raw_request(broker: BrokerProcess, api_key: int, version: int, client_id: str) -> bytes:

@@ -1,6 +1,6 @@
 """The classic consumer-group APIs (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit,
-OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete), FindCoordinator, and
-ConsumerGroupDescribe (KIP-848's, answered as Kafka answers it for a group of another kind).
+OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete) and FindCoordinator; KIP-848's
+ConsumerGroupHeartbeat and ConsumerGroupDescribe are in :mod:`.consumer_groups`.
 
 Each group request is translated into an event of the Group machine
 (:mod:`automq_ref.state_machines.group`), stamped with the injected clock's time, and handed to
@@ -11,6 +11,12 @@ while its shard loads) in the request's own shape, and the client asks FindCoord
 Requests the machine may answer later (a JoinGroup waits for the rebalance, a commit for
 durability) are answered in the awaitable returned, so that they do not hold up the
 connection's later requests.
+
+OffsetCommit and OffsetFetch serve KIP-848 groups too: a consumer-protocol member commits with
+v9+ naming its member epoch as the generation, and OffsetFetch v9 names the member and its
+epoch (the machine answers ``STALE_MEMBER_EPOCH`` for another epoch). ListGroups reports each
+group's type (``classic`` or ``consumer``, v5); DescribeGroups answers a KIP-848 group
+``GROUP_ID_NOT_FOUND`` (v6; Dead before), as Kafka does for a group that is not classic.
 
 FindCoordinator answers, for each group, the broker placement assigns its coordinator partition,
 at the listener that broker registered (this broker: what it advertises);
@@ -298,6 +304,7 @@ async def handle_offset_commit(context: Context, request: Request) -> Reply:
                     body.member_id,
                     getattr(body, "group_instance_id", None),
                     tuple(entries),
+                    request.api_version,
                 ),
                 lambda error: gc.OffsetCommitResponse(
                     tuple(
@@ -374,7 +381,15 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
         return tuple((t.name, int(i)) for t in topics for i in t.partition_indexes)
 
     if request.api_version >= 8:
-        groups = tuple(gc.OffsetFetchGroup(g.group_id, wanted(g.topics)) for g in body.groups)
+        groups = tuple(
+            gc.OffsetFetchGroup(
+                g.group_id,
+                wanted(g.topics),
+                getattr(g, "member_id", None),
+                int(getattr(g, "member_epoch", -1)),
+            )
+            for g in body.groups
+        )
     else:
         groups = (gc.OffsetFetchGroup(body.group_id, wanted(body.topics)),)
     # v7+: a partition whose commit is not settled (in flight, or a transaction's offsets held
@@ -535,27 +550,3 @@ async def handle_offset_delete(context: Context, request: Request) -> Reply:
         return r.respond(request, r.OffsetDeleteResponse(topics, error))
 
     return answer()
-
-
-async def handle_consumer_group_describe(context: Context, request: Request) -> Reply:
-    """ConsumerGroupDescribe (KIP-848) as Kafka 4 answers it for groups that are not KIP-848
-    consumer groups (``GroupMetadataManager.consumerGroupDescribe``): this broker has none, so
-    every group, unknown or classic, is ``GROUP_ID_NOT_FOUND`` (an empty id ``INVALID_GROUP_ID``,
-    a group coordinated elsewhere ``NOT_COORDINATOR``). Kafka's admin client then describes the
-    group with DescribeGroups."""
-    group_ids = tuple(request.body.group_ids)
-    named = tuple(g for g in group_ids if g)
-    described = {
-        g.group_id: g.error_code for g in (await context.groups.describe_groups(named)).groups
-    }
-    groups = []
-    for group_id in group_ids:
-        if not group_id:
-            # Kafka sets a null id, which the schema does not allow: the id sent ("").
-            groups.append(r.ConsumerGroupDescribeGroup("", KafkaErrorCode.INVALID_GROUP_ID))
-            continue
-        error = described[group_id]
-        if error in (KafkaErrorCode.NONE, KafkaErrorCode.GROUP_ID_NOT_FOUND):
-            error = KafkaErrorCode.GROUP_ID_NOT_FOUND
-        groups.append(r.ConsumerGroupDescribeGroup(group_id, error))
-    return r.respond(request, r.ConsumerGroupDescribeResponse(groups))

@@ -5,12 +5,6 @@ own timeout: each answer here is an error the clients treat as fatal (checked ag
 confluent-kafka/librdkafka, kafka-python and aiokafka), with a message where the response has
 room for one, and the broker logs the reason once per client (:mod:`automq_ref.kafka.notices`).
 
-- **The KIP-848 consumer group protocol** (``group.protocol=consumer``). When the broker does not
-  list ConsumerGroupHeartbeat in ApiVersions, librdkafka marks the coordinator dead and looks
-  for it again, silently and for ever. So the API is advertised (Kafka 4.0's range) and every
-  heartbeat answered ``UNSUPPORTED_VERSION``, as Kafka answers when the protocol is disabled
-  (``group.coordinator.rebalance.protocols=classic``); librdkafka and the Java client then fail
-  with a fatal error that names the group protocol.
 - **Config changes to anything but a topic** (a broker, a broker logger, a group, client
   metrics): ``INVALID_REQUEST`` per resource, with a message saying how to change the setting
   instead.
@@ -19,15 +13,8 @@ room for one, and the broker logs the reason once per client (:mod:`automq_ref.k
 from __future__ import annotations
 
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.kafka import responses as r
 from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import Context, Request
-from automq_ref.kafka.server import Reply
-
-CONSUMER_PROTOCOL_MESSAGE = (
-    "the consumer group protocol of KIP-848 (group.protocol=consumer) is not supported by this "
-    "broker; use group.protocol=classic"
-)
 
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
@@ -39,24 +26,6 @@ _RESOURCE_NAMES = {
     16: "client metrics",
     32: "group",
 }
-
-
-async def handle_consumer_group_heartbeat(context: Context, request: Request) -> Reply:
-    unsupported_request(
-        context.notices,
-        "consumer group protocol",
-        client_id=request.client_id,
-        host=request.peer.host,
-        api="ConsumerGroupHeartbeat",
-        error=KafkaErrorCode.UNSUPPORTED_VERSION.name,
-        hint=CONSUMER_PROTOCOL_MESSAGE,
-    )
-    return r.respond(
-        request,
-        r.ConsumerGroupHeartbeatResponse(
-            error_code=KafkaErrorCode.UNSUPPORTED_VERSION, error_message=CONSUMER_PROTOCOL_MESSAGE
-        ),
-    )
 
 
 def config_resource_refusal(

@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.state_machines.group.consumer_state import ConsumerGroupState
 from automq_ref.state_machines.group.events import (
     CLASSIC_GROUP_TYPE,
+    CONSUMER_GROUP_TYPE,
     CONSUMER_PROTOCOL_TYPE,
     DeleteGroups,
     DescribeGroups,
@@ -44,12 +46,19 @@ from automq_ref.state_machines.transition import Transition
 def _on_list_groups(state: CoordinatorState, event: ListGroups) -> GroupTransition:
     states = {name.lower() for name in event.states_filter}
     types = {name.lower() for name in event.types_filter}
-    listed = tuple(
+    classic = [
         ListedGroup(group.group_id, group.protocol_type or "", group.state.value)
-        for group_id, group in sorted(state.groups.items())
+        for group in state.groups.values()
         if (not states or group.state.value.lower() in states)
         and (not types or CLASSIC_GROUP_TYPE in types)
-    )
+    ]
+    consumer = [
+        ListedGroup(group.group_id, CONSUMER_PROTOCOL_TYPE, group.state.value, CONSUMER_GROUP_TYPE)
+        for group in state.consumer_groups.values()
+        if (not states or group.state.value.lower() in states)
+        and (not types or CONSUMER_GROUP_TYPE in types)
+    ]
+    listed = tuple(sorted(classic + consumer, key=lambda g: g.group_id))
     return _respond(state, Respond(event.request_id, ListGroupsResponse(Error.NONE, listed)))
 
 
@@ -85,9 +94,15 @@ def _on_delete_groups(state: CoordinatorState, event: DeleteGroups) -> GroupTran
     results: dict[str, KafkaErrorCode] = {}
     for group_id in event.group_ids:
         group = state.groups.get(group_id)
+        consumer = state.consumer_groups.get(group_id)
         if group_id in results:
             continue
-        if group is None:
+        if consumer is not None:
+            empty = consumer.state is ConsumerGroupState.EMPTY
+            results[group_id] = Error.NONE if empty else Error.NON_EMPTY_GROUP
+            if empty:
+                state = _forget_group(state, group_id)
+        elif group is None:
             results[group_id] = Error.GROUP_ID_NOT_FOUND
         elif group.state is not GroupState.EMPTY:
             results[group_id] = Error.NON_EMPTY_GROUP
@@ -120,6 +135,7 @@ def _forget_group(state: CoordinatorState, group_id: str) -> CoordinatorState:
     an offset's tombstone removes the pending transactional offsets of its key, so a later
     COMMIT marker shows nothing of the deleted group, in memory as in a replay)."""
     groups = {gid: g for gid, g in state.groups.items() if gid != group_id}
+    consumer = {gid: g for gid, g in state.consumer_groups.items() if gid != group_id}
     offsets = {gid: o for gid, o in state.offsets.items() if gid != group_id}
     pending = {
         rid: replace(write, offsets=())
@@ -131,7 +147,14 @@ def _forget_group(state: CoordinatorState, group_id: str) -> CoordinatorState:
         producer_id: {gid: o for gid, o in by_group.items() if gid != group_id}
         for producer_id, by_group in state.txn_offsets.items()
     }
-    return replace(state, groups=groups, offsets=offsets, pending_writes=pending, txn_offsets=held)
+    return replace(
+        state,
+        groups=groups,
+        consumer_groups=consumer,
+        offsets=offsets,
+        pending_writes=pending,
+        txn_offsets=held,
+    )
 
 
 def _on_offset_delete(state: CoordinatorState, event: OffsetDelete) -> GroupTransition:
@@ -142,18 +165,30 @@ def _on_offset_delete(state: CoordinatorState, event: OffsetDelete) -> GroupTran
     or held for a transaction's marker) deleted at once and tombstoned; answered once the
     tombstones are durable (at once when there is none to write)."""
     group = state.groups.get(event.group_id)
-    if group is None:
+    consumer = state.consumer_groups.get(event.group_id)
+    if consumer is not None:
+        subscribed = consumer.subscribed_topics()
+
+        def is_subscribed(topic: str) -> bool:
+            return topic in subscribed
+    elif group is None:
         return _respond(
             state, Respond(event.request_id, OffsetDeleteResponse(Error.GROUP_ID_NOT_FOUND))
         )
-    if group.state is not GroupState.EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
+    elif group.state is not GroupState.EMPTY and group.protocol_type != CONSUMER_PROTOCOL_TYPE:
         return _respond(
             state, Respond(event.request_id, OffsetDeleteResponse(Error.NON_EMPTY_GROUP))
         )
+    else:
+        classic = group
+
+        def is_subscribed(topic: str) -> bool:
+            return classic.state is not GroupState.EMPTY and classic.is_subscribed_to(topic)
+
     results: list[OffsetDeletePartitionResult] = []
     deleted: dict[TopicPartition, None] = {}
     for topic, partition in event.partitions:
-        if group.state is not GroupState.EMPTY and group.is_subscribed_to(topic):
+        if is_subscribed(topic):
             results.append(
                 OffsetDeletePartitionResult(topic, partition, Error.GROUP_SUBSCRIBED_TO_TOPIC)
             )

@@ -5,7 +5,8 @@ writes. Also the protocol constants the requests and answers share.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Final, TypeAlias
 
 from automq_ref.errors import KafkaErrorCode
@@ -16,6 +17,9 @@ NO_OFFSET: Final = -1
 NO_LEADER_EPOCH: Final = -1
 CLASSIC_GROUP_TYPE: Final = "classic"
 CONSUMER_PROTOCOL_TYPE: Final = "consumer"  # the protocol type of Kafka's consumers
+CONSUMER_GROUP_TYPE: Final = "consumer"  # a KIP-848 group's type (ListGroups v5)
+LEAVE_GROUP_MEMBER_EPOCH: Final = -1  # ConsumerGroupHeartbeat: the member leaves
+LEAVE_GROUP_STATIC_MEMBER_EPOCH: Final = -2  # a static member leaves for a while
 
 Error = KafkaErrorCode
 TopicPartition: TypeAlias = tuple[str, int]
@@ -106,6 +110,8 @@ class OffsetCommit:
     member_id: str
     group_instance_id: str | None
     offsets: tuple[OffsetCommitEntry, ...]
+    # The request's version (a consumer-protocol member must commit with v9+); -1: unchecked.
+    api_version: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,9 @@ class TxnMarker:
 class OffsetFetchGroup:
     group_id: str
     partitions: tuple[TopicPartition, ...] | None  # None: every committed partition
+    # v9+: a consumer-protocol member names itself (checked against a KIP-848 group's members).
+    member_id: str | None = None
+    member_epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +192,41 @@ class OffsetDelete:
 
 
 @dataclass(frozen=True, slots=True)
+class ConsumerGroupHeartbeat:
+    """KIP-848's heartbeat. The optional fields are None when unchanged since the member's last
+    heartbeat (``rebalance_timeout_ms`` -1). ``owned`` is what the member owns now (the shell
+    drops topic ids it does not know); ``topics`` the partition count of every topic of the
+    cluster as the shell sees it now (the subscription metadata is read from it);
+    ``generated_member_id`` the id the shell drew for a v0 member that sent none (the machine
+    has no randomness)."""
+
+    request_id: int
+    now_ms: int
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    owned: tuple[TopicPartition, ...] | None = None
+    client_id: str = ""
+    client_host: str = ""
+    topics: Mapping[str, int] = field(default_factory=dict)
+    api_version: int = 1
+    generated_member_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribe:
+    request_id: int
+    now_ms: int
+    group_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
 
@@ -214,6 +258,8 @@ GroupEvent: TypeAlias = (
     | DescribeGroups
     | DeleteGroups
     | OffsetDelete
+    | ConsumerGroupHeartbeat
+    | ConsumerGroupDescribe
     | Tick
     | OffsetsPersisted
     | OffsetsPersistFailed

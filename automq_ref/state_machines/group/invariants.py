@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from automq_ref.state_machines.group.consumer_invariants import (
+    CONSUMER_INVARIANTS,
+    inv_member_epoch_never_decreases,
+)
 from automq_ref.state_machines.group.queries import (
     waiting_requests,
 )
@@ -145,15 +149,16 @@ def inv_deferred_requests_unique(state: CoordinatorState) -> None:
 
 
 def inv_offsets_belong_to_groups(state: CoordinatorState) -> None:
+    held = {*state.groups, *state.consumer_groups}
     for group_id, committed in state.offsets.items():
-        if committed and group_id not in state.groups:
+        if committed and group_id not in held:
             raise InvariantViolation(f"offsets of {group_id}, which is not held")
     for write in state.pending_writes.values():
-        if write.offsets and write.group_ids[0] not in state.groups:
+        if write.offsets and write.group_ids[0] not in held:
             raise InvariantViolation(f"a commit in flight for {write.group_ids}, not held")
     for producer_id, by_group in state.txn_offsets.items():
-        for group_id, held in by_group.items():
-            if held and group_id not in state.groups:
+        for group_id, pending in by_group.items():
+            if pending and group_id not in held:
                 raise InvariantViolation(
                     f"offsets of {group_id} held for producer {producer_id}, a group not held"
                 )
@@ -171,6 +176,7 @@ INVARIANTS: Final = (
     inv_static_instance_ids_unique,
     inv_deferred_requests_unique,
     inv_offsets_belong_to_groups,
+    *CONSUMER_INVARIANTS,
 )
 
 
@@ -184,7 +190,7 @@ def inv_generation_never_decreases(before: CoordinatorState, after: CoordinatorS
             )
 
 
-TRANSITION_INVARIANTS: Final = (inv_generation_never_decreases,)
+TRANSITION_INVARIANTS: Final = (inv_generation_never_decreases, inv_member_epoch_never_decreases)
 
 
 def check_invariants(state: CoordinatorState) -> None:

@@ -12,6 +12,10 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.state_machines.group.consumer_admin import (
+    consumer_commit_error,
+    consumer_fetch_error,
+)
 from automq_ref.state_machines.group.events import (
     NO_LEADER_EPOCH,
     NO_OFFSET,
@@ -88,6 +92,11 @@ def _on_offset_commit(
     offsets are the producer's until its transaction ends (Kafka answers a transactional
     commit during a rebalance too: the producer's transaction is not the group's business)."""
     transactional = isinstance(event, TxnOffsetCommit)
+    consumer = state.consumer_groups.get(event.group_id)
+    if consumer is not None:  # a KIP-848 group: the member epoch is the generation
+        if (error := consumer_commit_error(consumer, event)) is not None:
+            return _respond(state, _commit_error(event, error))
+        return _write_commit(state, event, params)
     group = state.groups.get(event.group_id)
     if group is None:
         if event.generation_id >= 0:
@@ -104,6 +113,13 @@ def _on_offset_commit(
         return _respond(state, _commit_error(event, error))
     if event.member_id in group.members:
         state = _with_group(state, _heartbeat(group, event.member_id, state.now_ms))
+    return _write_commit(state, event, params)
+
+
+def _write_commit(
+    state: CoordinatorState, event: OffsetCommit | TxnOffsetCommit, params: GroupParams
+) -> GroupTransition:
+    """The durable write of a commit its group accepted (answered once durable)."""
     results: dict[TopicPartition, KafkaErrorCode] = {}
     accepted: dict[TopicPartition, CommittedOffset] = {}
     seq = state.next_write_seq
@@ -251,6 +267,10 @@ def _on_offset_fetch(state: CoordinatorState, event: OffsetFetch) -> GroupTransi
     results: list[OffsetFetchGroupResult] = []
     for request in event.groups:
         # Answered whatever the group's state: standalone consumers have no group to speak of.
+        error = consumer_fetch_error(state, request)
+        if error is not Error.NONE:
+            results.append(OffsetFetchGroupResult(request.group_id, error, ()))
+            continue
         keys = request.partitions
         if keys is None:
             keys = tuple(sorted(state.offsets.get(request.group_id, {})))

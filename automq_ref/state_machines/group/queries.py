@@ -4,6 +4,7 @@ answer.
 
 from __future__ import annotations
 
+from automq_ref.state_machines.group.consumer_admin import consumer_deadlines
 from automq_ref.state_machines.group.state import (
     CoordinatorState,
     GroupState,
@@ -24,6 +25,7 @@ def next_deadline_ms(state: CoordinatorState) -> int | None:
             deadlines.append(group.join_deadline_ms)
         if group.sync_deadline_ms is not None and group.pending_sync:
             deadlines.append(group.sync_deadline_ms)
+    deadlines.extend(consumer_deadlines(state))
     return min(deadlines, default=None)
 
 

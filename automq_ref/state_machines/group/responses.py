@@ -170,6 +170,52 @@ class OffsetDeleteResponse:
     partitions: tuple[OffsetDeletePartitionResult, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupHeartbeatResponse:
+    """KIP-848's answer: ``assignment`` (the partitions the member may use now) is None when
+    not sent (the member's assignment did not change and its request was not a full one)."""
+
+    error_code: KafkaErrorCode
+    error_message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: frozenset[tuple[str, int]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedConsumerMember:
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: tuple[str, ...]
+    assignment: frozenset[tuple[str, int]]
+    target_assignment: frozenset[tuple[str, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribedConsumerGroup:
+    """ConsumerGroupDescribe's group: ``GROUP_ID_NOT_FOUND`` (and nothing else) for a group
+    that is not a KIP-848 group held here."""
+
+    group_id: str
+    error_code: KafkaErrorCode
+    error_message: str | None = None
+    group_state: str = ""
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: tuple[DescribedConsumerMember, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescribeResponse:
+    groups: tuple[DescribedConsumerGroup, ...]
+
+
 Response: TypeAlias = (
     JoinGroupResponse
     | SyncGroupResponse
@@ -181,6 +227,8 @@ Response: TypeAlias = (
     | DescribeGroupsResponse
     | DeleteGroupsResponse
     | OffsetDeleteResponse
+    | ConsumerGroupHeartbeatResponse
+    | ConsumerGroupDescribeResponse
 )
 
 

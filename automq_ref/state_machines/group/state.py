@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeAlias
 
+from automq_ref.state_machines.group.consumer_state import ConsumerGroup
 from automq_ref.state_machines.group.events import (
     CONSUMER_PROTOCOL_TYPE,
     Protocol,
@@ -42,6 +43,11 @@ class GroupParams:
     new_member_join_timeout_ms: int = 300_000  # GroupCoordinator.NewMemberJoinTimeoutMs
     offset_metadata_max_bytes: int = 4_096  # offset.metadata.max.bytes
     member_id_token: str = "0"  # chosen by the shell per start-up (e.g. random hex)
+    # KIP-848 consumer groups (group.protocol=consumer):
+    consumer_session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
+    consumer_heartbeat_interval_ms: int = 5_000  # group.consumer.heartbeat.interval.ms
+    consumer_max_size: int = 2**31 - 1  # group.consumer.max.size
+    consumer_assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +151,9 @@ class PendingWrite:
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorState:
-    groups: Mapping[str, Group] = field(default_factory=dict)
+    groups: Mapping[str, Group] = field(default_factory=dict)  # classic groups
+    # KIP-848 consumer groups; a group id is in one of the two maps at most.
+    consumer_groups: Mapping[str, ConsumerGroup] = field(default_factory=dict)
     offsets: Mapping[str, Mapping[TopicPartition, CommittedOffset]] = field(default_factory=dict)
     pending_writes: Mapping[int, PendingWrite] = field(default_factory=dict)  # by request id
     # Per producer id, per group: offsets durable in a transaction not ended yet.
@@ -162,6 +170,10 @@ GroupTransition: TypeAlias = Transition[CoordinatorState, GroupEffect]
 
 def _with_group(state: CoordinatorState, group: Group) -> CoordinatorState:
     return replace(state, groups={**state.groups, group.group_id: group})
+
+
+def _with_consumer_group(state: CoordinatorState, group: ConsumerGroup) -> CoordinatorState:
+    return replace(state, consumer_groups={**state.consumer_groups, group.group_id: group})
 
 
 def _respond(state: CoordinatorState, answer: Respond) -> GroupTransition:

@@ -14,7 +14,15 @@ from automq_ref.state_machines.group.admin import (
     _on_list_groups,
     _on_offset_delete,
 )
+from automq_ref.state_machines.group.consumer_admin import (
+    consumer_group_empty,
+    expire_consumer_groups,
+    on_consumer_group_describe,
+)
+from automq_ref.state_machines.group.consumer_heartbeat import on_consumer_heartbeat
 from automq_ref.state_machines.group.events import (
+    ConsumerGroupDescribe,
+    ConsumerGroupHeartbeat,
     DeleteGroups,
     DescribeGroups,
     GroupEvent,
@@ -46,10 +54,12 @@ from automq_ref.state_machines.group.offsets import (
     _on_offsets_persisted,
     _on_txn_marker,
 )
+from automq_ref.state_machines.group.rebalance import _join_error
 from automq_ref.state_machines.group.state import (
     CoordinatorState,
     GroupParams,
     GroupTransition,
+    _respond,
 )
 from automq_ref.state_machines.transition import Rejected, Transition
 
@@ -68,6 +78,15 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Gro
             event = replace(event, now_ms=state.now_ms)
     match event:
         case JoinGroup():
+            consumer = state.consumer_groups.get(event.group_id)
+            if consumer is not None:
+                if not consumer_group_empty(consumer):
+                    # A classic member cannot join a KIP-848 group with members here.
+                    error = KafkaErrorCode.INCONSISTENT_GROUP_PROTOCOL
+                    return _respond(state, _join_error(event.request_id, error, event.member_id))
+                # An Empty consumer group (offsets only) turns classic on a join, as in Kafka.
+                groups = {g: c for g, c in state.consumer_groups.items() if g != event.group_id}
+                state = replace(state, consumer_groups=groups)
             return _on_join_group(state, event, params)
         case SyncGroup():
             return _on_sync_group(state, event, params)
@@ -87,8 +106,13 @@ def step(state: CoordinatorState, event: GroupEvent, params: GroupParams) -> Gro
             return _on_delete_groups(state, event)
         case OffsetDelete():
             return _on_offset_delete(state, event)
+        case ConsumerGroupHeartbeat():
+            return on_consumer_heartbeat(state, event, params)
+        case ConsumerGroupDescribe():
+            return on_consumer_group_describe(state, event, params)
         case Tick():
-            return _on_tick(state, params)
+            ticked = _on_tick(state, params)
+            return Transition(expire_consumer_groups(ticked.state), ticked.effects)
         case OffsetsPersisted():
             return _on_offsets_persisted(state, event)
         case OffsetsPersistFailed():
