@@ -1,9 +1,13 @@
-"""Group: the classic Kafka consumer group coordinator (JoinGroup/SyncGroup/Heartbeat/...).
+"""Group: Kafka's consumer group coordinator, for the classic protocol
+(JoinGroup/SyncGroup/Heartbeat/...) and KIP-848's consumer protocol (ConsumerGroupHeartbeat).
 
-Spec: none (the behaviour is Kafka's ``GroupCoordinator``/``GroupMetadata``, the classic
-protocol that kafka-python, aiokafka and librdkafka speak). Properties:
-tests/properties/test_group.py::GroupMachine. Examples: tests/unit/test_group.py.
-Page: docs/machines/group.md.
+Spec: none (the behaviour is Kafka's ``GroupCoordinator``/``GroupMetadata`` for the classic
+protocol that kafka-python, aiokafka and librdkafka speak by default, and its
+``GroupMetadataManager`` for ``group.protocol=consumer``: see
+:mod:`.consumer_heartbeat`, :mod:`.consumer_admin`, :mod:`.assignors`). Properties:
+tests/properties/test_group.py::GroupMachine,
+tests/properties/test_consumer_group.py::ConsumerGroupMachine. Examples:
+tests/unit/test_group.py. Page: docs/machines/group.md.
 
 Theory of operation
 -------------------
