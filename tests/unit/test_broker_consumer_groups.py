@@ -73,7 +73,7 @@ async def topic_id(admit: Any, name: str) -> uuid.UUID:
         allow_auto_topic_creation=False,
         include_topic_authorized_operations=False,
     )
-    found = answer.topics[0].topic_id
+    found: uuid.UUID | None = answer.topics[0].topic_id
     assert found is not None
     return found
 
