@@ -7,14 +7,13 @@ credential logs in no more. One broker (in this process) for the module, every p
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_asyncio
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
     AdminClient,
     NewTopic,
@@ -23,15 +22,14 @@ from confluent_kafka.admin import (
     UserScramCredentialDeletion,
     UserScramCredentialUpsertion,
 )
-from kafka import KafkaConsumer, KafkaProducer
 
 from automq_ref.checker.certificates import make_certificates
 from automq_ref.config import load_config
 from automq_ref.node import Node, start_node
+from tests.security_clients import TIMEOUT_S, confluent_round_trip, kafka_python_round_trip
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-TIMEOUT_S = 30
 ADMIN_JAAS = (
     'org.apache.kafka.common.security.plain.PlainLoginModule required user_admin="admin-secret";'
 )
@@ -123,29 +121,6 @@ def described(settings: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def round_trip(settings: dict[str, Any], topic: str) -> list[bytes]:
-    producer = Producer(settings)
-    for value in (b"one", b"two"):
-        producer.produce(topic, value)
-    assert producer.flush(TIMEOUT_S) == 0
-    consumer = Consumer(
-        {**settings, "group.id": f"scram-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[bytes] = []
-    try:
-        for _ in range(TIMEOUT_S * 2):
-            message = consumer.poll(0.5)
-            got = None if message is None or message.error() else message.value()
-            if got is not None:
-                found.append(got)
-            if len(found) == 2:
-                break
-    finally:
-        consumer.close()
-    return found
-
-
 def create_topic(settings: dict[str, Any], topic: str) -> str:
     admin = AdminClient(settings)
     future = admin.create_topics([NewTopic(topic, 1)], request_timeout=5)[topic]
@@ -192,29 +167,8 @@ async def test_users_created_over_plain_log_in_with_scram(broker: tuple[Node, Pa
         (secure(broker, "SCRAM-SHA-512", "alice", "alice-pw"), "scram-512-ssl"),
         (secure(broker, "SCRAM-SHA-256", "alice", "alice-pw"), "scram-256-ssl"),
     ):
-        assert await asyncio.to_thread(round_trip, settings, topic) == [b"one", b"two"], topic
-
-
-def kafka_python_round_trip(bootstrap: str, topic: str) -> list[bytes]:
-    options: dict[str, Any] = {
-        "bootstrap_servers": bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "SCRAM-SHA-512",
-        "sasl_plain_username": "alice",
-        "sasl_plain_password": "alice-pw",
-    }
-    producer = KafkaProducer(**options)
-    for value in (b"five", b"six"):
-        producer.send(topic, value)
-    producer.flush(TIMEOUT_S)
-    producer.close()
-    consumer = KafkaConsumer(
-        topic, auto_offset_reset="earliest", consumer_timeout_ms=10_000, **options
-    )
-    try:
-        return [record.value for record, _ in zip(consumer, range(2), strict=False)]
-    finally:
-        consumer.close()
+        found = await asyncio.to_thread(confluent_round_trip, settings, topic, (b"one", b"two"))
+        assert found == [b"one", b"two"], topic
 
 
 async def test_kafka_python_with_scram(broker: tuple[Node, Path]) -> None:
@@ -222,7 +176,14 @@ async def test_kafka_python_with_scram(broker: tuple[Node, Path]) -> None:
     upsert = UserScramCredentialUpsertion("alice", ScramCredentialInfo(SHA512, 8192), b"alice-pw")
     assert await asyncio.to_thread(alter, admin, [upsert]) == {"alice": "ok"}
     host, port = broker[0].bound_listeners["AUTH"]
-    found = await asyncio.to_thread(kafka_python_round_trip, f"{host}:{port}", "scram-kafka-python")
+    options: dict[str, Any] = {
+        "bootstrap_servers": f"{host}:{port}",
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice",
+        "sasl_plain_password": "alice-pw",
+    }
+    found = await asyncio.to_thread(kafka_python_round_trip, options, "scram-kafka-python")
     assert found == [b"five", b"six"]
 
 

@@ -45,6 +45,7 @@ from automq_ref.kafka.tls import (
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines import stream_metadata as sm
 from tests.etcd_fixture import EtcdServer, running_etcd, unique_cluster_id
+from tests.security_clients import started, write
 
 TIMEOUT_S = 30
 JAAS = (
@@ -66,12 +67,6 @@ KEYSTORE = ("ssl.keystore.type=PEM", "ssl.keystore.location=/k.pem")
 @pytest.fixture(scope="module")
 def certificates() -> Certificates:
     return make_certificates()
-
-
-def write(directory: Path, name: str, text: str) -> str:
-    path = directory / name
-    path.write_text(text)
-    return str(path)
 
 
 def keystore(directory: Path, certificates: Certificates) -> list[str]:
@@ -187,21 +182,6 @@ def test_refused_listener_settings_name_the_problem() -> None:
 
 
 # ------------------------------------------------------------------- one broker, three listeners
-
-
-async def started(directory: Path, *overrides: str) -> Node:
-    config = load_config(
-        overrides=[
-            f"log.dirs={directory / 'data'}",
-            "s3.wal.capacity=16777216",
-            "group.initial.rebalance.delay.ms=0",
-            *overrides,
-        ],
-        environment={},
-    )
-    node = await start_node(config)
-    await node.listen()
-    return node
 
 
 @pytest.fixture

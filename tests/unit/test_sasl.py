@@ -9,21 +9,18 @@ import asyncio
 import logging
 import os
 import shutil
-import subprocess
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError as AIOKafkaError
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kafka import KafkaConsumer, KafkaProducer
 
 from automq_ref.checker.certificates import Certificates, make_certificates
 from automq_ref.config import ConfigError, load_config
@@ -36,8 +33,17 @@ from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.server import CloseConnection, Peer, Reply
 from automq_ref.node import Node, start_node
 from automq_ref.protocol.kio_codec import build, decode_response, encode_request, request_class
+from tests.security_clients import (
+    TIMEOUT_S,
+    aiokafka_round_trip,
+    bootstrap_of,
+    confluent_round_trip,
+    kafka_python_round_trip,
+    kcat_round_trip,
+    started,
+    write,
+)
 
-TIMEOUT_S = 30
 LISTENER = "listeners=SASL_PLAINTEXT://127.0.0.1:0"
 JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -138,21 +144,6 @@ def test_jaas_text_as_kafka_reads_it() -> None:
 # ------------------------------------------------------------------------------- a broker
 
 
-async def started(tmp_path: Path, *overrides: str) -> Node:
-    config = load_config(
-        overrides=[
-            f"log.dirs={tmp_path / 'data'}",
-            "s3.wal.capacity=16777216",
-            "group.initial.rebalance.delay.ms=0",
-            *overrides,
-        ],
-        environment={},
-    )
-    node = await start_node(config)
-    await node.listen()
-    return node
-
-
 @pytest.fixture
 async def sasl_node(tmp_path: Path) -> AsyncIterator[Node]:
     node = await started(tmp_path, LISTENER, *sasl_settings())
@@ -162,9 +153,15 @@ async def sasl_node(tmp_path: Path) -> AsyncIterator[Node]:
         await node.shutdown()
 
 
-def bootstrap_of(node: Node) -> str:
-    host, port = node.advertised_address
-    return f"{host}:{port}"
+def login(bootstrap: str, user: str, password: str) -> dict[str, Any]:
+    """aiokafka's and kafka-python's keyword arguments for a SASL/PLAIN login."""
+    return {
+        "bootstrap_servers": bootstrap,
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
 
 
 def confluent_settings(bootstrap: str, password: str = "alice-secret") -> dict[str, Any]:
@@ -177,118 +174,31 @@ def confluent_settings(bootstrap: str, password: str = "alice-secret") -> dict[s
     }
 
 
-def confluent_round_trip(settings_: dict[str, Any], topic: str) -> list[bytes]:
-    producer = Producer(settings_)
-    for value in (b"three", b"four"):
-        producer.produce(topic, value)
-    assert producer.flush(TIMEOUT_S) == 0
-    consumer = Consumer(
-        {**settings_, "group.id": f"sasl-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[bytes] = []
-    try:
-        for _ in range(TIMEOUT_S * 2):
-            message = consumer.poll(0.5)
-            got = None if message is None or message.error() else message.value()
-            if got is not None:
-                found.append(got)
-            if len(found) == 2:
-                break
-    finally:
-        consumer.close()
-    return found
-
-
-async def aiokafka_round_trip(bootstrap: str, topic: str) -> list[bytes]:
-    options: dict[str, Any] = {
-        "bootstrap_servers": bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "PLAIN",
-        "sasl_plain_username": "admin",
-        "sasl_plain_password": "admin-secret",
-    }
-    producer = AIOKafkaProducer(**options)
-    await producer.start()
-    try:
-        for value in (b"one", b"two"):
-            await producer.send_and_wait(topic, value)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(topic, auto_offset_reset="earliest", **options)
-    await consumer.start()
-    try:
-        found: list[bytes] = []
-        while len(found) < 2:
-            batches = await asyncio.wait_for(consumer.getmany(timeout_ms=500), TIMEOUT_S)
-            found += [record.value for records in batches.values() for record in records]
-        return found
-    finally:
-        await consumer.stop()
-
-
-def kafka_python_round_trip(bootstrap: str, topic: str) -> list[bytes]:
-    options: dict[str, Any] = {
-        "bootstrap_servers": bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "PLAIN",
-        "sasl_plain_username": "alice",
-        "sasl_plain_password": "alice-secret",
-    }
-    producer = KafkaProducer(**options)
-    for value in (b"five", b"six"):
-        producer.send(topic, value)
-    producer.flush(TIMEOUT_S)
-    producer.close()
-    consumer = KafkaConsumer(
-        topic, auto_offset_reset="earliest", consumer_timeout_ms=10_000, **options
-    )
-    try:
-        return [record.value for record, _ in zip(consumer, range(2), strict=False)]
-    finally:
-        consumer.close()
-
-
 async def test_clients_produce_and_consume_with_sasl_plain(sasl_node: Node) -> None:
     bootstrap = bootstrap_of(sasl_node)
-    assert await aiokafka_round_trip(bootstrap, "sasl-aiokafka") == [b"one", b"two"]
+    admin = login(bootstrap, "admin", "admin-secret")
+    assert await aiokafka_round_trip(admin, "sasl-aiokafka") == [b"one", b"two"]
     settings_ = confluent_settings(bootstrap)
+    alice = login(bootstrap, "alice", "alice-secret")
     assert await asyncio.to_thread(confluent_round_trip, settings_, "sasl-confluent") == [
         b"three",
         b"four",
     ]
-    assert await asyncio.to_thread(kafka_python_round_trip, bootstrap, "sasl-kafka-python") == [
+    assert await asyncio.to_thread(kafka_python_round_trip, alice, "sasl-kafka-python") == [
         b"five",
         b"six",
     ]
-
-
-def kcat_round_trip(kcat: str, bootstrap: str, topic: str) -> list[str]:
-    options = ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanism=PLAIN"]
-    options += ["-X", "sasl.username=alice", "-X", "sasl.password=alice-secret"]
-    lines = "".join(f"kcat-{index}\n" for index in range(10))
-    subprocess.run(
-        [kcat, "-b", bootstrap, *options, "-P", "-t", topic],
-        input=lines,
-        text=True,
-        check=True,
-        timeout=TIMEOUT_S,
-    )
-    consumed = subprocess.run(
-        [kcat, "-b", bootstrap, *options, "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=TIMEOUT_S,
-    )
-    return consumed.stdout.splitlines()
 
 
 async def test_kcat_with_sasl_plain(sasl_node: Node) -> None:
     kcat = shutil.which("kcat")
     if kcat is None:
         pytest.skip("kcat is not installed (.ci/run installs the Debian package)")
-    found = await asyncio.to_thread(kcat_round_trip, kcat, bootstrap_of(sasl_node), "sasl-kcat")
+    plain = ["security.protocol=SASL_PLAINTEXT", "sasl.mechanism=PLAIN"]
+    plain += ["sasl.username=alice", "sasl.password=alice-secret"]
+    found = await asyncio.to_thread(
+        kcat_round_trip, kcat, bootstrap_of(sasl_node), plain, "sasl-kcat"
+    )
     assert found == [f"kcat-{index}" for index in range(10)]
 
 
@@ -477,12 +387,6 @@ async def test_a_plaintext_listener_answers_sasl_illegal_state(tmp_path: Path) -
 # ------------------------------------------------------------------------------- SASL_SSL
 
 
-def write(directory: Path, name: str, text: str) -> str:
-    path = directory / name
-    path.write_text(text)
-    return str(path)
-
-
 async def test_sasl_ssl_with_confluent(tmp_path: Path) -> None:
     certificates: Certificates = make_certificates()
     broker = certificates.broker
@@ -526,7 +430,9 @@ async def test_the_documented_properties_file_starts_a_sasl_broker(tmp_path: Pat
     node = await start_node(config)
     try:
         await node.listen()
-        assert await aiokafka_round_trip(bootstrap_of(node), "documented") == [b"one", b"two"]
+        assert await aiokafka_round_trip(
+            login(bootstrap_of(node), "admin", "admin-secret"), "documented"
+        ) == [b"one", b"two"]
     finally:
         await node.shutdown()
 

@@ -8,35 +8,34 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
-import subprocess
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
-from confluent_kafka import Consumer, Producer
 from cryptography import x509
-from kafka import KafkaConsumer, KafkaProducer
 
 from automq_ref.checker.certificates import Certificates, make_certificates
 from automq_ref.config import ConfigError, load_config
 from automq_ref.kafka.tls import TlsConfigError, pem_text
 from automq_ref.node import Node, start_node
-
-TIMEOUT_S = 30
+from tests.security_clients import (
+    TIMEOUT_S,
+    aiokafka_round_trip,
+    bootstrap_of,
+    confluent_round_trip,
+    kafka_python_round_trip,
+    kcat_round_trip,
+    started,
+    write,
+)
 
 
 @pytest.fixture(scope="module")
 def certificates() -> Certificates:
     return make_certificates()
-
-
-def write(directory: Path, name: str, text: str) -> str:
-    path = directory / name
-    path.write_text(text)
-    return str(path)
 
 
 def one_line(pem: str) -> str:
@@ -109,21 +108,6 @@ async def test_an_unusable_keystore_stops_the_start(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------- a broker
 
 
-async def started(tmp_path: Path, *overrides: str) -> Node:
-    config = load_config(
-        overrides=[
-            f"log.dirs={tmp_path / 'data'}",
-            "s3.wal.capacity=16777216",
-            "group.initial.rebalance.delay.ms=0",
-            *overrides,
-        ],
-        environment={},
-    )
-    node = await start_node(config)
-    await node.listen()
-    return node
-
-
 @pytest.fixture
 async def tls_node(tmp_path: Path, certificates: Certificates) -> AsyncIterator[Node]:
     keystore = write(
@@ -141,9 +125,8 @@ async def tls_node(tmp_path: Path, certificates: Certificates) -> AsyncIterator[
         await node.shutdown()
 
 
-def bootstrap_of(node: Node) -> str:
-    host, port = node.advertised_address
-    return f"{host}:{port}"
+def over_tls(bootstrap: str, context: ssl.SSLContext) -> dict[str, Any]:
+    return {"bootstrap_servers": bootstrap, "security_protocol": "SSL", "ssl_context": context}
 
 
 def client_context(certificates: Certificates, directory: Path, *, own: bool) -> ssl.SSLContext:
@@ -156,106 +139,26 @@ def client_context(certificates: Certificates, directory: Path, *, own: bool) ->
     return context
 
 
-async def aiokafka_round_trip(bootstrap: str, context: ssl.SSLContext, topic: str) -> list[bytes]:
-    options = {"bootstrap_servers": bootstrap, "security_protocol": "SSL", "ssl_context": context}
-    producer = AIOKafkaProducer(**options)
-    await producer.start()
-    try:
-        for value in (b"one", b"two"):
-            await producer.send_and_wait(topic, value)
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(topic, auto_offset_reset="earliest", **options)
-    await consumer.start()
-    try:
-        found: list[bytes] = []
-        while len(found) < 2:
-            batches = await asyncio.wait_for(consumer.getmany(timeout_ms=500), TIMEOUT_S)
-            found += [record.value for records in batches.values() for record in records]
-        return found
-    finally:
-        await consumer.stop()
-
-
-def confluent_round_trip(bootstrap: str, ca: str, topic: str) -> list[bytes]:
-    settings = {"bootstrap.servers": bootstrap, "security.protocol": "SSL", "ssl.ca.location": ca}
-    producer = Producer(settings)
-    for value in (b"three", b"four"):
-        producer.produce(topic, value)
-    assert producer.flush(TIMEOUT_S) == 0
-    consumer = Consumer(
-        {**settings, "group.id": f"tls-{uuid.uuid4().hex}", "auto.offset.reset": "earliest"}
-    )
-    consumer.subscribe([topic])
-    found: list[bytes] = []
-    try:
-        for _ in range(TIMEOUT_S * 2):
-            message = consumer.poll(0.5)
-            got = None if message is None or message.error() else message.value()
-            if got is not None:
-                found.append(got)
-            if len(found) == 2:
-                break
-    finally:
-        consumer.close()
-    return found
-
-
-def kafka_python_round_trip(bootstrap: str, ca: str, topic: str) -> list[bytes]:
-    producer = KafkaProducer(bootstrap_servers=bootstrap, security_protocol="SSL", ssl_cafile=ca)
-    for value in (b"five", b"six"):
-        producer.send(topic, value)
-    producer.flush(TIMEOUT_S)
-    producer.close()
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        security_protocol="SSL",
-        ssl_cafile=ca,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=10_000,
-    )
-    try:
-        return [record.value for record, _ in zip(consumer, range(2), strict=False)]
-    finally:
-        consumer.close()
-
-
 async def test_clients_produce_and_consume_over_tls(
     tls_node: Node, certificates: Certificates, tmp_path: Path
 ) -> None:
     bootstrap = bootstrap_of(tls_node)
     context = client_context(certificates, tmp_path, own=False)
-    assert await aiokafka_round_trip(bootstrap, context, "tls-aiokafka") == [b"one", b"two"]
+    assert await aiokafka_round_trip(over_tls(bootstrap, context), "tls-aiokafka") == [
+        b"one",
+        b"two",
+    ]
     ca = write(tmp_path, "ca.pem", certificates.ca.certificate)
-    assert await asyncio.to_thread(confluent_round_trip, bootstrap, ca, "tls-confluent") == [
+    confluent = {"bootstrap.servers": bootstrap, "security.protocol": "SSL", "ssl.ca.location": ca}
+    assert await asyncio.to_thread(confluent_round_trip, confluent, "tls-confluent") == [
         b"three",
         b"four",
     ]
-    assert await asyncio.to_thread(kafka_python_round_trip, bootstrap, ca, "tls-kafka-python") == [
+    kafka_python = {"bootstrap_servers": bootstrap, "security_protocol": "SSL", "ssl_cafile": ca}
+    assert await asyncio.to_thread(kafka_python_round_trip, kafka_python, "tls-kafka-python") == [
         b"five",
         b"six",
     ]
-
-
-def kcat_round_trip(kcat: str, bootstrap: str, ca: str, topic: str) -> list[str]:
-    tls = ["-X", "security.protocol=SSL", "-X", f"ssl.ca.location={ca}"]
-    lines = "".join(f"kcat-{index}\n" for index in range(10))
-    subprocess.run(
-        [kcat, "-b", bootstrap, *tls, "-P", "-t", topic],
-        input=lines,
-        text=True,
-        check=True,
-        timeout=TIMEOUT_S,
-    )
-    consumed = subprocess.run(
-        [kcat, "-b", bootstrap, *tls, "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=TIMEOUT_S,
-    )
-    return consumed.stdout.splitlines()
 
 
 async def test_kcat_over_tls(tls_node: Node, certificates: Certificates, tmp_path: Path) -> None:
@@ -263,7 +166,8 @@ async def test_kcat_over_tls(tls_node: Node, certificates: Certificates, tmp_pat
     if kcat is None:
         pytest.skip("kcat is not installed (.ci/run installs the Debian package)")
     ca = write(tmp_path, "ca.pem", certificates.ca.certificate)
-    found = await asyncio.to_thread(kcat_round_trip, kcat, bootstrap_of(tls_node), ca, "tls-kcat")
+    tls = ["security.protocol=SSL", f"ssl.ca.location={ca}"]
+    found = await asyncio.to_thread(kcat_round_trip, kcat, bootstrap_of(tls_node), tls, "tls-kcat")
     assert found == [f"kcat-{index}" for index in range(10)]
 
 
@@ -301,7 +205,10 @@ async def test_client_certificates_required(tmp_path: Path, certificates: Certif
         await producer.stop()
         assert not node.topics.topics
         known = client_context(certificates, tmp_path, own=True)
-        assert await aiokafka_round_trip(bootstrap, known, "tls-mutual") == [b"one", b"two"]
+        assert await aiokafka_round_trip(over_tls(bootstrap, known), "tls-mutual") == [
+            b"one",
+            b"two",
+        ]
     finally:
         await node.shutdown()
 
@@ -333,7 +240,7 @@ async def test_the_documented_properties_file_starts_a_tls_broker(
     try:
         await node.listen()
         known = client_context(certificates, tmp_path, own=True)
-        assert await aiokafka_round_trip(bootstrap_of(node), known, "documented") == [
+        assert await aiokafka_round_trip(over_tls(bootstrap_of(node), known), "documented") == [
             b"one",
             b"two",
         ]
