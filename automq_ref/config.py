@@ -688,11 +688,6 @@ class BrokerConfig(BaseModel):
                     f"{name}={mechanism}: the inter-broker listener {inter.name} enables "
                     f"{', '.join(inter.sasl.mechanisms)} (set {name} to one of them)"
                 )
-            if mechanism != "PLAIN":
-                raise ValueError(
-                    f"{name}={mechanism}: brokers log in to each other with PLAIN only (enable "
-                    f"PLAIN on the inter-broker listener {inter.name} and set {name}=PLAIN)"
-                )
             if inter.sasl.login(mechanism) is None:
                 raise ValueError(
                     f"the inter-broker listener {inter.name} is SASL: this broker logs in to "

@@ -11,7 +11,8 @@ word is letters, digits, ``.``, ``-``, ``_`` and ``$`` not starting with a digit
 The PLAIN users are the options ``user_<name>="<password>"`` of the entry whose module is
 Kafka's ``PlainLoginModule`` (``PlainServerCallbackHandler`` reads them from there); its
 ``username`` and ``password`` options are the login the broker itself uses on its links to other
-brokers (:func:`plain_login`).
+brokers (:func:`own_login`), as are those of the ``ScramLoginModule`` entry of a SCRAM
+mechanism's text.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 PLAIN_LOGIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
 FLAGS = ("required", "requisite", "sufficient", "optional")
 USER_PREFIX = "user_"
 
@@ -177,17 +179,17 @@ def plain_users(text: str) -> dict[str, str]:
     return users
 
 
-def plain_login(text: str) -> tuple[str, str] | None:
-    """The ``username`` and ``password`` options of the ``PlainLoginModule`` entry (the
-    broker's own login), or None when the entry has neither; :class:`JaasError` when only one is
-    given or the text is malformed."""
+def own_login(text: str, login_module: str = PLAIN_LOGIN_MODULE) -> tuple[str, str] | None:
+    """The ``username`` and ``password`` options of the ``login_module`` entry (the broker's
+    own login), or None when the entry has neither; :class:`JaasError` when only one is given
+    or the text is malformed."""
     for entry in parse_jaas(text):
-        if entry.login_module != PLAIN_LOGIN_MODULE:
+        if entry.login_module != login_module:
             continue
         username, password = entry.options.get("username"), entry.options.get("password")
         if username is None and password is None:
             return None
         if not username or password is None:
-            raise JaasError(f"{PLAIN_LOGIN_MODULE}: username and password go together")
+            raise JaasError(f"{login_module}: username and password go together")
         return username, password
     return None

@@ -15,7 +15,13 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from automq_ref.formats.jaas import JaasError, plain_login, plain_users
+from automq_ref.formats.jaas import (
+    PLAIN_LOGIN_MODULE,
+    SCRAM_LOGIN_MODULE,
+    JaasError,
+    own_login,
+    plain_users,
+)
 
 SECURITY_PROTOCOLS: Final = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # Kafka's listener.security.protocol.map default: each protocol is a listener name of its own.
@@ -212,10 +218,13 @@ class SaslSettings:
             raise ValueError(f"{name}: {error}") from error
 
     def login(self, mechanism: str) -> tuple[str, str] | None:
-        """The broker's own login for ``mechanism`` (``username``/``password`` in its JAAS
-        text), used on its links to other brokers; None when the text gives none."""
+        """The broker's own login for ``mechanism`` (``username``/``password`` of the
+        ``PlainLoginModule`` entry of PLAIN's JAAS text, of the ``ScramLoginModule`` entry of a
+        SCRAM mechanism's), used on its links to other brokers; None when the text gives none."""
+        text = self.jaas_text(mechanism)
+        module = PLAIN_LOGIN_MODULE if mechanism.upper() == "PLAIN" else SCRAM_LOGIN_MODULE
         try:
-            return plain_login(self.jaas_text(mechanism)) if self.jaas_text(mechanism) else None
+            return own_login(text, module) if text else None
         except JaasError as error:
             raise ValueError(f"{self.jaas_property(mechanism)}: {error}") from error
 

@@ -33,6 +33,9 @@ A malformed message is a refusal like any other, never an exception. The server'
 with the client-first (this module draws nothing at random), and so does the user's credential,
 looked up by the caller's function. A ``tokenauth`` extension (a delegation token's login) is
 refused: no delegation tokens are served; other extensions are ignored, as Kafka ignores them.
+
+The client's side (:class:`ClientLogin`, :func:`check_server_final`) is what a broker uses to log
+in to another broker's SCRAM listener.
 """
 
 from __future__ import annotations
@@ -441,3 +444,54 @@ def _final(state: AwaitingFinal, message: bytes) -> tuple[Exchange, bytes | None
         ServerFinal(server_signature(mechanism, credential.server_key, auth))
     )
     return Authenticated(mechanism, state.client_first.username), answer
+
+
+# ---------------------------------------------------------------------------- the client's side
+
+
+@dataclass(frozen=True, slots=True)
+class ClientLogin:
+    """The client's side of one exchange (a broker logging in to another): its first message,
+    then, given the server-first, its final message and the signature the server-final must
+    carry. Kafka's ``ScramSaslClient`` rules: the server's nonce must extend the client's, and
+    an iteration count below :data:`MIN_ITERATIONS` is refused."""
+
+    mechanism: str
+    username: str
+    password: str
+    nonce: str  # printable ASCII without ","
+
+    @property
+    def first(self) -> bytes:
+        return format_client_first(self.username, self.nonce)
+
+    def final(self, server_first: bytes) -> tuple[bytes, bytes]:
+        """The client-final for ``server_first`` and the server signature to expect;
+        :class:`ScramFormatError` for a server-first that is malformed or breaks the rules."""
+        first = parse_server_first(server_first)
+        if not first.nonce.startswith(self.nonce) or first.nonce == self.nonce:
+            raise ScramFormatError("the server's nonce does not extend the client's")
+        if first.iterations < MIN_ITERATIONS:
+            raise ScramFormatError(
+                f"iterations {first.iterations} is less than the minimum {MIN_ITERATIONS}"
+            )
+        mechanism = self.mechanism
+        salted = salted_password(mechanism, self.password, first.salt, first.iterations)
+        without = client_final_without_proof(b"n,,", first.nonce)
+        bare = self.first.decode()[len("n,,") :]
+        auth = auth_message(bare, server_first.decode(), without)
+        proof = client_proof(mechanism, salted, auth)
+        server_key = credential_of_salted(mechanism, salted, first.salt, first.iterations)
+        expected = server_signature(mechanism, server_key.server_key, auth)
+        return format_client_final(b"n,,", first.nonce, proof), expected
+
+
+def check_server_final(message: bytes, expected: bytes) -> None:
+    """:class:`ScramFormatError` unless ``message`` is a server-final carrying ``expected`` (a
+    server that does not hold the credential cannot sign)."""
+    final = parse_server_final(message)
+    if final.error is not None:
+        raise ScramFormatError(f"the server refused the login: {final.error}")
+    assert final.signature is not None
+    if not hmac.compare_digest(final.signature, expected):
+        raise ScramFormatError("the server's signature is not the credential's")

@@ -8,14 +8,16 @@ addresses. A broker without an endpoint of that name is left out, as Kafka does.
 
 A broker's links to another (transaction markers, the zone router's forwarded writes) go to the
 other broker's endpoint of ``inter.broker.listener.name`` and speak that listener's protocol
-(:class:`LinkSecurity`): TLS with the listener's truststore and keystore, SASL with the
-broker's own login from the listener's JAAS text.
+(:class:`LinkSecurity`): TLS with the listener's truststore and keystore, SASL (PLAIN, or
+SCRAM-SHA-256/512 with the server's signature checked) with the broker's own login from the
+listener's JAAS text for ``sasl.mechanism.inter.broker.protocol``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import secrets
 import socket
 import ssl
 import struct
@@ -24,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from automq_ref.config import BrokerConfig
+from automq_ref.formats import scram
 from automq_ref.formats.listeners import Listener
 from automq_ref.kafka.tls import client_ssl_context
 from automq_ref.protocol.kio_codec import build, decode_response, encode_request, request_class
@@ -34,15 +37,9 @@ from automq_ref.state_machines import stream_metadata as sm
 class LinkLogin:
     """A broker's SASL login on another broker's listener."""
 
-    mechanism: str
+    mechanism: str  # PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
     username: str
     password: str
-
-    def first_token(self) -> bytes:
-        """The client's first (PLAIN: only) token."""
-        if self.mechanism != "PLAIN":
-            raise ValueError(f"a broker link logs in with PLAIN, not {self.mechanism}")
-        return b"\0" + self.username.encode() + b"\0" + self.password.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +65,8 @@ async def open_link(
     host: str, port: int, security: LinkSecurity = PLAINTEXT_LINK, client_id: str = "automq-ref"
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection to another broker's listener at ``host:port``, TLS and SASL done as
-    ``security`` says (SaslHandshake v1, then SaslAuthenticate v2 with the login's token);
+    ``security`` says (SaslHandshake v1, then SaslAuthenticate v2 with PLAIN's token or the
+    SCRAM exchange's two);
     :class:`LinkLoginError` when the login is refused, OSError when the connection fails."""
     context = security.ssl_context
     reader, writer = await asyncio.open_connection(
@@ -101,12 +99,26 @@ async def _log_in(
             f"SASL {login.mechanism} refused ({answer.error_code.name}); the listener "
             f"enables {', '.join(answer.mechanisms)}"
         )
-    token = build(request_class(SASL_AUTHENTICATE_KEY, 2), {"auth_bytes": login.first_token()})
-    answer = await exchange(SASL_AUTHENTICATE_KEY, 2, 2, token)
-    if int(answer.error_code.value) != 0:
-        raise LinkLoginError(
-            f"login as {login.username} refused: {answer.error_message or answer.error_code.name}"
-        )
+
+    async def authenticate(correlation_id: int, token: bytes) -> bytes:
+        body = build(request_class(SASL_AUTHENTICATE_KEY, 2), {"auth_bytes": token})
+        answer = await exchange(SASL_AUTHENTICATE_KEY, 2, correlation_id, body)
+        if int(answer.error_code.value) != 0:
+            refusal = answer.error_message or answer.error_code.name
+            raise LinkLoginError(f"login as {login.username} refused: {refusal}")
+        return bytes(answer.auth_bytes)
+
+    if login.mechanism == "PLAIN":
+        await authenticate(2, b"\0" + login.username.encode() + b"\0" + login.password.encode())
+        return
+    client = scram.ClientLogin(
+        login.mechanism, login.username, login.password, secrets.token_urlsafe(24)
+    )
+    try:
+        final, expected = client.final(await authenticate(2, client.first))
+        scram.check_server_final(await authenticate(3, final), expected)
+    except scram.ScramFormatError as error:
+        raise LinkLoginError(f"{login.mechanism} login as {login.username}: {error}") from error
 
 
 def link_connect(config: BrokerConfig, client_id: str) -> Connect:

@@ -23,6 +23,13 @@ from automq_ref.errors import KafkaErrorCode as E
 from automq_ref.formats import scram
 from automq_ref.formats.scram_credential import decode_credential, encode_credential
 from automq_ref.kafka.handlers import scram as handlers
+from automq_ref.kafka.listeners import (
+    LinkLogin,
+    LinkLoginError,
+    LinkSecurity,
+    link_security,
+    open_link,
+)
 from automq_ref.kafka.sasl import AUTHENTICATED
 from automq_ref.kafka.server import CloseConnection, Peer
 from automq_ref.node import Node, start_node
@@ -191,7 +198,7 @@ async def login(
     signature is checked on success."""
     handshake = await call(node.front_end.admit, peer, 17, version, mechanism=mechanism)
     assert int(handshake.error_code) == 0
-    first = scram.format_client_first(username, "clientnonce")
+    client = scram.ClientLogin(mechanism, username, password, "clientnonce")
 
     async def send(token: bytes) -> tuple[int, str | None, bytes]:
         if version == 1:
@@ -203,22 +210,14 @@ async def login(
             return E.SASL_AUTHENTICATION_FAILED, str(closed), b""
         return 0, None, b"".join(bytes(chunk) for chunk in reply)  # type: ignore[union-attr]
 
-    code, message, answer = await send(first)
+    code, message, answer = await send(client.first)
     if code:
         return code, message
-    server_first = scram.parse_server_first(answer)
-    salted = scram.salted_password(mechanism, password, server_first.salt, server_first.iterations)
-    without = scram.client_final_without_proof(b"n,,", server_first.nonce)
-    auth = scram.auth_message(first.decode()[3:], server_first.text, without)
-    proof = scram.client_proof(mechanism, salted, auth)
-    final = scram.format_client_final(b"n,,", server_first.nonce, proof)
+    final, expected = client.final(answer)
     code, message, answer = await send(final)
     if code:
         return code, message
-    key = scram.credential_of_salted(mechanism, salted, server_first.salt, 1).server_key
-    assert scram.parse_server_final(answer).signature == scram.server_signature(
-        mechanism, key, auth
-    )
+    scram.check_server_final(answer, expected)
     return code, message
 
 
@@ -287,19 +286,87 @@ def test_credentials_of_the_kv() -> None:
     assert handlers.credential_in(kv, "SCRAM-SHA-512", "bad") is None
 
 
-def test_the_inter_broker_login_stays_plain() -> None:
-    jaas = (
-        "org.apache.kafka.common.security.plain.PlainLoginModule required "
-        'username="b" password="p" user_b="p";'
+SCRAM_JAAS = (
+    "org.apache.kafka.common.security.scram.ScramLoginModule required "
+    'username="alice" password="alice-secret";'
+)
+
+
+def cluster_config(*overrides: str) -> Any:
+    return load_config(
+        overrides=[
+            "listeners=SASL_PLAINTEXT://127.0.0.1:0",
+            "sasl.enabled.mechanisms=SCRAM-SHA-512",
+            "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
+            "metadata.etcd.endpoints=http://127.0.0.1:2379",
+            *overrides,
+        ],
+        environment={},
     )
-    with pytest.raises(ConfigError, match="brokers log in to each other with PLAIN only"):
-        load_config(
-            overrides=[
-                "listeners=SASL_PLAINTEXT://127.0.0.1:0",
-                "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-512",
-                f"listener.name.sasl_plaintext.plain.sasl.jaas.config={jaas}",
-                "sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512",
-                "metadata.etcd.endpoints=http://127.0.0.1:2379",
-            ],
-            environment={},
-        )
+
+
+def test_the_inter_broker_login_may_be_scram() -> None:
+    config = cluster_config(
+        f"listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config={SCRAM_JAAS}"
+    )
+    assert link_security(config).login == LinkLogin("SCRAM-SHA-512", "alice", "alice-secret")
+    property_ = "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"
+    with pytest.raises(ConfigError, match=property_):
+        cluster_config()  # no login of its own
+    plain_module = SCRAM_JAAS.replace("scram.ScramLoginModule", "plain.PlainLoginModule")
+    with pytest.raises(ConfigError, match=property_):
+        cluster_config(f"{property_}={plain_module}")  # SCRAM's login is ScramLoginModule's
+
+
+async def test_a_broker_link_logs_in_with_scram(node: Node) -> None:
+    await alter(node, upsertions=[upsertion("alice", SHA512, "alice-secret")])
+    await node.listen()
+    host, port = node.bound_listeners["AUTH"]
+    right = LinkSecurity(login=LinkLogin("SCRAM-SHA-512", "alice", "alice-secret"))
+    reader, writer = await open_link(host, port, right)
+    try:
+        # The link is served: a request after the login is answered.
+        frame = request_frame(18, 3, 9, client_software_name="t", client_software_version="1")
+        writer.write(len(frame).to_bytes(4, "big") + frame)
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        assert decode_response(18, 3, await reader.readexactly(size))[1].error_code == 0
+    finally:
+        writer.close()
+    for login in (
+        LinkLogin("SCRAM-SHA-512", "alice", "wrong"),
+        LinkLogin("SCRAM-SHA-256", "alice", "alice-secret"),  # no credential of that mechanism
+    ):
+        with pytest.raises(LinkLoginError, match="login as alice refused"):
+            await open_link(host, port, LinkSecurity(login=login))
+
+
+def test_the_client_checks_the_server() -> None:
+    client = scram.ClientLogin("SCRAM-SHA-256", "alice", "pw", "abc")
+    credential = scram.credential_of_password("SCRAM-SHA-256", "pw", b"salt", 4096)
+    server_first = scram.format_server_first(scram.ServerFirst("abcdef", b"salt", 4096))
+    final, expected = client.final(server_first)
+    state, answer = scram.step(
+        scram.AwaitingFinal(
+            "SCRAM-SHA-256",
+            scram.parse_client_first(client.first),
+            scram.parse_server_first(server_first),
+            credential,
+        ),
+        final,
+        "",
+        lambda _: None,
+    )
+    assert isinstance(state, scram.Authenticated) and answer is not None
+    scram.check_server_final(answer, expected)
+    other = scram.credential_of_password("SCRAM-SHA-256", "not pw", b"salt", 4096)
+    forged = scram.format_server_final(
+        scram.ServerFinal(scram.server_signature("SCRAM-SHA-256", other.server_key, b"x"))
+    )
+    with pytest.raises(scram.ScramFormatError, match="signature"):
+        scram.check_server_final(forged, expected)
+    with pytest.raises(scram.ScramFormatError, match="refused the login"):
+        scram.check_server_final(b"e=invalid-proof", expected)
+    with pytest.raises(scram.ScramFormatError, match="does not extend"):
+        client.final(scram.format_server_first(scram.ServerFirst("xyz123", b"salt", 4096)))
+    with pytest.raises(scram.ScramFormatError, match="less than the minimum"):
+        client.final(scram.format_server_first(scram.ServerFirst("abcdef", b"salt", 4095)))
