@@ -5,8 +5,10 @@ run several nodes in one process), which the shell's parts count into as things 
 
 - the listener (:mod:`automq_ref.kafka.server`): the requests answered and their time, per API
   (``kafka_request_count_total``, ``kafka_request_time_milliseconds``, from the frame's arrival
-  to its answer being written), the bytes read and written (``kafka_broker_network_io_bytes_total``
-  by ``direction``) and the open connections (``kafka_server_connection_count``);
+  to its answer being written), the error codes the answers carry, per API and error name, NONE
+  left out (``kafka_request_error_count_total``), the bytes read and written
+  (``kafka_broker_network_io_bytes_total`` by ``direction``) and the open connections
+  (``kafka_server_connection_count``);
 - the object store (:class:`automq_ref.io.storage.object_store.MeasuredStore` around the node's
   store): every request by operation
   with its time and outcome (``kafka_stream_operation_latency`` with ``operation_type="S3Request"``,
@@ -79,6 +81,12 @@ class BrokerMetrics:
         self._requests = Counter(
             "kafka_request_count", "Requests answered, by API.", ["type"], registry=registry
         )
+        self._request_errors = Counter(
+            "kafka_request_error_count",
+            "Error codes answered (top level and per entry, NONE not counted), by API and error.",
+            ["type", "error"],
+            registry=registry,
+        )
         self._request_time = Histogram(
             "kafka_request_time_milliseconds",
             "Time from a request's arrival to its answer written, by API.",
@@ -116,6 +124,7 @@ class BrokerMetrics:
         # Children by label, looked up once (labels() takes a lock and builds a tuple).
         self._by_api: dict[str, tuple[Counter, Histogram]] = {}
         self._by_operation: dict[tuple[str, str, str], Histogram] = {}
+        self._by_error: dict[tuple[str, str], Counter] = {}
 
     def register(self, collector: Collector) -> None:
         """Add a collector read at each scrape."""
@@ -128,6 +137,14 @@ class BrokerMetrics:
             self._by_api[api] = children
         children[0].inc()
         children[1].observe(milliseconds)
+
+    def request_error(self, api: str, error: str) -> None:
+        """One error code (by its Kafka name) in an answer to ``api``."""
+        key = (api, error)
+        child = self._by_error.get(key)
+        if child is None:
+            child = self._by_error[key] = self._request_errors.labels(*key)
+        child.inc()
 
     def operation(self, operation_type: str, name: str, ok: bool, seconds: float) -> None:
         key = (operation_type, name, SUCCESS if ok else FAILED)

@@ -95,7 +95,7 @@ from automq_ref.kafka.handlers import (
 )
 from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
-from automq_ref.kafka.server import Chunks, CloseConnection, Peer, Reply
+from automq_ref.kafka.server import Answer, Chunks, CloseConnection, Peer, Reply
 from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
 from automq_ref.protocol.kio_codec import (
     RequestDecodeError,
@@ -137,14 +137,19 @@ async def _zone_router(context: Context, request: Request) -> Reply:
     if version < 1:
         # v0 carries the older router record (data in objects of its own), not built here.
         response = ZoneRouterResponse(KafkaErrorCode.UNSUPPORTED_VERSION.value)
-        return [encode_zone_router_response(version, request.correlation_id, response)]
+        return _zone_router_answer(version, request.correlation_id, response)
     answer = router_in.admit(request.body)
 
     async def respond() -> Chunks:
-        response = await answer
-        return [encode_zone_router_response(version, request.correlation_id, response)]
+        return _zone_router_answer(version, request.correlation_id, await answer)
 
     return respond()
+
+
+def _zone_router_answer(version: int, correlation_id: int, response: ZoneRouterResponse) -> Answer:
+    """Its error code counted (the routed Produce answers inside it are the proxy's to count)."""
+    encoded = encode_zone_router_response(version, correlation_id, response)
+    return Answer((encoded,), lambda: (response.error_code,))
 
 
 # AutomqZoneRouter (AutoMQ's broker-to-broker API), served with the zone router on.
@@ -366,9 +371,9 @@ class Dispatcher:
             hint=f"the client sent {name} (API key {api_key}), which this broker does not "
             "serve (it is not in its ApiVersions answer)",
         )
-        return encode_error_response(
-            api_key, api_version, correlation_id, KafkaErrorCode.UNSUPPORTED_VERSION
-        )
+        unsupported = KafkaErrorCode.UNSUPPORTED_VERSION
+        encoded = encode_error_response(api_key, api_version, correlation_id, unsupported)
+        return Answer(encoded, lambda: (unsupported,))
 
 
 def _client_id(frame: bytes | bytearray) -> str | None:

@@ -11,21 +11,26 @@ mypy checks the field names where a response is built; ``tests/unit/test_broker_
 checks that every field exists in some served version of kio's class, so a misspelled field
 cannot be silently dropped.
 
+An encoded response is an :class:`~automq_ref.kafka.server.Answer`: with metrics on, the
+listener counts the error codes of its typed response (:func:`error_codes`: every field named
+``error_code`` or ending ``_error_code``, at any depth).
+
 Produce and Fetch are not here: their encoders are written by hand (:mod:`automq_ref.protocol`).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka.partition_transactions import ProducerDescription
 from automq_ref.kafka.request import ApiKey, Request
-from automq_ref.kafka.server import Chunks
+from automq_ref.kafka.server import Answer, Chunks
 from automq_ref.protocol.kio_codec import build, encode_response, response_class
 
 NONE = KafkaErrorCode.NONE
@@ -50,7 +55,35 @@ def respond(request: Request, response: Response) -> Chunks:
 def encode(api_version: int, correlation_id: int, response: Response) -> Chunks:
     key = response.API_KEY
     cls = response_class(key, api_version)
-    return encode_response(key, api_version, correlation_id, build(cls, _values(response)))
+    chunks = encode_response(key, api_version, correlation_id, build(cls, _values(response)))
+    return Answer(chunks, functools.partial(error_codes, response))
+
+
+# Per response or entry class: its error code fields, and the others (which may nest entries).
+_ERROR_FIELDS: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def error_codes(entity: object) -> Iterator[int]:
+    """The error codes ``entity`` carries, its own and its entries' (NONE among them)."""
+    cls = type(entity)
+    split = _ERROR_FIELDS.get(cls)
+    if split is None:
+        names = tuple(f.name for f in fields(entity))  # type: ignore[arg-type]
+        codes = tuple(n for n in names if n == "error_code" or n.endswith("_error_code"))
+        split = _ERROR_FIELDS[cls] = (codes, tuple(n for n in names if n not in codes))
+    codes, others = split
+    for name in codes:
+        code = getattr(entity, name)
+        if code is not None:
+            yield int(code)
+    for name in others:
+        value = getattr(entity, name)
+        if isinstance(value, list | tuple):
+            for item in value:
+                if hasattr(type(item), "__dataclass_fields__"):
+                    yield from error_codes(item)
+        elif hasattr(type(value), "__dataclass_fields__"):
+            yield from error_codes(value)
 
 
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {}

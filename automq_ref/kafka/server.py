@@ -35,7 +35,9 @@ at once, then one line per :data:`CONNECTION_LOG_WINDOW_S` with how many more ca
 Metrics (when the node has them, :mod:`automq_ref.io.metrics`): each frame's bytes and API key
 and its arrival time are noted as it is taken; when its answer has been written (or, acks=0,
 found to be none) the request is counted, with its time, by API; the answers' bytes and the open
-connections are counted too.
+connections are counted too. An answer that is an :class:`Answer` says which error codes it
+carries (its handler's results, not a walk of the bytes): each one but NONE is counted by API
+and error name, read only with metrics on.
 
 Closing: once a connection is closing (the peer went away, a request could not be answered, the
 server stops) nothing more is admitted, and the answers admitted but not yet awaited are closed
@@ -56,10 +58,11 @@ import logging
 import ssl
 import time
 import typing
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.logfmt import fields
 from automq_ref.io.metrics import BrokerMetrics
 from automq_ref.kafka.notices import Notices
@@ -73,6 +76,23 @@ DEFAULT_MAX_IN_FLIGHT = 64
 
 Chunks = Sequence[bytes | bytearray | memoryview]
 Reply = Chunks | None | Awaitable[Chunks | None]
+
+
+class Answer(list[bytes | bytearray | memoryview]):
+    """A response's chunks, and how to list the error codes it carries (top level and per
+    entry, NONE among them): a function of what the handler answered, called by the listener
+    only when it counts errors (:mod:`automq_ref.io.metrics`), so an answer costs nothing more
+    without metrics."""
+
+    __slots__ = ("error_codes",)
+
+    def __init__(
+        self,
+        chunks: Iterable[bytes | bytearray | memoryview],
+        error_codes: Callable[[], Iterable[int]],
+    ) -> None:
+        super().__init__(chunks)
+        self.error_codes = error_codes
 
 
 class CloseConnection(Exception):
@@ -382,9 +402,12 @@ class _Connection(asyncio.BufferedProtocol):
                 await self._can_write.wait()
             if self._metrics is not None and self._arrivals:
                 api_key, arrived = self._arrivals.popleft()
-                self._metrics.request_answered(
-                    _api_label(api_key), (time.perf_counter() - arrived) * 1000
-                )
+                api = _api_label(api_key)
+                self._metrics.request_answered(api, (time.perf_counter() - arrived) * 1000)
+                if isinstance(chunks, Answer):
+                    for code in chunks.error_codes():
+                        if code:
+                            self._metrics.request_error(api, _error_label(code))
             self._update_reading()
 
     # --------------------------------------------------------------------------- helpers
@@ -449,6 +472,16 @@ def _api_label(api_key: int) -> str:
     key neither Kafka nor AutoMQ defines."""
     name = _AUTOMQ_APIS.get(api_key) or api_name(api_key)
     return name if name.isidentifier() else "unknown"
+
+
+@functools.cache
+def _error_label(code: int) -> str:
+    """An error code's name, as Kafka's ``ErrorsPerSec`` labels it; a code Kafka does not define
+    is ``UNKNOWN_SERVER_ERROR``, as Kafka's ``Errors.forCode`` reads one."""
+    try:
+        return KafkaErrorCode(code).name
+    except ValueError:
+        return KafkaErrorCode.UNKNOWN_SERVER_ERROR.name
 
 
 class KafkaServer:

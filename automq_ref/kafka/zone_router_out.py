@@ -52,13 +52,13 @@ from automq_ref.formats.zone_router import (
     ZoneRouterPack,
 )
 from automq_ref.kafka.broker_link import BrokerLink, BrokerLinkError
-from automq_ref.kafka.handlers.produce import admit_partition, answer_partition
+from automq_ref.kafka.handlers.produce import admit_partition, answer_partition, produce_answer
 from automq_ref.kafka.listeners import Connect
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.kafka.zone_router_in import EpochGate, Located, RouterIn
 from automq_ref.kafka.zones import Route, client_zone, proxy_mapping, route_out
-from automq_ref.protocol.produce_response import ProducePartitionAnswer, encode_produce_response
+from automq_ref.protocol.produce_response import ProducePartitionAnswer
 from automq_ref.protocol.zone_router import (
     ROUTER_RECORD_VERSION,
     ZONE_ROUTER_MAX_VERSION,
@@ -454,7 +454,7 @@ async def _answer(
     request: Request, answers: list[tuple[str, list[Awaitable[ProducePartitionAnswer]]]]
 ) -> Chunks:
     topics = [(name, [await waiting for waiting in pending]) for name, pending in answers]
-    return [encode_produce_response(request.api_version, request.correlation_id, topics)]
+    return produce_answer(request, topics)
 
 
 _closing: set[asyncio.Future[None]] = set()

@@ -8,17 +8,25 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from kio.schema.create_topics.v5.request import CreatableTopic
+from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
+from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
+from kio.schema.types import TopicName
+from kio.static.primitive import i8, i16, i32, i64
 from prometheus_client.parser import text_string_to_metric_families
 
 from automq_ref.config import ConfigError, ExporterAddress, load_config, parse_exporter_uri
 from automq_ref.io.metrics import BrokerMetrics
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, MeasuredStore, NotFound
 from automq_ref.node import Node, start_node
+from tests.unit.test_broker_node import request_frame
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json"
@@ -199,8 +207,10 @@ async def test_a_scraped_broker_counts_its_traffic(node: Node) -> None:
     assert after[("kafka_log_end_offset", (("partition", "0"), *topic))] == 15
     fetches = ("kafka_request_count_total", (("type", "Fetch"),))
     assert after[fetches] > first.get(fetches, 0)
-    # Every series the Grafana dashboard asks for is one this broker exports.
-    exported = {name for name, _ in after}
+    # Every series the Grafana dashboard asks for is one this broker exports (an error's
+    # series once there is one).
+    await create_topic(node, "metered")
+    exported = {name for name, _ in await scrape(node)}
     panels = json.loads(DASHBOARD.read_text())["panels"]
     wanted = {
         name
@@ -209,3 +219,80 @@ async def test_a_scraped_broker_counts_its_traffic(node: Node) -> None:
         for name in SERIES.findall(target["expr"])
     }
     assert len(wanted) >= 10 and wanted <= exported, wanted - exported
+
+
+async def ask(node: Node, api_key: int, version: int, **body: Any) -> None:
+    """One request (kio's ``body``) on a connection of its own, its answer read."""
+    host, port = node.advertised_address
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        frame = request_frame(api_key, version, 1, **body)
+        writer.write(len(frame).to_bytes(4, "big") + frame)
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        await reader.readexactly(size)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def create_topic(node: Node, name: str) -> None:
+    """CreateTopics (v5) of one topic of one partition; an existing one: TOPIC_ALREADY_EXISTS."""
+    topic = CreatableTopic(
+        name=TopicName(name),
+        num_partitions=i32(1),
+        replication_factor=i16(1),
+        assignments=(),
+        configs=(),
+    )
+    await ask(node, 19, 5, topics=(topic,), timeout=timedelta(seconds=10), validate_only=False)
+
+
+async def test_answered_error_codes_are_counted_by_api_and_name(node: Node) -> None:
+    """Top-level and per-entry codes of a typed response (CreateTopics), of Produce's and Fetch's
+    hand-encoded ones, per partition; NONE is not counted."""
+    for _ in range(2):  # the second: TOPIC_ALREADY_EXISTS
+        await create_topic(node, "twice")
+    missing = tuple(PartitionProduceData(index=i32(i), records=None) for i in (5, 6))
+    await ask(
+        node,
+        0,  # Produce, to two partitions the topic does not have
+        9,
+        transactional_id=None,
+        acks=i16(1),
+        timeout=timedelta(seconds=10),
+        topic_data=(TopicProduceData(name=TopicName("twice"), partition_data=missing),),
+    )
+    fetched = FetchPartition(
+        partition=i32(0),
+        current_leader_epoch=i32(-1),
+        fetch_offset=i64(0),
+        last_fetched_epoch=i32(-1),
+        log_start_offset=i64(-1),
+        partition_max_bytes=i32(1024),
+    )
+    await ask(
+        node,
+        1,  # Fetch, of a topic that does not exist
+        12,
+        replica_id=i32(-1),
+        max_wait=timedelta(0),
+        min_bytes=i32(1),
+        max_bytes=i32(1024),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(FetchTopic(topic=TopicName("nowhere"), partitions=(fetched,)),),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    samples = await scrape(node)
+    errors = {
+        labels: value
+        for (name, labels), value in samples.items()
+        if name == "kafka_request_error_count_total"
+    }
+    assert errors == {
+        (("error", "TOPIC_ALREADY_EXISTS"), ("type", "CreateTopics")): 1,
+        (("error", "UNKNOWN_TOPIC_OR_PARTITION"), ("type", "Produce")): 2,
+        (("error", "UNKNOWN_TOPIC_OR_PARTITION"), ("type", "Fetch")): 1,
+    }

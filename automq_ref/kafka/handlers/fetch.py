@@ -50,7 +50,7 @@ from automq_ref.io.storage.stream_objects import ReadOrigin
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
-from automq_ref.kafka.server import Chunks, Reply
+from automq_ref.kafka.server import Answer, Chunks, Reply
 from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.protocol import (
     AbortedTransaction,
@@ -131,7 +131,11 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         version, request.correlation_id, read.responses, throttle_time_ms=throttle_ms
     )
     # The encoder's first chunk starts with the frame size; the listener writes its own.
-    return [memoryview(chunks[0])[4:], *chunks[1:]]
+    responses = read.responses
+    return Answer(
+        (memoryview(chunks[0])[4:], *chunks[1:]),
+        lambda: (p.error_code for topic in responses for p in topic.partitions),
+    )
 
 
 @dataclass

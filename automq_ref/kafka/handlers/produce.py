@@ -39,7 +39,7 @@ from automq_ref.kafka.handlers.transactions import verify_produce
 from automq_ref.kafka.log_state import ProduceResult
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
-from automq_ref.kafka.server import Chunks, CloseConnection, Reply
+from automq_ref.kafka.server import Answer, Chunks, CloseConnection, Reply
 from automq_ref.protocol.produce_response import (
     ProducePartitionAnswer,
     encode_produce_response,
@@ -231,9 +231,15 @@ async def _answer(
         topics.append((name, answers))
     if context.quotas is not None:
         await context.quotas.throttled(request, throttle_ms)  # an old client's answer waits
-    # By hand: the busiest response; kio's dataclasses cost a tenth of the loop at 1,000/s.
-    return [
-        encode_produce_response(
-            request.api_version, request.correlation_id, topics, throttle_time_ms=throttle_ms
-        )
-    ]
+    return produce_answer(request, topics, throttle_ms)
+
+
+def produce_answer(
+    request: Request, topics: list[tuple[str, list[ProducePartitionAnswer]]], throttle_ms: int = 0
+) -> Answer:
+    """The encoded answer (by hand: the busiest response; kio's dataclasses cost a tenth of the
+    loop at 1,000/s), whose error codes are its partitions'."""
+    encoded = encode_produce_response(
+        request.api_version, request.correlation_id, topics, throttle_time_ms=throttle_ms
+    )
+    return Answer((encoded,), lambda: (p.error_code for _, answers in topics for p in answers))
