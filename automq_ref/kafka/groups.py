@@ -77,6 +77,14 @@ CREATE_WAIT_S = 10.0
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 
 R = TypeVar("R")
+T = TypeVar("T")
+A = TypeVar("A", bound=gc.Response)
+
+
+def _as(kind: type[A], response: gc.Response) -> A:
+    """``response`` as the answer type its event has."""
+    assert isinstance(response, kind), response
+    return response
 
 
 class GroupCoordinator:
@@ -340,12 +348,15 @@ class GroupCoordinator:
     async def _per_shard(
         self,
         group_ids: Sequence[str],
-        ask: Callable[[GroupShard, list[int]], Awaitable[Sequence[R]]],
+        items: Sequence[T],
+        event: Callable[[int, int, tuple[T, ...]], gc.GroupEvent],
+        answers: Callable[[gc.Response], Sequence[R]],
         refused: Callable[[int, KafkaErrorCode], R],
     ) -> list[R]:
-        """One answer per group of ``group_ids``, in order: ``ask(shard, positions)`` answers
-        the groups at ``positions`` that ``shard`` serves (in order), ``refused(position,
-        error)`` each one this broker does not serve."""
+        """One answer per group of ``group_ids``, in order: each shard is asked once, with
+        ``event(request_id, now, items)`` of the items (``items[p]`` for group ``p``) of the
+        groups it serves, and ``answers(response)`` gives their answers in order;
+        ``refused(position, error)`` answers each group this broker does not serve."""
         await self._existing()
         results: list[R | None] = [None] * len(group_ids)
         by_shard: dict[GroupShard, list[int]] = {}
@@ -357,8 +368,12 @@ class GroupCoordinator:
                 by_shard.setdefault(routed, []).append(position)
 
         async def one(shard: GroupShard, positions: list[int]) -> None:
+            wanted = tuple(items[p] for p in positions)
             try:
-                answered = await ask(shard, positions)
+                response = await shard.request(
+                    lambda request_id, now: event(request_id, now, wanted)
+                )
+                answered = answers(response)
             except ShardGone:
                 answered = [refused(p, KafkaErrorCode.NOT_COORDINATOR) for p in positions]
             for position, result in zip(positions, answered, strict=True):
@@ -372,35 +387,21 @@ class GroupCoordinator:
     async def offset_fetch(
         self, groups: Sequence[gc.OffsetFetchGroup], require_stable: bool = False
     ) -> gc.OffsetFetchResponse:
-        async def ask(
-            shard: GroupShard, positions: list[int]
-        ) -> Sequence[gc.OffsetFetchGroupResult]:
-            wanted = tuple(groups[p] for p in positions)
-            response = await shard.request(
-                lambda request_id, now: gc.OffsetFetch(request_id, now, wanted, require_stable)
-            )
-            assert isinstance(response, gc.OffsetFetchResponse)
-            return response.groups
-
         results = await self._per_shard(
             [g.group_id for g in groups],
-            ask,
+            groups,
+            lambda request_id, now, wanted: gc.OffsetFetch(request_id, now, wanted, require_stable),
+            lambda response: _as(gc.OffsetFetchResponse, response).groups,
             lambda p, error: gc.OffsetFetchGroupResult(groups[p].group_id, error, ()),
         )
         return gc.OffsetFetchResponse(tuple(results))
 
     async def describe_groups(self, group_ids: Sequence[str]) -> gc.DescribeGroupsResponse:
-        async def ask(shard: GroupShard, positions: list[int]) -> Sequence[gc.DescribedGroup]:
-            wanted = tuple(group_ids[p] for p in positions)
-            response = await shard.request(
-                lambda request_id, now: gc.DescribeGroups(request_id, now, wanted)
-            )
-            assert isinstance(response, gc.DescribeGroupsResponse)
-            return response.groups
-
         results = await self._per_shard(
             group_ids,
-            ask,
+            group_ids,
+            gc.DescribeGroups,
+            lambda response: _as(gc.DescribeGroupsResponse, response).groups,
             lambda p, error: gc.DescribedGroup(group_ids[p], error, "", "", "", ()),
         )
         return gc.DescribeGroupsResponse(tuple(results))
@@ -409,35 +410,23 @@ class GroupCoordinator:
         self, group_ids: Sequence[str]
     ) -> gc.ConsumerGroupDescribeResponse:
         """ConsumerGroupDescribe: each group by its shard (KIP-848 groups with their members)."""
-
-        async def ask(
-            shard: GroupShard, positions: list[int]
-        ) -> Sequence[gc.DescribedConsumerGroup]:
-            wanted = tuple(group_ids[p] for p in positions)
-            response = await shard.request(
-                lambda request_id, now: gc.ConsumerGroupDescribe(request_id, now, wanted)
-            )
-            assert isinstance(response, gc.ConsumerGroupDescribeResponse)
-            return response.groups
-
         results = await self._per_shard(
-            group_ids, ask, lambda p, error: gc.DescribedConsumerGroup(group_ids[p], error)
+            group_ids,
+            group_ids,
+            gc.ConsumerGroupDescribe,
+            lambda response: _as(gc.ConsumerGroupDescribeResponse, response).groups,
+            lambda p, error: gc.DescribedConsumerGroup(group_ids[p], error),
         )
         return gc.ConsumerGroupDescribeResponse(tuple(results))
 
     async def delete_groups(self, group_ids: Sequence[str]) -> gc.DeleteGroupsResponse:
         distinct = list(dict.fromkeys(group_ids))  # one result per group, as the machine gives
-
-        async def ask(shard: GroupShard, positions: list[int]) -> Sequence[gc.DeletedGroupResult]:
-            wanted = tuple(distinct[p] for p in positions)
-            response = await shard.request(
-                lambda request_id, now: gc.DeleteGroups(request_id, now, wanted)
-            )
-            assert isinstance(response, gc.DeleteGroupsResponse)
-            return response.results
-
         results = await self._per_shard(
-            distinct, ask, lambda p, error: gc.DeletedGroupResult(distinct[p], error)
+            distinct,
+            distinct,
+            gc.DeleteGroups,
+            lambda response: _as(gc.DeleteGroupsResponse, response).results,
+            lambda p, error: gc.DeletedGroupResult(distinct[p], error),
         )
         return gc.DeleteGroupsResponse(tuple(results))
 
