@@ -19,13 +19,15 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError as AIOKafkaError
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from automq_ref.checker.certificates import Certificates, make_certificates
 from automq_ref.config import ConfigError, load_config
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.formats import scram
 from automq_ref.formats.jaas import JaasError, parse_jaas, plain_users
+from automq_ref.formats.scram_credential import encode_credential
 from automq_ref.kafka import sasl
 from automq_ref.kafka.dispatch import ROUTES, Dispatcher, Route
 from automq_ref.kafka.notices import Notices
@@ -33,6 +35,7 @@ from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.server import CloseConnection, Peer, Reply
 from automq_ref.node import Node, start_node
 from automq_ref.protocol.kio_codec import build, decode_response, encode_request, request_class
+from automq_ref.vocabulary.naming import scram_credential_key
 from tests.security_clients import (
     TIMEOUT_S,
     aiokafka_round_trip,
@@ -446,11 +449,33 @@ MECHANISMS = (
     | st.text(max_size=20)
 )
 CREDENTIALS = st.sampled_from(["admin", "alice", "mallory", "", "admin-secret", "alice-secret"])
+# SCRAM-SHA-256 on the fuzzed listener too: alice's credential, the server's nonce fixed, so that
+# a valid client-final can be drawn (and one with its proof changed).
+SCRAM_PASSWORD, SERVER_NONCE = "alice-scram", "fuzzserver"
+SCRAM_CREDENTIAL = scram.credential_of_password("SCRAM-SHA-256", SCRAM_PASSWORD, b"salt", 4096)
+SCRAM_CLIENT = scram.ClientLogin("SCRAM-SHA-256", "alice", SCRAM_PASSWORD, "fuzzclient")
+SCRAM_FINAL, _ = SCRAM_CLIENT.final(
+    scram.format_server_first(scram.ServerFirst("fuzzclient" + SERVER_NONCE, b"salt", 4096))
+)
+SCRAM_TOKENS = st.sampled_from(
+    [
+        SCRAM_CLIENT.first,
+        SCRAM_FINAL,
+        SCRAM_FINAL,
+        SCRAM_FINAL[:-3] + b"AA=",  # the proof changed
+        scram.format_client_first("mallory", "fuzzclient"),
+        scram.format_client_first("alice", "fuzzclient", "admin"),  # another authzid
+        b"n,,n=alice,r=fuzzclient,m=x",
+        b"y,,n=alice,r=fuzzclient",
+    ]
+)
 
 
 @st.composite
 def tokens(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["valid", "parts", "random"]))
+    kind = draw(st.sampled_from(["valid", "parts", "scram", "random"]))
+    if kind == "scram":
+        return draw(SCRAM_TOKENS)
     if kind == "valid":  # a user's own credentials, with an authzid that may or may not match
         user, password = draw(st.sampled_from(sorted(USERS.items())))
         authzid = draw(st.sampled_from(["", user, "admin", "alice"]))
@@ -463,7 +488,7 @@ def tokens(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def frames(draw: st.DrawFn) -> bytes:
-    kinds = ["versions", "handshake", "authenticate", "token", "other", "random"]
+    kinds = ["versions", "handshake", "authenticate", "scram", "token", "other", "random"]
     kind = draw(st.sampled_from(kinds))
     correlation_id = draw(st.integers(0, 2**31 - 1))
     if kind == "versions":
@@ -478,6 +503,9 @@ def frames(draw: st.DrawFn) -> bytes:
     if kind == "authenticate":
         version = draw(st.integers(0, 2))
         return request(36, version, correlation_id, auth_bytes=draw(tokens()))[4:]
+    if kind == "scram":  # the SCRAM exchange's messages, valid or nearly
+        version = draw(st.integers(0, 2))
+        return request(36, version, correlation_id, auth_bytes=draw(SCRAM_TOKENS))[4:]
     if kind == "token":  # a bare token (the SaslHandshake v0 flow), or a frame that looks like one
         return draw(tokens())
     if kind == "other":
@@ -490,7 +518,10 @@ def frames(draw: st.DrawFn) -> bytes:
 
 def fuzz_dispatcher(served: list[tuple[int, int]]) -> Dispatcher:
     """A dispatcher on a SASL listener whose routes only note what they serve (key, step)."""
-    config = load_config(overrides=[LISTENER, *sasl_settings()], environment={})
+    config = load_config(
+        overrides=[LISTENER, *sasl_settings(), "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256"],
+        environment={},
+    )
 
     def noting(route: Route) -> Route:
         async def handler(context: Context, request: Request) -> Reply:
@@ -499,11 +530,19 @@ def fuzz_dispatcher(served: list[tuple[int, int]]) -> Dispatcher:
 
         return Route(handler, route.min_version, route.max_version)
 
+    kv = {scram_credential_key("SCRAM-SHA-256", "alice"): encode_credential(SCRAM_CREDENTIAL)}
     context = SimpleNamespace(
-        config=config, router_in=None, notices=Notices(logging.getLogger(__name__))
+        config=config,
+        router_in=None,
+        notices=Notices(logging.getLogger(__name__)),
+        view=SimpleNamespace(image=SimpleNamespace(kv=kv)),
     )
     routes = {key: noting(route) for key, route in ROUTES.items()}
-    return Dispatcher(cast(Context, context), routes)
+    dispatcher = Dispatcher(cast(Context, context), routes)
+    for gate in dispatcher._sasl.values():
+        if gate is not None:
+            gate.nonces = lambda: SERVER_NONCE
+    return dispatcher
 
 
 # How a connection may begin before the random frames: nothing, ApiVersions, a handshake.
@@ -515,6 +554,12 @@ PREFIXES = st.sampled_from(
         [request(17, 1, 2, mechanism="PLAIN")[4:]],
         [VERSIONS, request(17, 1, 2, mechanism="PLAIN")[4:]],
         [request(17, 0, 2, mechanism="PLAIN")[4:]],
+        [request(17, 1, 2, mechanism="SCRAM-SHA-256")[4:]],
+        [
+            request(17, 1, 2, mechanism="SCRAM-SHA-256")[4:],
+            request(36, 2, 3, auth_bytes=SCRAM_CLIENT.first)[4:],
+        ],
+        [request(17, 0, 2, mechanism="SCRAM-SHA-256")[4:], SCRAM_CLIENT.first],
     ]
 )
 
@@ -544,6 +589,9 @@ def test_fuzz_nothing_but_the_three_is_served_before_authentication(
     asyncio.run(run())
     for api_key, step in served:
         assert step == sasl.AUTHENTICATED or api_key == ApiKey.API_VERSIONS, (api_key, step)
+    authenticated = peer.session.sasl_step == sasl.AUTHENTICATED
+    scram_final = any(frame.endswith(SCRAM_FINAL) for frame in sequence)
+    event(f"authenticated: {authenticated}, a valid SCRAM final sent: {scram_final}")
     if peer.session.sasl_step == sasl.AUTHENTICATED:
         assert peer.session.principal in {"User:admin", "User:alice"}
     else:
