@@ -16,7 +16,12 @@ run several nodes in one process), which the shell's parts count into as things 
   ``kafka_stream_download_size_total``);
 - the storage (:mod:`automq_ref.io.storage.s3stream`): each append until it is durable in the WAL
   (``kafka_stream_operation_latency`` with ``operation_type="S3Storage"``,
-  ``operation_name="append"``) and the WAL's bytes (``kafka_stream_wal_append_size_total``).
+  ``operation_name="append"``) and the WAL's bytes (``kafka_stream_wal_append_size_total``);
+  each stage of an upload of the WAL's data as it ends (``kafka_stream_upload_stage_latency``
+  by ``stage``, seconds) and the objects the uploads put, with their bytes
+  (``kafka_stream_upload_object_count_total``, ``kafka_stream_upload_object_size_total``),
+  told by :mod:`automq_ref.io.storage.storage_metrics`, whose collector reads the block cache's
+  and the LogCache's hits and misses at each scrape.
 
 What is a state rather than an event (partitions led, log offsets, groups, traffic per topic) is
 read when Prometheus scrapes, by collectors the node registers (:meth:`BrokerMetrics.register`;
@@ -38,6 +43,7 @@ the broker's state on the loop that changes it. The exposition text is ``prometh
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Final
 
 from aiohttp import web
@@ -66,6 +72,8 @@ OPERATION_BUCKETS_S: Final = tuple(
 S3_REQUEST: Final = "S3Request"
 S3_STORAGE: Final = "S3Storage"
 SUCCESS: Final = "success"
+# The stages of an upload of the WAL's data to objects, as the storage names them.
+UPLOAD_STAGES: Final = ("prepare", "put", "commit")
 FAILED: Final = "failed"
 
 
@@ -121,6 +129,24 @@ class BrokerMetrics:
         self.wal_appended = Counter(
             "kafka_stream_wal_append_size", "Bytes appended to the WAL.", registry=registry
         )
+        upload_stages = Histogram(
+            "kafka_stream_upload_stage_latency",
+            "Stages of the WAL's uploads to objects (prepare, put, commit) until done, seconds.",
+            ["stage"],
+            buckets=OPERATION_BUCKETS_S,
+            registry=registry,
+        )
+        self._by_stage = {stage: upload_stages.labels(stage) for stage in UPLOAD_STAGES}
+        self.uploaded_objects = Counter(
+            "kafka_stream_upload_object_count",
+            "Objects the WAL's uploads put (stream set and stream objects).",
+            registry=registry,
+        )
+        self.uploaded_object_bytes = Counter(
+            "kafka_stream_upload_object_size",
+            "Bytes of the objects the WAL's uploads put.",
+            registry=registry,
+        )
         # Children by label, looked up once (labels() takes a lock and builds a tuple).
         self._by_api: dict[str, tuple[Counter, Histogram]] = {}
         self._by_operation: dict[tuple[str, str, str], Histogram] = {}
@@ -145,6 +171,13 @@ class BrokerMetrics:
         if child is None:
             child = self._by_error[key] = self._request_errors.labels(*key)
         child.inc()
+
+    def upload_stage(self, stage: str, seconds: float, sizes: Mapping[int, int]) -> None:
+        """An upload stage ended (:data:`UPLOAD_STAGES`); ``sizes``: the put's objects."""
+        self._by_stage[stage].observe(seconds)
+        if sizes:
+            self.uploaded_objects.inc(len(sizes))
+            self.uploaded_object_bytes.inc(sum(sizes.values()))
 
     def operation(self, operation_type: str, name: str, ok: bool, seconds: float) -> None:
         key = (operation_type, name, SUCCESS if ok else FAILED)

@@ -541,10 +541,15 @@ class StreamReaders:
             self._readers[key] = reader
         return found
 
-    def stats(self) -> BlockCacheStats:
+    def stats(self, *, take_peak: bool = True) -> BlockCacheStats:
+        """``take_peak``: the peak starts again from now (the storage log's samples); False
+        (a metrics scrape) leaves it to them."""
+        blocks = self.blocks
         return BlockCacheStats(
-            resident_bytes=self.blocks.size_bytes,
-            peak_bytes=self.blocks.take_peak_bytes(),
+            resident_bytes=blocks.size_bytes,
+            peak_bytes=blocks.take_peak_bytes()
+            if take_peak
+            else max(blocks.peak_bytes, blocks.size_bytes),
             readers=len(self),
             gets=self.blocks.gets + self.indexes.gets,
             fetched_bytes=self.blocks.fetched_bytes + self.indexes.fetched_bytes,

@@ -319,10 +319,12 @@ class ColdReadProcess:
         child = self._child
         return None if child is None or child.exited else child.process.pid
 
-    def stats(self) -> BlockCacheStats:
+    def stats(self, *, take_peak: bool = True) -> BlockCacheStats:
         """As of the child's last report; ``peak_bytes`` the largest reported since the last
-        call."""
-        peak, self._peak_bytes = self._peak_bytes, 0
+        call that took it (``take_peak``)."""
+        peak = self._peak_bytes
+        if take_peak:
+            self._peak_bytes = 0
         return dataclasses.replace(self._stats, peak_bytes=max(peak, self._stats.resident_bytes))
 
     # ------------------------------------------------------------------------ the child

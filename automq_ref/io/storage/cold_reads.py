@@ -174,7 +174,7 @@ class ObjectReadPath(Protocol):
         self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int
     ) -> list[StreamRecordBatch]: ...
 
-    def stats(self) -> BlockCacheStats: ...
+    def stats(self, *, take_peak: bool = True) -> BlockCacheStats: ...
 
     async def close(self) -> None: ...
 
@@ -234,10 +234,10 @@ class ObjectReads:
         self.blocks = DataBlockCache(self.shaped, namespace, block_cache_bytes, limiter=limiter)
         self.readers = StreamReaders(image, self.indexes, self.blocks)
 
-    def stats(self) -> BlockCacheStats:
+    def stats(self, *, take_peak: bool = True) -> BlockCacheStats:
         """The readers' and caches' :meth:`StreamReaders.stats` (with a cold-read loop, counters
         another thread moves: a snapshot, not a transaction)."""
-        return self.readers.stats()
+        return self.readers.stats(take_peak=take_peak)
 
     async def read(
         self, stream_id: int, start_offset: int, end_offset: int, max_bytes: int

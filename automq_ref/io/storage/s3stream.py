@@ -96,7 +96,7 @@ from automq_ref.io.storage.object_store import (
     ShapedObjectStore,
     ThrottledStore,
 )
-from automq_ref.io.storage.storage_totals import RecoveryTotals, UploadTotals
+from automq_ref.io.storage.storage_totals import RecoveryTotals, StorageCounts, UploadTotals
 from automq_ref.io.storage.stream_objects import (
     ReadOrigin,
     StreamReadError,
@@ -265,6 +265,7 @@ class S3Storage:
         # Set when shutdown begins: an upload that runs out of retries then fails the storage.
         self._shutting_down = asyncio.Event()
         self._upload_totals = UploadTotals()
+        self.counts = StorageCounts()  # for the metrics: LogCache hits, upload stages
         self.recovered = RecoveryTotals()
         # Called in WAL completion order with each durable record as the WAL holds it (the
         # encoded stream record batch, a link record's for routed data), its WAL offset and
@@ -633,9 +634,10 @@ class S3Storage:
             cached = lc.read(self._cache.state, stream_id, cursor, end_offset, budget)
             if not cached and origin is not None:
                 origin.from_objects = True
-            if cached:
+            if self.counts.log_cache_read(cached):
                 batches = [self._as_batch(record) for record in cached]
             else:
+                self.counts.log_cache_misses += 1
                 first_cached = lc.first_cached_offset(self._cache.state, stream_id)
                 object_end = end_offset
                 if first_cached is not None and first_cached > cursor:
@@ -674,7 +676,7 @@ class S3Storage:
                 or sum(len(batch.payload) for batch in batches) >= max_bytes
             )
         ):
-            return batches
+            return self.counts.log_cache_read(batches)
         return None
 
     def _read_end(self, stream_id: int, start_offset: int, end_offset: int) -> int:
@@ -688,9 +690,9 @@ class S3Storage:
             )
         return min(end_offset, stream.confirm_offset)
 
-    def block_cache_stats(self) -> BlockCacheStats:
+    def block_cache_stats(self, *, take_peak: bool = True) -> BlockCacheStats:
         """The read path's block cache: bytes held, readers open, GETs and bytes fetched."""
-        return self._object_reads.stats()
+        return self._object_reads.stats(take_peak=take_peak)
 
     def _as_batch(self, record: lc.CachedRecord) -> StreamRecordBatch:
         epoch = self._streams[record.stream_id].epoch if record.stream_id in self._streams else 0
@@ -819,6 +821,7 @@ class S3Storage:
 
     async def _execute(self, effect: lc.LogCacheEffect) -> None:
         try:
+            started_s = self._clock.monotonic_s()
             match effect:
                 case lc.PrepareObjects():
                     response = await self._client.submit(
@@ -834,7 +837,6 @@ class S3Storage:
                     assert response.first_object_id is not None
                     self._apply(lc.ObjectsPrepared(effect.block_id, response.first_object_id))
                 case lc.UploadBlock():
-                    started_s = self._clock.monotonic_s()
                     self._sizes[effect.block_id] = await self._upload(effect)
                     totals = self._upload_totals
                     totals.slowest_s = max(totals.slowest_s, self._clock.monotonic_s() - started_s)
@@ -851,6 +853,7 @@ class S3Storage:
                             )
                     if not self._recovering:
                         await self._wal.trim(effect.wal_offset)
+            self.counts.effect_done(effect, self._clock.monotonic_s() - started_s, self._sizes)
         except Exception as error:
             self._fail(f"storage effect {type(effect).__name__}", error)
 
@@ -947,11 +950,7 @@ class S3Storage:
         self._check(response, f"commit block {effect.block_id}")
         streams = {run.stream_id for run in layout.stream_set_runs}
         streams.update(run.stream_id for _, run in layout.stream_objects)
-        totals = self._upload_totals
-        totals.blocks += 1
-        totals.objects += len(sizes)
-        totals.bytes += sum(sizes.values())
-        totals.streams |= streams
+        self._upload_totals.add_block(sizes, streams)
         log.debug(
             "block committed block=%d objects=%d bytes=%d streams=%d",
             effect.block_id,
