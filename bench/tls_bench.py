@@ -1,7 +1,7 @@
 """Produce throughput over TLS against plaintext, through our broker, side by side (issue 21).
 
     python -m bench.tls_bench [--runs 5] [--mb 200] [--rounds 10] [--partitions 1]
-                              [--quick] [--dir DIR] [--out FILE]
+                              [--separate-cores] [--quick] [--dir DIR] [--out FILE]
 
 Each run starts three brokers (``automq-ref serve`` on its embedded default, one node, the WAL
 file and objects under ``log.dirs``): one on a PLAINTEXT listener, one on an SSL listener
@@ -14,6 +14,11 @@ partitions, after 1,000 warm-up records. The three take turns in ``--rounds`` ch
 goes first turns by round and by run), so all see the same
 background load; a workload's throughput is its bytes over the sum of its chunks' seconds (from
 a chunk's first ``produce`` to the end of its ``flush``).
+
+With ``--separate-cores`` every broker (each of its threads) runs on the machine's last CPU and
+the producers (this process, librdkafka's threads included) on the others, as a client and a
+broker on two hosts would, so that neither side's TLS work takes the other's CPU; without it
+they share every CPU.
 
 *TLS / plaintext* and *SASL_SSL / plaintext* are each run's ratios, their medians over the runs;
 every figure is the median over ``--runs``; MB = 10^6 bytes. ``--quick`` is a smoke run
@@ -89,8 +94,14 @@ class Workload:
         return self.records * RECORD_BYTES / MEGABYTE / self.seconds
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (threads started later inherit it)."""
+    for thread in os.listdir(f"/proc/{pid}/task"):
+        os.sched_setaffinity(int(thread), cpus)
+
+
 def run_once(
-    workdir: Path, records: int, rounds: int, partitions: int, run: int
+    workdir: Path, records: int, rounds: int, partitions: int, run: int, separate: bool = False
 ) -> dict[str, float]:
     files = make_certificates().write(workdir / f"certificates-{run}")
     tls_overrides = (
@@ -124,9 +135,16 @@ def run_once(
         for mode in MODES
     }
     try:
+        bootstraps = {mode: target.start() for mode, target in targets.items()}
+        if separate:
+            *client_cpus, broker_cpu = sorted(os.sched_getaffinity(0))
+            for target in targets.values():
+                assert target.process is not None
+                pin(target.process.pid, {broker_cpu})
+            pin(os.getpid(), set(client_cpus))
         workloads = {
-            mode: Workload(target.start(), clients[mode], f"bench-{mode}-{run}", partitions)
-            for mode, target in targets.items()
+            mode: Workload(bootstraps[mode], clients[mode], f"bench-{mode}-{run}", partitions)
+            for mode in targets
         }
         chunk = records // rounds
         for number in range(rounds):
@@ -183,6 +201,11 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mb", type=int, default=200, help="MB per workload, measured")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=1)
+    parser.add_argument(
+        "--separate-cores",
+        action="store_true",
+        help="brokers on the last CPU, the producers on the others (as on two hosts)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few MB")
     parser.add_argument("--dir", type=Path, default=None, help="where the brokers keep data")
     parser.add_argument("--out", type=Path, default=None, help="also write the report here")
@@ -192,6 +215,8 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     for name in ("runs", "mb", "rounds", "partitions"):
         if getattr(arguments, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if arguments.separate_cores and len(os.sched_getaffinity(0)) < 2:
+        parser.error("--separate-cores needs at least 2 CPUs")
     return arguments
 
 
@@ -204,7 +229,14 @@ def main(argv: list[str] | None = None) -> None:
     began = time.perf_counter()
     try:
         runs = [
-            run_once(workdir, records, arguments.rounds, arguments.partitions, run)
+            run_once(
+                workdir,
+                records,
+                arguments.rounds,
+                arguments.partitions,
+                run,
+                arguments.separate_cores,
+            )
             for run in range(1, arguments.runs + 1)
         ]
     finally:
@@ -213,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m bench.tls_bench " + " ".join(sys.argv[1:] if argv is None else argv)
     settings = (
         f"{arguments.runs} run(s), {records} records of {RECORD_BYTES} bytes per workload, "
-        f"{arguments.rounds} rounds, {arguments.partitions} partition(s); "
+        f"{arguments.rounds} rounds, {arguments.partitions} partition(s)"
+        f"{', brokers and producers on separate cores' if arguments.separate_cores else ''}; "
         f"{time.perf_counter() - began:.0f} s in all; load average {load_before[0]:.1f} before, "
         f"{load_after[0]:.1f} after ({os.cpu_count()} CPUs)"
     )
