@@ -1,6 +1,7 @@
 """The ``automq-ref`` command: ``serve`` runs the broker in the foreground; ``cluster`` runs three
 brokers with etcd and an S3 server on this machine; ``produce`` and ``verify`` write a topic with a
-manifest and check it with Spark.
+manifest and check it with Spark; ``certificates`` writes a CA and keystores for trying the TLS
+listeners (``config/secure.properties``).
 
 A command that cannot do its work says so in one line, ``automq-ref <command>: <what went
 wrong>; <what to do>``, and exits 2 (a usage error, or nothing to run against); a check that ran
@@ -185,8 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         "discard-wal-at-start, txn-markers-before-decision (with --workload txn) (test only; "
         "repeatable; in a cluster broker 1 alone)",
     )
+    certificates = commands.add_parser(
+        "certificates",
+        help="write ca.pem, broker.pem (for 127.0.0.1 and localhost) and client.pem, PEM files "
+        "made for trying TLS (config/secure.properties), not for production",
+    )
+    certificates.add_argument("directory", type=Path)
     _add_spark_commands(commands)
     arguments = parser.parse_args(argv)
+    if arguments.command == "certificates":
+        return _certificates(arguments.directory)
     if arguments.command == "produce":
         return _produce(arguments)
     if arguments.command == "verify":
@@ -246,6 +255,29 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    return 0
+
+
+def _certificates(directory: Path) -> int:
+    from automq_ref.checker.certificates import make_certificates
+
+    existing = [
+        name for name in ("ca.pem", "broker.pem", "client.pem") if (directory / name).exists()
+    ]
+    if existing:
+        print(
+            f"automq-ref certificates: {directory} already holds {', '.join(existing)}; "
+            "remove them or name another directory",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        written = make_certificates().write(directory)
+    except OSError as error:
+        print(f"automq-ref certificates: cannot write {directory}: {error}", file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name}: {path}")
     return 0
 
 

@@ -144,6 +144,22 @@ def test_an_unreadable_config_file_is_one_line(tmp_path: Path) -> None:
     )
 
 
+def test_certificates_are_written_once(tmp_path: Path) -> None:
+    written = run_cli("certificates", "certs", cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    assert sorted(p.name for p in (tmp_path / "certs").iterdir()) == [
+        "broker.pem",
+        "ca.pem",
+        "client.pem",
+    ]
+    again = run_cli("certificates", "certs", cwd=tmp_path)
+    assert again.returncode == 2
+    assert one_line(again) == (
+        "automq-ref certificates: certs already holds ca.pem, broker.pem, client.pem; "
+        "remove them or name another directory"
+    )
+
+
 def test_an_unknown_nemesis_lists_the_known_ones(tmp_path: Path) -> None:
     result = run_cli("check", "--nemesis", "explode", "--out", "out", cwd=tmp_path)
     assert result.returncode == 2
