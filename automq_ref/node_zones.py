@@ -161,6 +161,7 @@ class ZoneRouterParts:
                 functools.partial(inter_broker_address, config=config),
                 link_connect(config, f"automq-ref-router-{config.node_id}"),
             ),
+            links=self.links,
         )
 
     async def close(self) -> None:

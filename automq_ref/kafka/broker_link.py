@@ -9,7 +9,8 @@ written in the order :meth:`BrokerLink.call` is called (a FIFO lock around conne
 writing), so the target admits them in that order: the router's per-hint order relies on it.
 Responses come back in request order (Kafka's rule, which the listener keeps) and are matched
 by correlation id. A connection that fails fails every request in flight on it with
-:class:`BrokerLinkError`; the next call connects again.
+:class:`BrokerLinkError`; the next call connects again. The bytes written and read, frames
+with their size prefixes, are counted (``bytes_out``, ``bytes_in``) for the metrics.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class BrokerLink:
         self._waiting: dict[int, tuple[Callable[[bytes], Any], asyncio.Future[Any]]] = {}
         self._correlation = itertools.count(1)
         self._closed = False
+        self.bytes_out = 0
+        self.bytes_in = 0
 
     async def call(self, version: int, request: ZoneRouterRequest) -> ZoneRouterResponse:
         """Send ``request`` (written after every earlier call's) and wait for its answer."""
@@ -91,6 +94,7 @@ class BrokerLink:
             frame = encode(correlation_id)
             self._waiting[correlation_id] = (decode, future)
             writer.write(_SIZE.pack(len(frame)) + frame)
+            self.bytes_out += _SIZE.size + len(frame)
         try:
             return await asyncio.wait_for(asyncio.shield(future), REQUEST_TIMEOUT_S)
         except TimeoutError as error:
@@ -129,6 +133,7 @@ class BrokerLink:
                 if not 0 <= size <= MAX_RESPONSE_BYTES:
                     raise BrokerLinkError(f"a response of {size} bytes")
                 frame = await reader.readexactly(size)
+                self.bytes_in += _SIZE.size + size
                 (correlation_id,) = _SIZE.unpack_from(frame, 0)
                 waiting = self._waiting.pop(correlation_id, None)
                 if waiting is None:

@@ -18,7 +18,14 @@ Names and labels are those AutoMQ's Prometheus exporter gives the same series:
 - ``kafka_group_count`` and, per state, ``kafka_group_empty_count``,
   ``kafka_group_preparing_rebalance_count``, ``kafka_group_completing_rebalance_count``,
   ``kafka_group_stable_count`` of the groups coordinated here, and
-  ``kafka_group_commit_offset{consumer_group, topic, partition}`` of their committed offsets.
+  ``kafka_group_commit_offset{consumer_group, topic, partition}`` of their committed offsets;
+- ``kafka_zone_router_cross_zone_bytes_total{direction, api, role}``: the bytes the zone router
+  sends to (``out``) and receives from (``in``) brokers in other zones, frames with their size
+  prefixes: as a proxy, its AutomqZoneRouter requests to the partitions' leaders
+  (``api="AutomqZoneRouter"``, ``role="proxy"``) and its snapshot-read polls of its mains
+  (``AutomqGetPartitionSnapshot``); as a main, the same requests taken from its proxies and
+  answered (``role="main"``). Every one crosses zones: a proxy routes to, and polls, only mains
+  of other zones (in its own zone a main is its own proxy). Zero with the router off.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from prometheus_client.registry import Collector
 from automq_ref.kafka.request import Context
 from automq_ref.state_machines.group.state import GroupState
 
+# The zone router's APIs between brokers, and the two ends of each.
+ZONE_ROUTER, SNAPSHOT = "AutomqZoneRouter", "AutomqGetPartitionSnapshot"
+PROXY, MAIN = "proxy", "main"
 _STATE_SERIES = {
     GroupState.EMPTY: "kafka_group_empty_count",
     GroupState.PREPARING_REBALANCE: "kafka_group_preparing_rebalance_count",
@@ -52,6 +62,38 @@ class BrokerState(Collector):
         yield from self._logs()
         yield from self._consumer_groups()
         yield from self._controller()
+        yield self._cross_zone()
+
+    def _cross_zone(self) -> Metric:
+        context = self._context
+        counts = {  # (api, role): (out, in)
+            (ZONE_ROUTER, PROXY): (0, 0),
+            (ZONE_ROUTER, MAIN): (0, 0),
+            (SNAPSHOT, PROXY): (0, 0),
+            (SNAPSHOT, MAIN): (0, 0),
+        }
+        if context.router_out is not None:
+            links = context.router_out.links.values()
+            counts[ZONE_ROUTER, PROXY] = (
+                sum(link.bytes_out for link in links),
+                sum(link.bytes_in for link in links),
+            )
+        if context.router_in is not None:
+            counts[ZONE_ROUTER, MAIN] = (context.router_in.bytes_out, context.router_in.bytes_in)
+        if context.snapshot_reads is not None:
+            counts[SNAPSHOT, PROXY] = context.snapshot_reads.traffic()
+        if context.snapshot_sessions is not None:
+            sessions = context.snapshot_sessions
+            counts[SNAPSHOT, MAIN] = (sessions.bytes_out, sessions.bytes_in)
+        family = CounterMetricFamily(
+            "kafka_zone_router_cross_zone_bytes",
+            "Bytes the zone router sent to (out) and received from (in) other zones' brokers.",
+            labels=["direction", "api", "role"],
+        )
+        for (api, role), (bytes_out, bytes_in) in counts.items():
+            family.add_metric(["out", api, role], bytes_out)
+            family.add_metric(["in", api, role], bytes_in)
+        return family
 
     def _controller(self) -> Iterator[Metric]:
         context = self._context

@@ -96,6 +96,7 @@ from automq_ref.kafka.handlers import (
 from automq_ref.kafka.notices import unsupported_request
 from automq_ref.kafka.request import ApiKey, Context, Handler, Request
 from automq_ref.kafka.server import Answer, Chunks, CloseConnection, Peer, Reply
+from automq_ref.kafka.zone_router_in import RouterIn
 from automq_ref.protocol import PRODUCE_MIN_VERSION, decode_produce_frame
 from automq_ref.protocol.kio_codec import (
     RequestDecodeError,
@@ -137,18 +138,22 @@ async def _zone_router(context: Context, request: Request) -> Reply:
     if version < 1:
         # v0 carries the older router record (data in objects of its own), not built here.
         response = ZoneRouterResponse(KafkaErrorCode.UNSUPPORTED_VERSION.value)
-        return _zone_router_answer(version, request.correlation_id, response)
+        return _zone_router_answer(router_in, version, request.correlation_id, response)
     answer = router_in.admit(request.body)
 
     async def respond() -> Chunks:
-        return _zone_router_answer(version, request.correlation_id, await answer)
+        return _zone_router_answer(router_in, version, request.correlation_id, await answer)
 
     return respond()
 
 
-def _zone_router_answer(version: int, correlation_id: int, response: ZoneRouterResponse) -> Answer:
-    """Its error code counted (the routed Produce answers inside it are the proxy's to count)."""
+def _zone_router_answer(
+    router_in: RouterIn, version: int, correlation_id: int, response: ZoneRouterResponse
+) -> Answer:
+    """Its bytes and its error code counted (the routed Produce answers inside it are the
+    proxy's to count)."""
     encoded = encode_zone_router_response(version, correlation_id, response)
+    router_in.bytes_out += 4 + len(encoded)  # with the listener's size prefix
     return Answer((encoded,), lambda: (response.error_code,))
 
 
@@ -335,8 +340,12 @@ class Dispatcher:
                 client_id = produce_header.client_id
             elif api_key == _PARTITION_SNAPSHOT:
                 _, _, client_id, body = decode_partition_snapshot_frame(frame)
+                if self.context.snapshot_sessions is not None:
+                    self.context.snapshot_sessions.bytes_in += 4 + len(frame)
             elif api_key == _ZONE_ROUTER:
                 _, _, client_id, body = decode_zone_router_request(frame)
+                if self.context.router_in is not None:  # routed here only then
+                    self.context.router_in.bytes_in += 4 + len(frame)
             else:
                 header, body = decode_request(bytes(frame))  # bytes: no copy
                 client_id = header.client_id

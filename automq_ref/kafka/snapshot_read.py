@@ -674,6 +674,8 @@ class MainSubscriber:
         self._wal_config = ""
         self._task: asyncio.Task[None] | None = None
         self.answers = 0
+        self.bytes_out = 0  # the polls' frames and the answers', size prefixes included
+        self.bytes_in = 0
         self.wal_reads = 0
         self.delta_answers = 0
         self.queries = AbortedQueries(main, address, node_id, connect)
@@ -716,8 +718,10 @@ class MainSubscriber:
                         request, MAX_VERSION, correlation, f"snapshot-read-{self._node_id}"
                     )
                     writer.write(_LENGTH.pack(len(frame)) + frame)
+                    self.bytes_out += 4 + len(frame)
                     await writer.drain()
                     (size,) = _LENGTH.unpack(await reader.readexactly(4))
+                    self.bytes_in += 4 + size
                     answered, response = decode_response_frame(
                         await reader.readexactly(size), MAX_VERSION
                     )
@@ -872,6 +876,14 @@ class SnapshotReads:
         self.subscribers: dict[int, MainSubscriber] = {}
         self._task: asyncio.Task[None] | None = None
         self.cached_bytes = 0
+        self._gone_bytes = (0, 0)  # out, in of the subscribers closed
+
+    def traffic(self) -> tuple[int, int]:
+        """Bytes the subscribers wrote to and read from their mains (in other zones), so far."""
+        out, in_ = self._gone_bytes
+        for subscriber in self.subscribers.values():
+            out, in_ = out + subscriber.bytes_out, in_ + subscriber.bytes_in
+        return out, in_
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="snapshot reads")
@@ -887,7 +899,10 @@ class SnapshotReads:
     async def reconcile(self) -> None:
         wanted = self._mains()
         for main in sorted(set(self.subscribers) - wanted):
-            await self.subscribers.pop(main).close()
+            gone = self.subscribers.pop(main)
+            out, in_ = self._gone_bytes
+            self._gone_bytes = (out + gone.bytes_out, in_ + gone.bytes_in)
+            await gone.close()
         for main in sorted(wanted - set(self.subscribers)):
             subscriber = self._subscriber(main, self._cache_changed)
             self.subscribers[main] = subscriber

@@ -284,6 +284,10 @@ class SnapshotSessions:
         self._changed = asyncio.Event()
         self._lazy_commit: asyncio.Task[None] | None = None
         self.commits_requested = 0
+        # AutomqGetPartitionSnapshot frames taken and answered (size prefixes included), the
+        # polls of proxies in other zones and the answers (counted by the dispatcher, the handler).
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     async def close(self) -> None:
         """Stop answering: sessions dropped, a lazy commit in flight cancelled."""

@@ -268,6 +268,10 @@ class RouterIn:
         self._queues: dict[int, collections.deque[Entry]] = {}
         self.admitted = 0
         self.fenced = 0
+        # AutomqZoneRouter frames taken and answered (size prefixes included): the requests of
+        # proxies in other zones and the answers sent back (counted by the dispatcher).
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     # ----------------------------------------------------------------- remote requests
 

@@ -262,6 +262,7 @@ class RouterOut:
         router_in: RouterIn,
         route_epochs: EpochGate | None,
         sender: Callable[[int], Sender | None],
+        links: Mapping[int, BrokerLink] | None = None,
     ) -> None:
         self.node_id = node_id
         self.zone = zone
@@ -270,6 +271,8 @@ class RouterOut:
         self._router_in = router_in
         self._route_epochs = route_epochs
         self.sender = sender
+        # The links ``sender`` hands out (by target), whose bytes cross zones: the metrics'.
+        self.links = {} if links is None else links
         self.targets: dict[int, _Target] = {}
         self._background: set[asyncio.Future[Any]] = set()
         # (topic, partition, target) already logged as routed: one line each, so an operator

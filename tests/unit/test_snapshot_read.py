@@ -39,12 +39,19 @@ from automq_ref.io.storage.router_channel import (
 from automq_ref.io.storage.storage_errors import StorageError
 from automq_ref.io.storage.wal_object import ObjectWal, ObjectWalConfig
 from automq_ref.kafka.partition_transactions import PartitionTransactions
-from automq_ref.kafka.snapshot_read import MainSubscriber, SnapshotPartition, read_wal_records
+from automq_ref.kafka.snapshot_read import (
+    MainSubscriber,
+    SnapshotPartition,
+    SnapshotReads,
+    read_wal_records,
+)
 from automq_ref.kafka.snapshot_sessions import SnapshotSessions
 from automq_ref.protocol.partition_snapshot import decode_request_frame, encode_response_frame
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "specs"))
 import trace_validate as tv
+
+from tests.waiting import wait_until_async
 
 NS = "_kafka_snapread"
 MAIN, PROXY, ROUTER = 1, 2, 3
@@ -368,9 +375,21 @@ def offsets_of(payloads: list[bytes | memoryview]) -> list[int]:
     return [view.base_offset for payload in payloads for view in iter_batches(payload)]
 
 
+@dataclass
+class Wire:
+    """What a listening main took and wrote, frames with their size prefixes; it answers the
+    first ``answers`` polls only (None: every one)."""
+
+    answers: int | None = None
+    polls: int = 0
+    taken: int = 0
+    written: int = 0
+
+
 @contextlib.asynccontextmanager
-async def listening(main: Main) -> AsyncIterator[tuple[str, int]]:
+async def listening(main: Main, wire: Wire | None = None) -> AsyncIterator[tuple[str, int]]:
     """The main's AutomqGetPartitionSnapshot answered on a local port (as its listener does)."""
+    wire = wire or Wire()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
@@ -379,9 +398,14 @@ async def listening(main: Main) -> AsyncIterator[tuple[str, int]]:
                 version, correlation, _, request = decode_request_frame(
                     await reader.readexactly(size)
                 )
+                wire.polls += 1
+                wire.taken += 4 + size
+                if wire.answers is not None and wire.polls > wire.answers:
+                    continue
                 answer = await main.sessions.handle(request, version)
                 frame = encode_response_frame(answer, version, correlation)
                 writer.write(struct.pack(">i", len(frame)) + frame)
+                wire.written += 4 + len(frame)
                 await writer.drain()
         writer.close()
 
@@ -475,4 +499,25 @@ async def test_the_lso_moves_with_the_end_it_was_told_with(store: ObjectStore) -
     await main.commit(0)
     await poll(sub, main)
     assert (partition.exposed, partition.last_stable_offset) == (17, 17)
+    await main.wal.close()
+
+
+async def test_a_subscriber_counts_the_bytes_it_exchanges_with_its_main(store: ObjectStore) -> None:
+    """Its polls and the main's answers, as the main's end saw them (the zone router's
+    cross-zone bytes); a closed subscriber's stay in the node's totals."""
+    main = Main(store, await open_wal(store, 1))
+    wire = Wire(answers=2)
+    async with listening(main, wire) as address:
+        sub = subscriber(main, address=address)
+        wanted = {MAIN}
+        reads = SnapshotReads(node_id=PROXY, mains=lambda: wanted, subscriber=lambda m, c: sub)
+        await reads.reconcile()
+        try:
+            await wait_until_async(lambda: wire.polls == 3, "a third poll, left unanswered")
+            assert (sub.bytes_out, sub.bytes_in) == (wire.taken, wire.written)
+            assert reads.traffic() == (wire.taken, wire.written) and wire.written > 0
+        finally:
+            wanted.clear()
+            await reads.reconcile()  # the subscriber closed: its bytes stay counted
+        assert reads.traffic() == (wire.taken, wire.written)
     await main.wal.close()

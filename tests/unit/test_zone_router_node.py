@@ -13,6 +13,7 @@ away (``NOT_LEADER_OR_FOLLOWER``).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import struct
 from collections.abc import AsyncIterator
@@ -27,8 +28,15 @@ from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.record_batch_builder import build_record_batch
 from automq_ref.io.metadata.client import register_node
+from automq_ref.kafka.broker_metrics import BrokerState
 from automq_ref.kafka.server import CloseConnection, Peer
+from automq_ref.kafka.snapshot_sessions import SnapshotSessions
 from automq_ref.node import Node, start_node
+from automq_ref.protocol.partition_snapshot import MAX_VERSION as SNAPSHOT_VERSION
+from automq_ref.protocol.partition_snapshot import (
+    GetPartitionSnapshotRequest,
+    encode_request_frame,
+)
 from automq_ref.protocol.zone_router import (
     ZoneRouterRequest,
     decode_zone_router_response,
@@ -233,3 +241,46 @@ async def test_a_producer_without_a_zone_is_appended_without_the_channel(tmp_pat
         assert node.zone_router.channel.epoch_ends == {}
     finally:
         await node.shutdown()
+
+
+def cross_zone(node: Node) -> dict[tuple[str, str, str], float]:
+    """``kafka_zone_router_cross_zone_bytes_total`` by (direction, api, role), as scraped."""
+    (family,) = [
+        metric
+        for metric in BrokerState(node.context).collect()
+        if metric.name == "kafka_zone_router_cross_zone_bytes"
+    ]
+    return {
+        (s.labels["direction"], s.labels["api"], s.labels["role"]): s.value for s in family.samples
+    }
+
+
+async def test_the_bytes_between_zones_are_counted_at_both_ends(routed: Node) -> None:
+    """Node 1 routes to "brokers 2 and 3", itself over a real connection: what its proxy side
+    writes is what its main side takes, and the reverse; a snapshot-read poll it answers as
+    a main is counted as taken and answered."""
+    before = cross_zone(routed)
+    assert set(before.values()) == {0}
+    await produce(routed, "automq_az=az1", {index: b"v%d" % index for index in range(PARTITIONS)})
+    after = cross_zone(routed)
+    proxy_out = after["out", "AutomqZoneRouter", "proxy"]
+    proxy_in = after["in", "AutomqZoneRouter", "proxy"]
+    assert proxy_out > 0 and proxy_in > 0
+    assert after["in", "AutomqZoneRouter", "main"] == proxy_out
+    assert after["out", "AutomqZoneRouter", "main"] == proxy_in
+
+    routed.context.snapshot_sessions = SnapshotSessions(
+        partitions=lambda: [],
+        commit=lambda linger_s: asyncio.sleep(0),
+        wal_epoch=lambda: 1,
+        wal_config="",
+        clock=routed.clock,
+    )
+    frame = encode_request_frame(GetPartitionSnapshotRequest(), SNAPSHOT_VERSION, 7, "proxy-2")
+    reply: Any = await routed.front_end.admit(frame, PEER)
+    if inspect.isawaitable(reply):
+        reply = await reply
+    polled = cross_zone(routed)
+    assert polled["in", "AutomqGetPartitionSnapshot", "main"] == 4 + len(frame)
+    answered = sum(len(chunk) for chunk in reply)
+    assert polled["out", "AutomqGetPartitionSnapshot", "main"] == 4 + answered

@@ -21,7 +21,9 @@ async def handle_get_partition_snapshot(context: Context, request: Request) -> R
             client_id=request.client_id,
         )
     response = await sessions.handle(request.body, request.api_version)
-    return [encode_response_frame(response, request.api_version, request.correlation_id)]
+    encoded = encode_response_frame(response, request.api_version, request.correlation_id)
+    sessions.bytes_out += 4 + len(encoded)  # with the listener's size prefix
+    return [encoded]
 
 
 def snapshot_partition(
