@@ -101,8 +101,14 @@ def pin(pid: int, cpus: set[int]) -> None:
 
 
 def run_once(
-    workdir: Path, records: int, rounds: int, partitions: int, run: int, separate: bool = False
+    workdir: Path,
+    records: int,
+    rounds: int,
+    partitions: int,
+    run: int,
+    cpus: tuple[int, ...] | None = None,
 ) -> dict[str, float]:
+    """One run; ``cpus``: the CPUs to separate the brokers (the last) and producers onto."""
     files = make_certificates().write(workdir / f"certificates-{run}")
     tls_overrides = (
         "listeners=SSL://127.0.0.1:0",
@@ -136,8 +142,8 @@ def run_once(
     }
     try:
         bootstraps = {mode: target.start() for mode, target in targets.items()}
-        if separate:
-            *client_cpus, broker_cpu = sorted(os.sched_getaffinity(0))
+        if cpus is not None:
+            *client_cpus, broker_cpu = cpus
             for target in targets.values():
                 assert target.process is not None
                 pin(target.process.pid, {broker_cpu})
@@ -164,6 +170,8 @@ def run_once(
     finally:
         for target in targets.values():
             target.stop()
+        if cpus is not None:
+            pin(os.getpid(), set(cpus))
 
 
 def report(command: str, runs: list[dict[str, float]], settings: str) -> str:
@@ -225,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
     records = arguments.mb * MEGABYTE // RECORD_BYTES
     records -= records % arguments.rounds
     workdir = Path(tempfile.mkdtemp(prefix="tls-bench-", dir=arguments.dir))
+    cpus = tuple(sorted(os.sched_getaffinity(0))) if arguments.separate_cores else None
     load_before = os.getloadavg()
     began = time.perf_counter()
     try:
@@ -235,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
                 arguments.rounds,
                 arguments.partitions,
                 run,
-                arguments.separate_cores,
+                cpus,
             )
             for run in range(1, arguments.runs + 1)
         ]
