@@ -79,8 +79,9 @@ def error_codes(entity: object) -> Iterator[int]:
     for name in others:
         value = getattr(entity, name)
         if isinstance(value, list | tuple):
-            for item in value:
-                if hasattr(type(item), "__dataclass_fields__"):
+            # Entries are of one class: a list of plain values (replica ids) is not walked.
+            if value and hasattr(type(value[0]), "__dataclass_fields__"):
+                for item in value:
                     yield from error_codes(item)
         elif hasattr(type(value), "__dataclass_fields__"):
             yield from error_codes(value)

@@ -81,8 +81,8 @@ Reply = Chunks | None | Awaitable[Chunks | None]
 class Answer(list[bytes | bytearray | memoryview]):
     """A response's chunks, and how to list the error codes it carries (top level and per
     entry, NONE among them): a function of what the handler answered, called by the listener
-    only when it counts errors (:mod:`automq_ref.io.metrics`), so an answer costs nothing more
-    without metrics."""
+    only when it counts errors (:mod:`automq_ref.io.metrics`); without metrics an answer costs
+    the list and the closure, a fraction of a microsecond."""
 
     __slots__ = ("error_codes",)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -23,8 +24,10 @@ from kio.static.primitive import i8, i16, i32, i64
 from prometheus_client.parser import text_string_to_metric_families
 
 from automq_ref.config import ConfigError, ExporterAddress, load_config, parse_exporter_uri
+from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.metrics import BrokerMetrics
 from automq_ref.io.storage.object_store import LocalDirectoryObjectStore, MeasuredStore, NotFound
+from automq_ref.kafka import responses as r
 from automq_ref.node import Node, start_node
 from tests.unit.test_broker_node import request_frame
 
@@ -245,6 +248,27 @@ async def create_topic(node: Node, name: str) -> None:
         configs=(),
     )
     await ask(node, 19, 5, topics=(topic,), timeout=timedelta(seconds=10), validate_only=False)
+
+
+def test_a_typed_response_lists_the_error_codes_at_every_depth() -> None:
+    """Its own, its entries' and theirs, NONE among them, in field order (the listener drops
+    NONE); lists of plain values are not entries."""
+    partitions = [
+        r.MetadataPartition(i, 1, 0, [1, 2], [1], error_code=code)
+        for i, code in enumerate((KafkaErrorCode.NONE, KafkaErrorCode.LEADER_NOT_AVAILABLE))
+    ]
+    response = r.MetadataResponse(
+        brokers=[r.MetadataBroker(1, "h", 9)],
+        cluster_id="c",
+        controller_id=1,
+        topics=[
+            r.MetadataTopic("t", uuid.uuid4(), partitions),
+            r.MetadataTopic(
+                "u", uuid.uuid4(), error_code=KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            ),
+        ],
+    )
+    assert list(r.error_codes(response)) == [0, 0, 0, 5, 3]
 
 
 async def test_answered_error_codes_are_counted_by_api_and_name(node: Node) -> None:
