@@ -36,6 +36,7 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from automq_ref.errors import KafkaErrorCode
@@ -177,6 +178,15 @@ class TransactionTraceFiles:
                 self._written[transactional_id] = len(trace.lines)
 
 
+@dataclass(eq=False)
+class Deferred:
+    """A request waiting for a state of the machine (:meth:`TransactionShard.request_when`)."""
+
+    ready: Callable[[tx.CoordinatorState], bool]
+    make_event: Callable[[int, int], tx.TransactionEvent]
+    answer: asyncio.Future[tx.Answer]
+
+
 class TransactionShard:
     """The machine of transaction log partition ``partition``: loading until :meth:`start`,
     serving until :meth:`stop`."""
@@ -200,6 +210,7 @@ class TransactionShard:
         self._driver = None
         self._next_request_id = 0
         self._answers: dict[int, asyncio.Future[tx.Answer]] = {}
+        self._deferred: list[Deferred] = []  # requests stepped once their state comes
         self._stepped: asyncio.Event | None = None  # set at the next step, for its waiters
         self.stopped = False
 
@@ -272,7 +283,8 @@ class TransactionShard:
         for task in self._hooked:
             task.cancel()
         answers, self._answers = self._answers, {}
-        for answer in answers.values():
+        deferred, self._deferred = self._deferred, []
+        for answer in [*answers.values(), *(d.answer for d in deferred)]:
             if not answer.done():
                 answer.set_exception(ShardGone(f"{self.partition.topic}-{self.index}"))
 
@@ -282,12 +294,44 @@ class TransactionShard:
         """Step ``make_event(request_id, now_ms)`` and wait for its answer."""
         if not self.serving:
             raise ShardGone(f"{self.partition.topic}-{self.index}")
+        answer: asyncio.Future[tx.Answer] = asyncio.get_running_loop().create_future()
+        self._ask(make_event, answer)
+        return await answer
+
+    def request_when(
+        self,
+        ready: Callable[[tx.CoordinatorState], bool],
+        make_event: Callable[[int, int], tx.TransactionEvent],
+    ) -> Deferred:
+        """A request stepped once ``ready(state)`` holds: now, or right after the step that
+        makes it hold, in that step's own call, so that the record it asks for is appended
+        right behind what that step appended (and shares its WAL group commit). Its answer is
+        ``.answer``; :meth:`withdraw` takes it back while it waits."""
+        if not self.serving:
+            raise ShardGone(f"{self.partition.topic}-{self.index}")
+        deferred = Deferred(ready, make_event, asyncio.get_running_loop().create_future())
+        if ready(self.state):
+            self._ask(make_event, deferred.answer)
+        else:
+            self._deferred.append(deferred)
+        return deferred
+
+    def withdraw(self, deferred: Deferred) -> bool:
+        """Take back a request of :meth:`request_when` not stepped yet (False: it was)."""
+        if deferred in self._deferred:
+            self._deferred.remove(deferred)
+            return True
+        return False
+
+    def _ask(
+        self,
+        make_event: Callable[[int, int], tx.TransactionEvent],
+        answer: asyncio.Future[tx.Answer],
+    ) -> None:
         self._next_request_id += 1
         request_id = self._next_request_id
-        answer: asyncio.Future[tx.Answer] = asyncio.get_running_loop().create_future()
         self._answers[request_id] = answer
         self.step(make_event(request_id, self._clock.now_ms()))
-        return await answer
 
     def step(self, event: tx.TransactionEvent) -> None:
         if not self.serving:
@@ -297,6 +341,12 @@ class TransactionShard:
         self._driver.apply(event)
         if self.trace is not None:
             self.trace.stepped(event, before, self._driver.state)
+        if self._deferred:
+            state = self._driver.state
+            ready = [deferred for deferred in self._deferred if deferred.ready(state)]
+            for deferred in ready:
+                self._deferred.remove(deferred)
+                self._ask(deferred.make_event, deferred.answer)
         self._wake()
 
     async def stepped(self) -> None:

@@ -72,6 +72,10 @@ log = logging.getLogger(__name__)
 LOAD_RETRY_S = 1.0
 CREATE_WAIT_S = 10.0  # the longest a request waits for the topic it made a broker create
 MARKER_RETRY_S = (0.05, 1.0)  # a marker not written yet is tried again after this, doubling
+# The longest an AddPartitionsToTxn waits for the same producer's previous transaction to
+# write its markers (add_partitions), instead of CONCURRENT_TRANSACTIONS and the client's
+# backoff (librdkafka's and the Java client's 20 ms).
+COMPLETION_WAIT_S = 0.1
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 WRITE_TXN_MARKERS = 27
 ADD_PARTITIONS_TO_TXN = 24
@@ -270,24 +274,45 @@ class TransactionCoordinator:
         verify_only: bool = False,
     ) -> tx.PartitionsAnswer:
         """AddPartitionsToTxn (``verify_only``: the v4+ verification form): an error per
-        partition."""
+        partition. A producer's request that comes while its previous transaction writes its
+        markers (the usual case for the first partition of the next transaction: EndTxn is
+        answered before the markers) is stepped once they are written, for at most
+        ``COMPLETION_WAIT_S``, in the step of the last one, so that its Ongoing record goes to
+        the log right behind the Complete* record, in the same WAL group commit; past that it
+        is asked at once (``CONCURRENT_TRANSACTIONS``, for the client to ask again)."""
         wanted = tuple(partitions)
         await self._existing()
         routed = self._topic.route(transactional_id, self._shards)
         if isinstance(routed, KafkaErrorCode):
             return tx.PartitionsAnswer(tuple((p, routed) for p in wanted))
-        try:
-            answer = await routed.request(
-                lambda request_id, now_ms: tx.AddPartitionsToTxn(
-                    request_id,
-                    transactional_id,
-                    producer_id,
-                    producer_epoch,
-                    wanted,
-                    now_ms,
-                    verify_only,
-                )
+
+        def add(request_id: int, now_ms: int) -> tx.AddPartitionsToTxn:
+            return tx.AddPartitionsToTxn(
+                request_id,
+                transactional_id,
+                producer_id,
+                producer_epoch,
+                wanted,
+                now_ms,
+                verify_only,
             )
+
+        def completed(state: tx.CoordinatorState) -> bool:
+            return not tx.writing_markers(state, transactional_id, producer_id, producer_epoch)
+
+        try:
+            if verify_only:
+                answer = await routed.request(add)
+            else:
+                deferred = routed.request_when(completed, add)
+                try:
+                    async with asyncio.timeout(COMPLETION_WAIT_S):
+                        answer = await asyncio.shield(deferred.answer)
+                except TimeoutError:
+                    if routed.withdraw(deferred):
+                        answer = await routed.request(add)
+                    else:
+                        answer = await deferred.answer
         except ShardGone:
             return tx.PartitionsAnswer(tuple((p, KafkaErrorCode.NOT_COORDINATOR) for p in wanted))
         assert isinstance(answer, tx.PartitionsAnswer)

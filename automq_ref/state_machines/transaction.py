@@ -37,8 +37,20 @@ test runs to see the zombie commit the spec's ``NoFenceBump`` model shows).
 
 Markers: a durable Prepare* emits ``WriteMarkers`` (every partition of the transaction, the
 producer id and epoch, the result); the shell writes a control batch to each partition and
-steps ``MarkerWritten`` for each; when none is left the Complete* record is persisted. A
+steps ``MarkerWritten`` for each; when none is left the transaction is complete. A
 transaction with no partition completes at once.
+
+Completion does not wait for its record. Once every marker is durable the outcome is settled
+(the Prepare* record is durable, and so are the markers), so the Complete* metadata takes effect
+at once and the next request of the id is decided on it while the Complete* record is still on
+its way (``Entry.completing``), as Kafka lets a producer's next transaction begin once its
+markers are written. Nothing a client hears depends on that record: a later record of the id
+(the next transaction's Ongoing, an InitProducerId's bump, a tombstone) is appended behind it to
+the same partition and answered only once it is durable itself, and it carries the id's whole
+metadata, so a log that lost the Complete* record but kept a later one loads the later one; a
+log whose last record of the id is the Prepare* loads it and writes the markers again (which
+the partitions take as the same outcome). The shell reports the outcomes of one id's records
+in the order it was asked for them (one partition's appends become durable in order).
 """
 
 from __future__ import annotations
@@ -127,6 +139,18 @@ class Entry:
     metadata: TransactionMetadata | None
     pending: Pending | None = None
     pending_markers: frozenset[PartitionKey] = frozenset()
+    completing: Completing | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completing:
+    """The Complete* record of an id on its way to the log: its metadata has taken effect (the
+    markers are all durable), requests are decided on it, and a later record of the id waits
+    behind it in the partition. ``prepared``: the Prepare* metadata it completes, what the
+    log's last durable record of the id says until this one is (``tla_state``)."""
+
+    write_id: int
+    prepared: TransactionMetadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +310,21 @@ TransactionEffect: TypeAlias = (
 TransactionTransition: TypeAlias = Transition[CoordinatorState, TransactionEffect]
 
 # ------------------------------------------------------------------------------------ queries
+
+
+def writing_markers(
+    state: CoordinatorState, transactional_id: str, producer_id: int, producer_epoch: int
+) -> bool:
+    """Whether the id's transaction of this producer (id and epoch) is writing its markers: its
+    next AddPartitionsToTxn is ``CONCURRENT_TRANSACTIONS`` until the last one is written, when
+    the transaction completes and the next one may begin."""
+    entry = state.entries.get(transactional_id)
+    metadata = entry.metadata if entry is not None else None
+    return (
+        metadata is not None
+        and metadata.state in PREPARING
+        and (metadata.producer_id, metadata.producer_epoch) == (producer_id, producer_epoch)
+    )
 
 
 def needs_producer_id(state: CoordinatorState, transactional_id: str) -> bool:
@@ -588,6 +627,8 @@ def _on_transaction_persisted(
     state: CoordinatorState, event: TransactionPersisted
 ) -> TransactionTransition:
     entry = state.entries.get(event.transactional_id)
+    if entry is not None and _completing(entry, event.write_id):
+        return Transition(_with(state, event.transactional_id, replace(entry, completing=None)))
     if entry is None or entry.pending is None or entry.pending.write_id != event.write_id:
         return _contract(state, f"{event.transactional_id}: no pending write {event.write_id}")
     pending = entry.pending
@@ -595,7 +636,7 @@ def _on_transaction_persisted(
     answered = () if pending.answer is None else (pending.answer,)
     if target.state is S.Dead:
         return Transition(_with(state, event.transactional_id, None), answered)
-    entry = Entry(target)
+    entry = Entry(target, completing=entry.completing)
     if target.state in PREPARING:
         if not target.partitions:
             return _complete(state, entry, target, answered)
@@ -612,17 +653,49 @@ def _complete(
     metadata: TransactionMetadata,
     before: tuple[TransactionEffect, ...] = (),
 ) -> TransactionTransition:
-    """Every marker written: the Complete* record (the spec's CompleteTransaction)."""
+    """Every marker written: the transaction is complete now, its Complete* record on its way
+    (the spec's CompleteTransaction once that record is durable; ``Completing``)."""
     done = S.CompleteCommit if metadata.state is S.PrepareCommit else S.CompleteAbort
-    target = _transit(metadata, done, partitions=frozenset(), start_ms=NO_TIMESTAMP)
-    state = _with(state, metadata.transactional_id, entry)
-    return _persist(state, entry, target, None, *before)
+    target = _transit(
+        metadata,
+        done,
+        partitions=frozenset(),
+        start_ms=NO_TIMESTAMP,
+        last_update_ms=state.now_ms,
+    )
+    return _log_complete(state, replace(entry, metadata=target), metadata, before)
+
+
+def _log_complete(
+    state: CoordinatorState,
+    entry: Entry,
+    prepared: TransactionMetadata,
+    before: tuple[TransactionEffect, ...] = (),
+) -> TransactionTransition:
+    """Append the Complete* record of ``entry``'s metadata, completing ``prepared``."""
+    write_id = state.next_write_id
+    state = replace(state, next_write_id=write_id + 1)
+    tid = prepared.transactional_id
+    state = _with(state, tid, replace(entry, completing=Completing(write_id, prepared)))
+    return Transition(state, (*before, PersistTransaction(write_id, tid, entry.metadata)))
+
+
+def _completing(entry: Entry, write_id: int) -> bool:
+    return entry.completing is not None and entry.completing.write_id == write_id
 
 
 def _on_transaction_persist_failed(
     state: CoordinatorState, event: TransactionPersistFailed
 ) -> TransactionTransition:
     entry = state.entries.get(event.transactional_id)
+    if entry is not None and entry.completing is not None and _completing(entry, event.write_id):
+        prepared = entry.completing.prepared
+        entry = replace(entry, completing=None)
+        if entry.pending is None:
+            # The Complete* record did not land: ask again (Kafka retries it too).
+            return _log_complete(state, entry, prepared)
+        # A later record of the id is on its way behind it and carries the whole metadata.
+        return Transition(_with(state, event.transactional_id, entry))
     if entry is None or entry.pending is None or entry.pending.write_id != event.write_id:
         return _contract(state, f"{event.transactional_id}: no pending write {event.write_id}")
     pending = entry.pending
@@ -632,12 +705,13 @@ def _on_transaction_persist_failed(
     elif pending.restore is not None:
         # The fence's abort did not land: nothing durable changed, the transaction goes on at
         # its epoch (nobody was answered the bumped one) and the next Tick fences it again.
-        state = _with(state, event.transactional_id, Entry(pending.restore))
+        state = _with(
+            state,
+            event.transactional_id,
+            Entry(pending.restore, completing=entry.completing),
+        )
     else:
         state = _with(state, event.transactional_id, replace(entry, pending=None))
-    if metadata is not None and metadata.state in PREPARING and pending.target.state in COMPLETED:
-        # The Complete* record did not land: ask again (Kafka retries it too).
-        return _complete(state, state.entries[event.transactional_id], metadata)
     answered = () if pending.answer is None else (_failed(pending.answer, event.error),)
     return Transition(state, answered)
 
@@ -765,8 +839,28 @@ def inv_states_are_kafkas(state: CoordinatorState) -> None:
 
 def inv_pending_is_one_write(state: CoordinatorState) -> None:
     """At most one change is pending per id, its write id is below the next one, and it is a
-    valid transition of the id's state."""
+    valid transition of the id's state. A Complete* record on its way is the id's latest
+    durable-to-be state until its outcome (which comes before any later record's): the id is
+    Complete* meanwhile, completing a Prepare* of the same producer, and a pending change was
+    asked for after it."""
     for transactional_id, entry in state.entries.items():
+        completing = entry.completing
+        if completing is not None:
+            metadata = entry.metadata
+            if completing.write_id >= state.next_write_id:
+                raise InvariantViolation(
+                    f"{transactional_id}: write id {completing.write_id} ahead"
+                )
+            if (
+                metadata is None
+                or metadata.state not in COMPLETED
+                or completing.prepared.state not in VALID_PREVIOUS[metadata.state]
+                or (completing.prepared.producer_id, completing.prepared.producer_epoch)
+                != (metadata.producer_id, metadata.producer_epoch)
+            ):
+                raise InvariantViolation(f"{transactional_id}: completing outside a completion")
+            if entry.pending is not None and entry.pending.write_id <= completing.write_id:
+                raise InvariantViolation(f"{transactional_id}: a change pending before completion")
         if entry.pending is None:
             continue
         if entry.pending.write_id >= state.next_write_id:
@@ -796,7 +890,9 @@ def tla_state(state: CoordinatorState, transactional_id: str) -> dict[str, objec
     (docs/trace_validation.md, "Transaction"): its metadata as the spec sees it. A change
     waiting for its record is not there yet (the spec's step is the persist); the
     coordinator's own abort is, from the fence on (PrepareEpochFence at the bumped epoch: the
-    spec's FenceOngoing). An id not known, or whose first record is not durable yet, is the
+    spec's FenceOngoing). A completion whose record is on its way is not there yet either: the
+    id is the Prepare* it completes, with no marker left (the spec's CompleteTransaction is the
+    persist of that record). An id not known, or whose first record is not durable yet, is the
     spec's initial ``Empty`` at epoch -1."""
     entry = state.entries.get(transactional_id)
     metadata = entry.metadata if entry is not None else None
@@ -807,6 +903,8 @@ def tla_state(state: CoordinatorState, transactional_id: str) -> dict[str, objec
             "txnPartitions": _tla_partitions(()),
             "pendingMarkers": _tla_partitions(()),
         }
+    if entry.completing is not None:
+        metadata = entry.completing.prepared  # the log's until the Complete* record is durable
     return {
         "txnState": metadata.state.name,
         "producerEpoch": metadata.producer_epoch,
@@ -850,6 +948,8 @@ def tla_action(event: TransactionEvent, before: CoordinatorState, after: Coordin
         return "FenceOngoing"
     entry = before.entries.get(event.transactional_id)
     pending = entry.pending if entry is not None else None
+    if entry is not None and _completing(entry, event.write_id):
+        return "CompleteTransaction"  # its record durable (failed: a stutter, asked again)
     if entry is None or pending is None:
         return "CompleteTransaction"  # no write of that id pending: refused, a stutter
     if pending.restore is not None:

@@ -301,3 +301,36 @@ async def test_the_trace_dir_records_each_new_id_for_validation(tmp_path: Path) 
     finally:
         await node.shutdown()
     assert len(path.read_text().splitlines()) == len(recorded)
+
+
+async def test_the_next_transaction_begins_in_the_last_markers_step(tmp_path: Path) -> None:
+    """EndTxn is answered before the markers; the same producer's next AddPartitionsToTxn,
+    asked at once, waits for them instead of CONCURRENT_TRANSACTIONS and is stepped in the
+    step of the last one, with the Complete* record still on its way: its Ongoing record is
+    durable behind it (the trace: the request a stutter after MarkerWritten, then
+    CompleteTransaction and AddPartitionsToTxn as their records land), and TLC accepts the
+    run."""
+    node = await broker(tmp_path)
+    try:
+        trace = node.transactions.trace = TransactionTrace(TID)
+        a, _ = await topics(node)
+        p = Producers(node)
+        first = await p.init(LONG_MS)
+        pid, epoch = first.producer_id, first.producer_epoch
+        for _ in range(3):
+            await p.add(pid, epoch, a)
+            assert await p.write(a, pid, epoch) is E.NONE
+            assert await p.end(pid, epoch, commit=True) is E.NONE
+            assert p.status() is S.PrepareCommit  # answered before its marker
+        await p.add(pid, epoch, a)
+        assert p.status() is S.Ongoing
+        assert await p.end(pid, epoch, commit=False) is E.NONE
+        await p.completed(S.CompleteAbort)
+    finally:
+        await node.shutdown()
+    good = lines(trace)
+    actions = [line.action for line in good]
+    after_marker = ["MarkerWritten", "AddPartitionsToTxn", "CompleteTransaction"]
+    assert sum(actions[i : i + 3] == after_marker for i in range(len(actions))) == 3, actions
+    (verdict,) = tv.validate_many([good], "Transaction")
+    assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{tv_lines(good)}"

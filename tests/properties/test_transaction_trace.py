@@ -254,7 +254,7 @@ def _with_first_marker(log: object, result: str) -> dict[str, object]:
 # =========================================================================== generated runs
 
 
-def generated_runs(examples: int = 8, steps: int = 80) -> list[list[tv.TraceLine]]:
+def generated_runs(examples: int = 8, steps: int = 100) -> list[list[tv.TraceLine]]:
     """The traces of a few hypothesis runs of the world (derandomized: the same runs each
     time, so that the check that they commit is stable)."""
     traces: list[list[tv.TraceLine]] = []

@@ -1,8 +1,9 @@
 """AddPartitionsToTxn right after a commit (automq_ref/kafka/handlers/transactions.py,
 ``add_after_completion``): the coordinator machine answers CONCURRENT_TRANSACTIONS while the
-producer's previous transaction writes its markers and its Complete* record; the handler asks
-again once that transaction has completed, so the producer is answered NONE instead of backing
-off. Anything else concurrent is answered at once, and a completion that does not come within
+producer's previous transaction writes its markers; the handler asks again once that
+transaction has completed (its last marker written: the Complete* record need not be durable
+for the next transaction to begin), so the producer is answered NONE instead of backing off.
+Anything else concurrent is answered at once, and a completion that does not come within
 ``COMPLETION_WAIT_S`` leaves the answer CONCURRENT_TRANSACTIONS."""
 
 from __future__ import annotations
@@ -24,15 +25,22 @@ A = ("a", 0)
 
 class MachineCoordinator:
     """The two calls the handler makes, over the real machine; records become durable at once
-    unless ``hold`` says which target states wait for :meth:`release`."""
+    unless ``hold`` says which target states wait for :meth:`release`, and markers are written
+    at once unless ``hold_markers`` (then :meth:`release_markers` writes them). A record held
+    holds the records asked for after it, as a partition's appends become durable in order."""
 
-    def __init__(self, hold: frozenset[tx.TransactionState] = frozenset()) -> None:
+    def __init__(
+        self, hold: frozenset[tx.TransactionState] = frozenset(), hold_markers: bool = False
+    ) -> None:
         self.state = tx.CoordinatorState()
         self.hold = hold
+        self.hold_markers = hold_markers
         self.held: list[tx.PersistTransaction] = []
+        self.held_markers: list[tx.WriteMarkers] = []
         self.request = 0
         self.answers: dict[int, tx.Answer] = {}
         self.asked = 0
+        self.waiters: dict[int, asyncio.Future[tx.Answer]] = {}  # answers given later
         self.woken: asyncio.Event | None = None
         self.waits = 0
 
@@ -46,20 +54,34 @@ class MachineCoordinator:
         for effect in transition.effects:
             if isinstance(effect, tx.Respond):
                 self.answers[effect.request_id] = effect.answer
+                waiter = self.waiters.pop(effect.request_id, None)
+                if waiter is not None:
+                    waiter.set_result(effect.answer)
             elif isinstance(effect, tx.PersistTransaction):
                 record = effect.record
-                if record is not None and record.state in self.hold:
+                if self.held or (record is not None and record.state in self.hold):
                     self.held.append(effect)
                 else:
                     self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
             elif isinstance(effect, tx.WriteMarkers):
-                for partition in sorted(effect.partitions):
-                    self.step(tx.MarkerWritten("t", partition, effect.producer_epoch))
+                if self.hold_markers:
+                    self.held_markers.append(effect)
+                else:
+                    self.write_markers(effect)
+
+    def write_markers(self, effect: tx.WriteMarkers) -> None:
+        for partition in sorted(effect.partitions):
+            self.step(tx.MarkerWritten("t", partition, effect.producer_epoch))
 
     def release(self) -> None:
         held, self.held = self.held, []
         for effect in held:
             self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
+
+    def release_markers(self) -> None:
+        held, self.held_markers = self.held_markers, []
+        for effect in held:
+            self.write_markers(effect)
 
     def ask(self, event: tx.TransactionEvent) -> tx.Answer | None:
         self.step(event)
@@ -80,7 +102,8 @@ class MachineCoordinator:
     ) -> tx.PartitionsAnswer:
         self.asked += 1
         request = self.next_request()
-        answer = self.ask(
+        waiter = self.waiters[request] = asyncio.get_running_loop().create_future()
+        self.ask(
             tx.AddPartitionsToTxn(
                 request,
                 transactional_id,
@@ -91,6 +114,7 @@ class MachineCoordinator:
                 verify_only,
             )
         )
+        answer = await waiter
         assert isinstance(answer, tx.PartitionsAnswer)
         return answer
 
@@ -120,17 +144,37 @@ def coordinator(fake: MachineCoordinator) -> TransactionCoordinator:
 
 
 async def test_the_next_transaction_is_added_once_the_previous_one_completes() -> None:
-    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
+    fake = MachineCoordinator(hold_markers=True)
     fake.committed()
-    assert fake.held, "the Complete record waits"
-    asyncio.get_running_loop().call_later(0.01, fake.release)
+    assert fake.held_markers, "the markers wait"
+    asyncio.get_running_loop().call_later(0.01, fake.release_markers)
     answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
     assert answer == tx.PartitionsAnswer(((A, E.NONE),))
     assert fake.asked == 2  # once refused as concurrent, once after the completion
-    assert fake.waits == 1  # the release stepped the markers and the Complete record at once
+    assert fake.waits == 1  # the release stepped the marker, and so the completion, at once
     metadata = tx.describe(fake.state, "t")
     assert metadata is not None
     assert (metadata.state, metadata.partitions) == (tx.TransactionState.Ongoing, frozenset({A}))
+
+
+async def test_the_next_transaction_does_not_wait_for_the_complete_record() -> None:
+    """The Complete* record still on its way: the next transaction's Ongoing record is asked
+    for at once, behind it, and the answer comes once both are durable."""
+    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
+    fake.committed()
+    assert [r.record.state for r in fake.held if r.record] == [tx.TransactionState.CompleteCommit]
+    added = asyncio.ensure_future(
+        handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
+    )
+    await asyncio.sleep(0)
+    assert [r.record.state for r in fake.held if r.record] == [
+        tx.TransactionState.CompleteCommit,
+        tx.TransactionState.Ongoing,
+    ]
+    assert not added.done()  # the Ongoing record is not durable yet
+    fake.release()
+    assert await added == tx.PartitionsAnswer(((A, E.NONE),))
+    assert fake.asked == 1 and fake.waits == 0
 
 
 async def test_an_answer_that_is_not_concurrent_is_given_at_once() -> None:
@@ -159,7 +203,7 @@ async def test_a_completion_that_does_not_come_leaves_the_answer_concurrent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(handlers, "COMPLETION_WAIT_S", 0.02)
-    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
+    fake = MachineCoordinator(hold_markers=True)
     fake.committed()
     loop = asyncio.get_running_loop()
     began = loop.time()
