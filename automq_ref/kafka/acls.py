@@ -110,17 +110,18 @@ class ClusterAcls:
     def __init__(self, view: MetadataView, settings: acl.AuthorizerSettings) -> None:
         self._view = view
         self.settings = settings
-        self._version = -1
+        self._kv: Mapping[str, bytes] | None = None
         self._acls = acl.EMPTY
 
     def table(self) -> acl.Acls:
         """The bindings as of the image (rebuilt when it changed)."""
-        if self._view.version != self._version:
-            self._version = self._view.version
-            self._acls = acls_in(self._view.image.kv)
+        kv = self._view.image.kv
+        if kv is not self._kv:  # an image's KV is replaced, never changed in place
+            self._kv = kv
+            self._acls = acls_in(kv)
         return self._acls
 
-    # ---------------------------------------------------------------- decisions (phase 2's)
+    # -------------------------------------------- decisions (the handlers': handlers/authorize.py)
 
     def authorize(
         self, peer: Peer, operation: acl.AclOperation, resource_type: acl.ResourceType, name: str
@@ -138,6 +139,11 @@ class ClusterAcls:
     def authorized_operations(self, peer: Peer, resource_type: acl.ResourceType, name: str) -> int:
         return acl.authorized_operations(
             self.table(), self.settings, principal_of(peer), host_of(peer), resource_type, name
+        )
+
+    def may_init_producer_id(self, peer: Peer, transactional_id: str | None) -> bool:
+        return acl.may_init_producer_id(
+            self.table(), self.settings, principal_of(peer), host_of(peer), transactional_id
         )
 
     # ---------------------------------------------------------------------------- changes

@@ -39,6 +39,7 @@ from automq_ref.formats.client_quota import (
 from automq_ref.io.clock import Clock
 from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.kafka.handlers.authorize import AclOperation, cluster_allowed, cluster_operation
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import Response, respond
 from automq_ref.kafka.server import Peer, Reply
@@ -217,6 +218,7 @@ def _check_filter(components: Sequence[Any]) -> None:
             raise _Invalid(f"an exact match on {kind} needs a name")
 
 
+@cluster_operation(AclOperation.DESCRIBE_CONFIGS)
 async def handle_describe_client_quotas(context: Context, request: Request) -> Reply:
     body = request.body
     try:
@@ -269,6 +271,13 @@ def _altered(current: Mapping[str, float], ops: Sequence[Any]) -> dict[str, floa
 
 async def handle_alter_client_quotas(context: Context, request: Request) -> Reply:
     body = request.body
+    if not cluster_allowed(context, request, AclOperation.ALTER_CONFIGS):
+        denial = KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        refused = [
+            AlterEntryData([EntityData(p.entity_type, p.entity_name) for p in e.entity], denial)
+            for e in body.entries
+        ]
+        return respond(request, AlterClientQuotasResponse(refused))
 
     async def answer() -> Any:
         results = []

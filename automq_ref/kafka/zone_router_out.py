@@ -296,8 +296,9 @@ class RouterOut:
         verified: Mapping[tuple[str, int], int | KafkaErrorCode] | None = None,
     ) -> Reply:
         """Admit a client's Produce (the produce handler's admission, with the router on).
-        ``verified``: per partition appended at once, the verification guard of its
-        transactional batch, or the error it is answered."""
+        ``verified``: per partition, the verification guard of its transactional batch (one
+        appended at once), or the error it is answered (its verification's, or its
+        authorization's: routed or not)."""
         image = context.topics.view.image
         zone = client_zone(request.client_id, request.peer.host, context.config.zone_cidr_blocks)
         mapping = proxy_mapping(image.brokers.values())
@@ -319,7 +320,8 @@ class RouterOut:
                     leader_zone=None if leader_broker is None else leader_broker.rack,
                     mapping=mapping,
                 )
-                refused = _refusal(acks, name)
+                guard = (verified or {}).get((name, index), 0)
+                refused = guard if isinstance(guard, KafkaErrorCode) else _refusal(acks, name)
                 if refused is not None or decision.route is Route.NOT_LEADER_OR_FOLLOWER:
                     code = refused or KafkaErrorCode.NOT_LEADER_OR_FOLLOWER
                     pending.append(_ready(ProducePartitionAnswer(index, code.value)))
@@ -331,13 +333,8 @@ class RouterOut:
                 if decision.route is Route.LOCAL and (
                     self.direct or leader is None or zone is None
                 ):
-                    guard = (verified or {}).get((name, index), 0)
-                    outcome = (
-                        guard
-                        if isinstance(guard, KafkaErrorCode)
-                        else admit_partition(
-                            context, name, index, records, acks, verification_guard=guard
-                        )
+                    outcome = admit_partition(
+                        context, name, index, records, acks, verification_guard=int(guard)
                     )
                     pending.append(asyncio.ensure_future(answer_partition(name, index, outcome)))
                     continue

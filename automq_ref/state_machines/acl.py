@@ -511,9 +511,9 @@ def may_init_producer_id(
 
 _Op = AclOperation
 
-# The operations each resource type supports (Kafka's AclEntry.supportedOperations; a group's
-# are those this broker has always answered: Kafka 4.0 adds DESCRIBE_CONFIGS and ALTER_CONFIGS
-# for KIP-848's group configs, which this broker does not serve).
+# The operations each resource type supports (Kafka 4.0's AclEntry.supportedOperations). A
+# group's are Kafka 4.0's five, DESCRIBE_CONFIGS and ALTER_CONFIGS (KIP-848's group configs)
+# among them, though this broker serves no group configs: clients see the bits Kafka sends.
 SUPPORTED_OPERATIONS: Final[Mapping[ResourceType, tuple[AclOperation, ...]]] = {
     ResourceType.TOPIC: (
         _Op.READ,
@@ -525,7 +525,13 @@ SUPPORTED_OPERATIONS: Final[Mapping[ResourceType, tuple[AclOperation, ...]]] = {
         _Op.DESCRIBE_CONFIGS,
         _Op.ALTER_CONFIGS,
     ),
-    ResourceType.GROUP: (_Op.READ, _Op.DELETE, _Op.DESCRIBE),
+    ResourceType.GROUP: (
+        _Op.READ,
+        _Op.DELETE,
+        _Op.DESCRIBE,
+        _Op.DESCRIBE_CONFIGS,
+        _Op.ALTER_CONFIGS,
+    ),
     ResourceType.CLUSTER: (
         _Op.CREATE,
         _Op.ALTER,

@@ -39,7 +39,13 @@ CLUSTER_OPERATIONS = {
     AclOperation.ALTER_CONFIGS,
     AclOperation.IDEMPOTENT_WRITE,
 }
-GROUP_OPERATIONS = {AclOperation.READ, AclOperation.DELETE, AclOperation.DESCRIBE}
+GROUP_OPERATIONS = {
+    AclOperation.READ,
+    AclOperation.DELETE,
+    AclOperation.DESCRIBE,
+    AclOperation.DESCRIBE_CONFIGS,
+    AclOperation.ALTER_CONFIGS,
+}
 
 
 def unique(prefix: str) -> str:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
-from automq_ref.kafka.acls import ClusterAcls, host_of, principal_of
+from automq_ref.kafka.acls import host_of, principal_of
+from automq_ref.kafka.handlers.authorize import cluster_allowed
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import Response, respond
 from automq_ref.kafka.server import CloseConnection, Reply
@@ -127,12 +128,21 @@ def _unparsable(request: Request, fields: Sequence[Any], what: str) -> None:
             )
 
 
-def _cluster_denied(acls: ClusterAcls, request: Request, operation: acl.AclOperation) -> str | None:
-    """Why the client may not use this API (CLUSTER_AUTHORIZATION_FAILED), or None."""
-    peer = request.peer
-    if acls.authorize(peer, operation, acl.ResourceType.CLUSTER, acl.CLUSTER_NAME):
+def _refusal(
+    context: Context,
+    request: Request,
+    operation: acl.AclOperation,
+    no_authorizer: str = NO_AUTHORIZER,
+) -> tuple[KafkaErrorCode, str | None] | None:
+    """Why the client may not use this API, or None: SECURITY_DISABLED without an authorizer,
+    CLUSTER_AUTHORIZATION_FAILED without ``operation`` on the cluster. Every entry of the
+    request is answered with it."""
+    if context.acls is None:
+        return KafkaErrorCode.SECURITY_DISABLED, no_authorizer
+    if cluster_allowed(context, request, operation):
         return None
-    return (
+    peer = request.peer
+    return KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED, (
         f"Request {type(request.body).__name__} from {principal_of(peer)} at {host_of(peer)} "
         f"is not authorized ({operation.name} on the cluster)."
     )
@@ -165,18 +175,12 @@ def _filter_codes(item: Any) -> tuple[int, ...]:
 async def handle_describe_acls(context: Context, request: Request) -> Reply:
     body = request.body
     _unparsable(request, [_filter_codes(body)], "DescribeAcls")
+    refusal = _refusal(context, request, acl.AclOperation.DESCRIBE, NO_AUTHORIZER_DESCRIBE)
+    if refusal is not None:
+        code, message = refusal
+        return respond(request, DescribeAclsResponse(error_code=code, error_message=message))
     acls = context.acls
-    if acls is None:
-        refusal = DescribeAclsResponse(
-            error_code=KafkaErrorCode.SECURITY_DISABLED, error_message=NO_AUTHORIZER_DESCRIBE
-        )
-        return respond(request, refusal)
-    denied = _cluster_denied(acls, request, acl.AclOperation.DESCRIBE)
-    if denied is not None:
-        refusal = DescribeAclsResponse(
-            error_code=KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=denied
-        )
-        return respond(request, refusal)
+    assert acls is not None  # _refusal answers without one
     resources = [
         DescribeAclsResource(
             *pattern,
@@ -228,19 +232,14 @@ def _binding(item: Any) -> acl.AclBinding:
 async def handle_create_acls(context: Context, request: Request) -> Reply:
     creations = request.body.creations
     _unparsable(request, [_creation_codes(item) for item in creations], "CreateAcls")
-    acls = context.acls
-
-    def every(code: KafkaErrorCode, message: str | None) -> Reply:
-        results = [AclCreationResult(code, message) for _ in creations]
+    refusal = _refusal(context, request, acl.AclOperation.ALTER)
+    if refusal is None and any(_unbuildable(item) for item in creations):
+        refusal = KafkaErrorCode.UNKNOWN_SERVER_ERROR, None
+    if refusal is not None:
+        results = [AclCreationResult(*refusal) for _ in creations]
         return respond(request, CreateAclsResponse(results))
-
-    if acls is None:
-        return every(KafkaErrorCode.SECURITY_DISABLED, NO_AUTHORIZER)
-    denied = _cluster_denied(acls, request, acl.AclOperation.ALTER)
-    if denied is not None:
-        return every(KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED, denied)
-    if any(_unbuildable(item) for item in creations):
-        return every(KafkaErrorCode.UNKNOWN_SERVER_ERROR, None)
+    acls = context.acls
+    assert acls is not None  # _refusal answers without one
     bindings = [_binding(item) for item in creations]
     errors = [acl.creation_error(binding) for binding in bindings]
     valid = [binding for binding, error in zip(bindings, errors, strict=True) if error is None]
@@ -276,17 +275,13 @@ def _matching(deleted: Any) -> DeleteAclsMatchingAcl:
 async def handle_delete_acls(context: Context, request: Request) -> Reply:
     items = request.body.filters
     _unparsable(request, [_filter_codes(item) for item in items], "DeleteAcls")
-    acls = context.acls
-
-    def every(code: KafkaErrorCode, message: str) -> Reply:
+    refusal = _refusal(context, request, acl.AclOperation.ALTER)
+    if refusal is not None:
+        code, message = refusal
         results = [DeleteAclsFilterResult(error_code=code, error_message=message) for _ in items]
         return respond(request, DeleteAclsResponse(results))
-
-    if acls is None:
-        return every(KafkaErrorCode.SECURITY_DISABLED, NO_AUTHORIZER)
-    denied = _cluster_denied(acls, request, acl.AclOperation.ALTER)
-    if denied is not None:
-        return every(KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED, denied)
+    acls = context.acls
+    assert acls is not None  # _refusal answers without one
     filters = [_filter(item) for item in items]
     errors = [acl.filter_error(acl_filter) for acl_filter in filters]
     valid = [f for f, error in zip(filters, errors, strict=True) if error is None]

@@ -9,6 +9,11 @@ setting, then the broker property that gives the default). An empty list of name
 of them, as with Kafka. IncrementalAlterConfigs applies SET, DELETE, APPEND and SUBTRACT;
 AlterConfigs replaces a topic's whole set; both answer each resource on its own, and a resource
 named twice in one request is refused (INVALID_REQUEST) wherever it appears.
+
+With an authorizer, a resource is described with DESCRIBE_CONFIGS and changed with
+ALTER_CONFIGS on it, as Kafka checks them, before anything else: a topic on the topic (else
+TOPIC_AUTHORIZATION_FAILED), a group on the group (GROUP_AUTHORIZATION_FAILED), a broker (or any
+other type) on the cluster (CLUSTER_AUTHORIZATION_FAILED).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
+from automq_ref.kafka.handlers.authorize import REFUSAL, AclOperation, ResourceType, allowed
 from automq_ref.kafka.handlers.unsupported import config_resource_refusal
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
@@ -36,9 +42,31 @@ from automq_ref.kafka.responses import (
 from automq_ref.kafka.server import Reply
 from automq_ref.kafka.topic_configs import TOPIC_CONFIGS, ConfigChange, TopicConfig
 from automq_ref.kafka.topics import TopicError
+from automq_ref.state_machines.acl import CLUSTER_NAME
 
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
+GROUP_RESOURCE = 32
+_DENIED = {
+    ResourceType.TOPIC: "Topic authorization failed.",
+    ResourceType.GROUP: "Group authorization failed.",
+    ResourceType.CLUSTER: "Cluster authorization failed.",
+}
+
+
+def _config_denied(
+    context: Context, request: Request, operation: AclOperation, kind: int, name: str
+) -> TopicError | None:
+    """Why the principal may not describe or alter this config resource, or None."""
+    if context.acls is None:
+        return None
+    if kind in (TOPIC_RESOURCE, GROUP_RESOURCE):
+        resource = ResourceType.TOPIC if kind == TOPIC_RESOURCE else ResourceType.GROUP
+    else:
+        resource, name = ResourceType.CLUSTER, CLUSTER_NAME
+    if allowed(context, request, operation, resource, name):
+        return None
+    return TopicError(REFUSAL[resource], _DENIED[resource])
 
 
 async def handle_describe_configs(context: Context, request: Request) -> Reply:
@@ -53,7 +81,12 @@ async def handle_describe_configs(context: Context, request: Request) -> Reply:
         kind, name = int(resource.resource_type), resource.resource_name
         keys = resource.configuration_keys
         wanted = set(keys) if keys else None  # None or empty: every config
-        if kind == TOPIC_RESOURCE:
+        denial = _config_denied(context, request, AclOperation.DESCRIBE_CONFIGS, kind, name)
+        if denial is not None:
+            result = DescribeConfigsResult(
+                resource.resource_type, name, error_code=denial.code, error_message=str(denial)
+            )
+        elif kind == TOPIC_RESOURCE:
             topic = registry.topics.get(name)
             if topic is None:
                 result = DescribeConfigsResult(
@@ -169,6 +202,9 @@ async def _alter_each(
                 raise TopicError(
                     KafkaErrorCode.INVALID_REQUEST, "Each resource must appear at most once."
                 )
+            denial = _config_denied(context, request, AclOperation.ALTER_CONFIGS, kind, name)
+            if denial is not None:
+                raise denial
             refusal = config_resource_refusal(context, request, api, kind)
             if refusal is not None:
                 raise TopicError(KafkaErrorCode.INVALID_REQUEST, refusal)

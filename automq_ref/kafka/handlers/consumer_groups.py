@@ -30,6 +30,13 @@ from collections.abc import Iterable, Mapping
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    allowed,
+    denied,
+    operations,
+)
 from automq_ref.kafka.handlers.groups import client_host
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Chunks, Reply
@@ -110,8 +117,10 @@ async def handle_consumer_group_heartbeat(context: Context, request: Request) ->
             generated_member_id=generated,
         )
 
+    refusal = _heartbeat_refusal(context, request)
+
     async def answer() -> Chunks:
-        response = await context.groups.request(
+        response = refusal or await context.groups.request(
             body.group_id, event, lambda error: gc.ConsumerGroupHeartbeatResponse(error)
         )
         assert isinstance(response, gc.ConsumerGroupHeartbeatResponse)
@@ -131,16 +140,42 @@ async def handle_consumer_group_heartbeat(context: Context, request: Request) ->
     return answer()
 
 
+def _heartbeat_refusal(
+    context: Context, request: Request
+) -> gc.ConsumerGroupHeartbeatResponse | None:
+    """Kafka's checks before a heartbeat: READ on the group, DESCRIBE on every topic the
+    member subscribes to by name."""
+    body = request.body
+    if not allowed(context, request, AclOperation.READ, ResourceType.GROUP, body.group_id):
+        return gc.ConsumerGroupHeartbeatResponse(KafkaErrorCode.GROUP_AUTHORIZATION_FAILED)
+    names = body.subscribed_topic_names or ()
+    hidden = denied(context, request, AclOperation.DESCRIBE, ResourceType.TOPIC, names)
+    if hidden:
+        return gc.ConsumerGroupHeartbeatResponse(
+            KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED,
+            f"Unauthorized topics: {', '.join(sorted(hidden))}",
+        )
+    return None
+
+
 async def handle_consumer_group_describe(context: Context, request: Request) -> Reply:
-    """Each group as its shard describes it (see the module docstring)."""
-    group_ids = tuple(request.body.group_ids)
+    """Each group as its shard describes it (see the module docstring): those the principal
+    may DESCRIBE, the others GROUP_AUTHORIZATION_FAILED."""
+    asked = tuple(request.body.group_ids)
+    hidden = denied(context, request, AclOperation.DESCRIBE, ResourceType.GROUP, asked)
+    include = bool(getattr(request.body, "include_authorized_operations", False))
+    group_ids = tuple(g for g in asked if g not in hidden)
     named = tuple(g for g in group_ids if g)
     described = {
         g.group_id: g for g in (await context.groups.consumer_group_describe(named)).groups
     }
     ids = {name: topic.topic_id for name, topic in context.topics.topics.items()}
     groups = []
-    for group_id in group_ids:
+    for group_id in asked:
+        if group_id in hidden:
+            denial = KafkaErrorCode.GROUP_AUTHORIZATION_FAILED
+            groups.append(r.ConsumerGroupDescribeGroup(group_id, denial))
+            continue
         if not group_id:
             # Kafka sets a null id, which the schema does not allow: the id sent ("").
             groups.append(r.ConsumerGroupDescribeGroup("", KafkaErrorCode.INVALID_GROUP_ID))
@@ -169,6 +204,11 @@ async def handle_consumer_group_describe(context: Context, request: Request) -> 
                     )
                     for m in g.members
                 ],
+                authorized_operations=(
+                    operations(context, request, ResourceType.GROUP, group_id)
+                    if include
+                    else r.AUTHORIZED_OPERATIONS_OMITTED
+                ),
             )
         )
     return r.respond(request, r.ConsumerGroupDescribeResponse(groups))

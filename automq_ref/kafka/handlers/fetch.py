@@ -33,6 +33,11 @@ router) answers the same from its main's transaction state
 (:class:`~automq_ref.kafka.snapshot_read.SnapshotPartition`: the main's LSO with the end it
 applied, the aborted transactions from the entries it holds or, for a read below them, from its
 main); a copy that cannot learn them answers that partition ``KAFKA_STORAGE_ERROR``, no records.
+
+With an authorizer, a consumer's partitions of a topic it may not READ are answered
+TOPIC_AUTHORIZATION_FAILED (an unknown topic id stays UNKNOWN_TOPIC_ID), as Kafka's; a
+follower's Fetch (a replica id) needs CLUSTER_ACTION on the cluster, else every partition is
+TOPIC_AUTHORIZATION_FAILED, and reads every topic with it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,12 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.record_batch import RecordBatchView, iter_batches
 from automq_ref.io.storage.s3stream import StorageError
 from automq_ref.io.storage.stream_objects import ReadOrigin
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    cluster_allowed,
+    denied,
+)
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
@@ -93,6 +104,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
             name = fetch_topic.topic
             key = name
         wanted.append((key, name, list(fetch_topic.partitions)))
+    hidden = _hidden(context, request, wanted) if context.acls is not None else frozenset()
     opening = [
         (name, int(fetch_partition.partition))
         for _, name, fetch_partitions in wanted
@@ -104,7 +116,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         await context.topics.wait_opened(opening, hold_s)
     committed = version >= 4 and int(getattr(body, "isolation_level", 0)) == 1
     while True:
-        read = await _fetch_once(context, request, wanted, by_id, committed)
+        read = await _fetch_once(context, request, wanted, by_id, committed, hidden)
         remaining = deadline - clock.monotonic_s()
         if read.total >= int(body.min_bytes) or remaining <= 0 or read.answer_now or not read.waits:
             break
@@ -115,7 +127,7 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         for future in pending:
             future.cancel()
         if not done:
-            read = await _fetch_once(context, request, wanted, by_id, committed)
+            read = await _fetch_once(context, request, wanted, by_id, committed, hidden)
             break
     if context.network is not None and read.total:
         priority = Priority.CATCH_UP if read.from_objects else Priority.TAIL
@@ -136,6 +148,19 @@ async def _fetch(context: Context, request: Request) -> Chunks:
         (memoryview(chunks[0])[4:], *chunks[1:]),
         lambda: (p.error_code for topic in responses for p in topic.partitions),
     )
+
+
+def _hidden(context: Context, request: Request, wanted: Wanted) -> frozenset[str]:
+    """The topics of ``wanted`` the principal may not fetch (the module docstring)."""
+    body = request.body
+    state = getattr(body, "replica_state", None)
+    replica = int(state.replica_id if state is not None else getattr(body, "replica_id", -1))
+    names = [name for _, name, _ in wanted if name is not None]
+    if replica >= 0:  # a follower's
+        if cluster_allowed(context, request, AclOperation.CLUSTER_ACTION):
+            return frozenset()
+        return frozenset(names)
+    return denied(context, request, AclOperation.READ, ResourceType.TOPIC, names)
 
 
 @dataclass
@@ -179,7 +204,12 @@ class _Answer:
 
 
 async def _fetch_once(
-    context: Context, request: Request, wanted: Wanted, by_id: bool, committed: bool
+    context: Context,
+    request: Request,
+    wanted: Wanted,
+    by_id: bool,
+    committed: bool,
+    hidden: frozenset[str] = frozenset(),
 ) -> _Read:
     partitions_by_key = context.topics.partitions
     answer_now = False
@@ -194,6 +224,10 @@ async def _fetch_once(
             partition: Readable | None = (
                 partitions_by_key.get((name, index)) if name is not None else None
             )
+            if hidden and name in hidden:
+                answer_now = True
+                topic_answers.append(_Answer(index, KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                continue
             if partition is None:
                 # With the zone router on, this broker may be the client's zone proxy of the
                 # partition's leader: its snapshot-read copy answers.

@@ -25,16 +25,33 @@ at the listener that broker registered (this broker: what it advertises);
 :meth:`~automq_ref.kafka.groups.GroupCoordinator.topic_created`). For a transactional id (key
 type 1) it answers the same way of the id's ``__transaction_state`` partition
 (:mod:`automq_ref.kafka.transactions`); another key type is ``INVALID_REQUEST``.
+
+With an authorizer (:mod:`.authorize`), Kafka's checks: a member's requests (JoinGroup,
+SyncGroup, Heartbeat, LeaveGroup, OffsetCommit) need READ on the group, OffsetCommit and
+TxnOffsetCommit READ on each topic too (TxnOffsetCommit first WRITE on its transactional id);
+OffsetFetch DESCRIBE on the group and on each topic (left out of an all-topics answer);
+DescribeGroups DESCRIBE, DeleteGroups DELETE on each group; ListGroups lists the groups the
+principal may DESCRIBE unless it may DESCRIBE the cluster; OffsetDelete DELETE on the group and
+READ on each topic; FindCoordinator DESCRIBE on the group or transactional id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Collection
 from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
-from automq_ref.kafka.acl_operations import GROUP_OPERATIONS
+from automq_ref.kafka.handlers.authorize import (
+    REFUSAL,
+    AclOperation,
+    ResourceType,
+    allowed,
+    cluster_allowed,
+    denied,
+    operations,
+)
 from automq_ref.kafka.handlers.transactions import PRODUCE_MAX_VERSION, verify_produce
 from automq_ref.kafka.listeners import endpoint_of
 from automq_ref.kafka.request import Context, Request
@@ -43,16 +60,27 @@ from automq_ref.state_machines import group as gc
 
 GROUP_KEY_TYPE = 0
 TRANSACTION_KEY_TYPE = 1
+GROUP = ResourceType.GROUP
+TOPIC = ResourceType.TOPIC
+TXN_ID = ResourceType.TRANSACTIONAL_ID
+GROUP_DENIED = KafkaErrorCode.GROUP_AUTHORIZATION_FAILED
+TOPIC_DENIED = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+TXN_DENIED = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 async def _group(
     context: Context,
+    request: Request,
     group_id: str,
     make_event: Callable[[int, int], gc.GroupEvent],
     refused: Callable[[KafkaErrorCode], gc.Response],
 ) -> gc.Response:
     """Step ``make_event(request_id, now_ms)`` in ``group_id``'s shard and await the machine's
-    answer; ``refused(error)`` when this broker does not serve the group now."""
+    answer; ``refused(error)`` when this broker does not serve the group now, or
+    GROUP_AUTHORIZATION_FAILED when the principal may not READ the group (a member's
+    requests, Kafka's rule)."""
+    if not allowed(context, request, AclOperation.READ, GROUP, group_id):
+        return refused(GROUP_DENIED)
     clock = context.clock
     return await context.groups.request(
         group_id, lambda request_id, _: make_event(request_id, clock.now_ms()), refused
@@ -72,14 +100,10 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
         if request.api_version >= 4:
             coordinators = []
             for key in body.coordinator_keys:
-                node_id, host, port, error = await _coordinator(
-                    context, key, key_type, request.peer.listener
-                )
+                node_id, host, port, error = await _coordinator(context, request, key, key_type)
                 coordinators.append(r.Coordinator(key, node_id, host, port, error))
             return r.respond(request, r.FindCoordinatorResponse(coordinators=coordinators))
-        node_id, host, port, error = await _coordinator(
-            context, body.key, key_type, request.peer.listener
-        )
+        node_id, host, port, error = await _coordinator(context, request, body.key, key_type)
         return r.respond(
             request,
             r.FindCoordinatorResponse(node_id=node_id, host=host, port=port, error_code=error),
@@ -90,17 +114,22 @@ async def handle_find_coordinator(context: Context, request: Request) -> Reply:
 
 
 async def _coordinator(
-    context: Context, key: str, key_type: int, listener: str
+    context: Context, request: Request, key: str, key_type: int
 ) -> tuple[int, str, int, KafkaErrorCode]:
     """(node id, host, port, error) of the coordinator of ``key`` (a group id, key type 0; a
-    transactional id, key type 1) as FindCoordinator answers, its endpoint of ``listener``
-    (the request's)."""
+    transactional id, key type 1) as FindCoordinator answers, its endpoint of the request's
+    listener; the principal needs DESCRIBE on the group or transactional id."""
+    if key_type in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
+        kind = GROUP if key_type == GROUP_KEY_TYPE else TXN_ID
+        if not allowed(context, request, AclOperation.DESCRIBE, kind, key):
+            return -1, "", -1, REFUSAL[kind]
     if key_type == GROUP_KEY_TYPE:
         found = await context.groups.coordinator(key)
     elif key_type == TRANSACTION_KEY_TYPE and context.transactions is not None:
         found = await context.transactions.coordinator(key)
     else:
         return -1, "", -1, KafkaErrorCode.INVALID_REQUEST
+    listener = request.peer.listener
     if isinstance(found, KafkaErrorCode):
         return -1, "", -1, found
     if found == context.config.node_id:
@@ -128,6 +157,7 @@ async def handle_join_group(context: Context, request: Request) -> Reply:
     async def answer() -> Chunks:
         response = await _group(
             context,
+            request,
             body.group_id,
             lambda request_id, now: gc.JoinGroup(
                 request_id,
@@ -174,6 +204,7 @@ async def handle_sync_group(context: Context, request: Request) -> Reply:
     async def answer() -> Chunks:
         response = await _group(
             context,
+            request,
             body.group_id,
             lambda request_id, now: gc.SyncGroup(
                 request_id,
@@ -206,6 +237,7 @@ async def handle_heartbeat(context: Context, request: Request) -> Reply:
     body = request.body
     response = await _group(
         context,
+        request,
         body.group_id,
         lambda request_id, now: gc.Heartbeat(
             request_id,
@@ -229,6 +261,7 @@ async def handle_leave_group(context: Context, request: Request) -> Reply:
         members = (gc.LeavingMember(body.member_id),)
     response = await _group(
         context,
+        request,
         body.group_id,
         lambda request_id, now: gc.LeaveGroup(request_id, now, body.group_id, members),
         _valid_group(body.group_id, gc.LeaveGroupResponse),
@@ -249,21 +282,33 @@ async def handle_leave_group(context: Context, request: Request) -> Reply:
     )
 
 
+def _every(topics: Any, error: KafkaErrorCode) -> list[tuple[str, int, KafkaErrorCode]]:
+    return [(t.name, int(p.partition_index), error) for t in topics for p in t.partitions]
+
+
 def _commit_entries(
-    context: Context, topics: Any
-) -> tuple[list[gc.OffsetCommitEntry], list[tuple[str, int]]]:
-    """A commit's offsets of partitions the cluster has, and the (topic, partition) of those it
-    does not: any partition of the cluster's topics (led here or not: the coordinator of a group
-    is rarely the leader of what it consumes), as Kafka checks its metadata cache."""
+    context: Context, request: Request, topics: Any, group_id: str
+) -> tuple[list[gc.OffsetCommitEntry], list[tuple[str, int, KafkaErrorCode]]]:
+    """A commit's offsets of partitions the cluster has, and the (topic, partition, error) of
+    the others: any partition of the cluster's topics (led here or not: the coordinator of a
+    group is rarely the leader of what it consumes), as Kafka checks its metadata cache. The
+    principal needs READ on the group (else every partition is GROUP_AUTHORIZATION_FAILED) and
+    on each topic (else its partitions are TOPIC_AUTHORIZATION_FAILED)."""
+    if not allowed(context, request, AclOperation.READ, GROUP, group_id):
+        return [], _every(topics, GROUP_DENIED)
     known = context.topics.topics
-    unknown: list[tuple[str, int]] = []
+    hidden = denied(context, request, AclOperation.READ, TOPIC, (t.name for t in topics))
+    unknown: list[tuple[str, int, KafkaErrorCode]] = []
     entries: list[gc.OffsetCommitEntry] = []
     for topic in topics:
         for p in topic.partitions:
             index = int(p.partition_index)
             found = known.get(topic.name)
+            if topic.name in hidden:
+                unknown.append((topic.name, index, TOPIC_DENIED))
+                continue
             if found is None or not 0 <= index < found.partitions:
-                unknown.append((topic.name, index))
+                unknown.append((topic.name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
             entries.append(
                 gc.OffsetCommitEntry(
@@ -286,15 +331,14 @@ def _commit_topics(results: list[tuple[str, int, KafkaErrorCode]]) -> list[r.Off
 
 async def handle_offset_commit(context: Context, request: Request) -> Reply:
     body = request.body
-    entries, unknown = _commit_entries(context, body.topics)
+    entries, unknown = _commit_entries(context, request, body.topics, body.group_id)
 
     async def answer() -> Chunks:
-        results: list[tuple[str, int, KafkaErrorCode]] = [
-            (name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for name, index in unknown
-        ]
+        results = list(unknown)
         if entries:
             response = await _group(
                 context,
+                request,
                 body.group_id,
                 lambda request_id, now: gc.OffsetCommit(
                     request_id,
@@ -326,7 +370,10 @@ async def handle_txn_offset_commit(context: Context, request: Request) -> Reply:
     the transactional append to the group's partition is verified as a Produce of the producer
     would be, and the offsets are shown once the transaction commits."""
     body = request.body
-    entries, unknown = _commit_entries(context, body.topics)
+    if allowed(context, request, AclOperation.WRITE, TXN_ID, body.transactional_id):
+        entries, unknown = _commit_entries(context, request, body.topics, body.group_id)
+    else:
+        entries, unknown = [], _every(body.topics, TXN_DENIED)
     producer_id, producer_epoch = int(body.producer_id), int(body.producer_epoch)
 
     def refused(error: KafkaErrorCode) -> gc.Response:
@@ -336,9 +383,7 @@ async def handle_txn_offset_commit(context: Context, request: Request) -> Reply:
         )
 
     async def answer() -> Chunks:
-        results: list[tuple[str, int, KafkaErrorCode]] = [
-            (name, index, KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION) for name, index in unknown
-        ]
+        results = list(unknown)
         if entries:
             clock = context.clock
             response = await context.groups.request(
@@ -396,6 +441,11 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
     # for its marker) is answered UNSTABLE_OFFSET_COMMIT, per partition; the client retries.
     require_stable = request.api_version >= 7 and bool(body.require_stable)
     response = await context.groups.offset_fetch(groups, require_stable)
+    if context.acls is not None:
+        visible = zip(response.groups, groups, strict=True)
+        response = gc.OffsetFetchResponse(
+            tuple(_fetch_allowed(context, request, g, a) for g, a in visible)
+        )
     if request.api_version >= 8:
         return r.respond(
             request,
@@ -425,6 +475,39 @@ async def handle_offset_fetch(context: Context, request: Request) -> Reply:
     return r.respond(request, r.OffsetFetchResponse(topics=topics, error_code=first.error_code))
 
 
+def _fetch_allowed(
+    context: Context,
+    request: Request,
+    result: gc.OffsetFetchGroupResult,
+    asked: gc.OffsetFetchGroup,
+) -> gc.OffsetFetchGroupResult:
+    """``result`` as the principal may see it (Kafka's rules): GROUP_AUTHORIZATION_FAILED
+    without DESCRIBE on the group; the partitions of a topic it may not DESCRIBE left out when
+    every topic was asked, TOPIC_AUTHORIZATION_FAILED when it was named."""
+    if not allowed(context, request, AclOperation.DESCRIBE, GROUP, result.group_id):
+        return gc.OffsetFetchGroupResult(result.group_id, GROUP_DENIED, ())
+    topics = (p.topic for p in result.partitions)
+    hidden = denied(context, request, AclOperation.DESCRIBE, TOPIC, topics)
+    if not hidden:
+        return result
+    if asked.partitions is None:
+        kept = tuple(p for p in result.partitions if p.topic not in hidden)
+    else:
+        kept = tuple(
+            dataclasses.replace(
+                p,
+                offset=gc.NO_OFFSET,
+                leader_epoch=gc.NO_LEADER_EPOCH,
+                metadata="",
+                error_code=TOPIC_DENIED,
+            )
+            if p.topic in hidden
+            else p
+            for p in result.partitions
+        )
+    return dataclasses.replace(result, partitions=kept)
+
+
 def _fetched_topics(result: gc.OffsetFetchGroupResult) -> list[r.OffsetFetchTopic]:
     by_topic: dict[str, list[r.OffsetFetchPartition]] = {}
     for p in result.partitions:
@@ -439,24 +522,32 @@ async def handle_list_groups(context: Context, request: Request) -> Reply:
     states = tuple(getattr(body, "states_filter", ()) or ())
     types = tuple(getattr(body, "types_filter", ()) or ())
     response = await context.groups.list_groups(states, types)
+    # Without DESCRIBE on the cluster, only the groups the principal may DESCRIBE are listed.
+    hidden: Collection[str] = ()
+    if not cluster_allowed(context, request, AclOperation.DESCRIBE):
+        ids = (g.group_id for g in response.groups)
+        hidden = denied(context, request, AclOperation.DESCRIBE, GROUP, ids)
     listed = [
         r.ListedGroup(g.group_id, g.protocol_type, g.group_state, g.group_type)
         for g in response.groups
+        if g.group_id not in hidden
     ]
     return r.respond(request, r.ListGroupsResponse(response.error_code, listed))
 
 
 async def handle_describe_groups(context: Context, request: Request) -> Reply:
-    group_ids = tuple(request.body.groups)
+    asked = tuple(request.body.groups)
+    hidden = denied(context, request, AclOperation.DESCRIBE, GROUP, asked)
+    group_ids = tuple(g for g in asked if g not in hidden)
     response = await context.groups.describe_groups(group_ids)
-    # No authorizer: every group's operations are all a group supports.
-    operations = (
-        GROUP_OPERATIONS
-        if getattr(request.body, "include_authorized_operations", False)
-        else r.AUTHORIZED_OPERATIONS_OMITTED
-    )
+    found = iter(response.groups)
+    include = getattr(request.body, "include_authorized_operations", False)
     described = []
-    for g in response.groups:
+    for group_id in asked:
+        if group_id in hidden:
+            described.append(r.DescribedGroup(group_id, "", "", "", [], GROUP_DENIED))
+            continue
+        g = next(found)
         error = g.error_code
         if request.api_version < 6 and error is KafkaErrorCode.GROUP_ID_NOT_FOUND:
             error = KafkaErrorCode.NONE  # before v6 an unknown group is "Dead", no error
@@ -479,18 +570,25 @@ async def handle_describe_groups(context: Context, request: Request) -> Reply:
                 g.protocol_data,
                 members,
                 error,
-                authorized_operations=operations,
+                authorized_operations=(
+                    operations(context, request, GROUP, g.group_id)
+                    if include
+                    else r.AUTHORIZED_OPERATIONS_OMITTED
+                ),
             )
         )
     return r.respond(request, r.DescribeGroupsResponse(described))
 
 
 async def handle_delete_groups(context: Context, request: Request) -> Reply:
-    group_ids = tuple(request.body.groups_names)
+    asked = tuple(request.body.groups_names)
+    hidden = denied(context, request, AclOperation.DELETE, GROUP, asked)
+    group_ids = tuple(g for g in asked if g not in hidden)
 
     async def answer() -> Chunks:
         response = await context.groups.delete_groups(group_ids)
-        results = [r.DeletableGroupResult(g.group_id, g.error_code) for g in response.results]
+        results = [r.DeletableGroupResult(g, GROUP_DENIED) for g in asked if g in hidden]
+        results += [r.DeletableGroupResult(g.group_id, g.error_code) for g in response.results]
         return r.respond(request, r.DeleteGroupsResponse(results))
 
     return answer()
@@ -518,14 +616,19 @@ async def handle_offset_delete(context: Context, request: Request) -> Reply:
     empty group id is ``INVALID_GROUP_ID``."""
     body = request.body
     group_id = body.group_id
+    if not allowed(context, request, AclOperation.DELETE, GROUP, group_id):
+        return r.respond(request, r.OffsetDeleteResponse([], GROUP_DENIED))
     known = context.topics.topics
+    hidden = denied(context, request, AclOperation.READ, TOPIC, (t.name for t in body.topics))
     errors: dict[tuple[str, int], KafkaErrorCode] = {}
     partitions: list[tuple[str, int]] = []
     for topic in body.topics:
         found = known.get(topic.name)
         for p in topic.partitions:
             key = (topic.name, int(p.partition_index))
-            if found is None or not 0 <= key[1] < found.partitions:
+            if topic.name in hidden:
+                errors[key] = TOPIC_DENIED
+            elif found is None or not 0 <= key[1] < found.partitions:
                 errors[key] = KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             else:
                 partitions.append(key)

@@ -9,7 +9,8 @@ of the batches it retains, by its batch index), an offset lag of 0 (the leader i
 replica) and ``is_future_key`` false (no replica moves between directories). v4 adds the file
 system's total and usable bytes (``shutil.disk_usage`` of the directory; Kafka's file store's
 total and usable space). A directory that cannot be read is ``KAFKA_STORAGE_ERROR``, as Kafka
-answers an offline directory. No authorizer: never ``CLUSTER_AUTHORIZATION_FAILED``.
+answers an offline directory. With an authorizer it needs DESCRIBE on the cluster, else no
+result (and ``CLUSTER_AUTHORIZATION_FAILED`` from v3), as Kafka answers.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka import responses as r
+from automq_ref.kafka.handlers.authorize import AclOperation, cluster_allowed
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.server import Reply
 
@@ -27,6 +29,9 @@ log = logging.getLogger(__name__)
 
 async def handle_describe_log_dirs(context: Context, request: Request) -> Reply:
     body = request.body
+    if not cluster_allowed(context, request, AclOperation.DESCRIBE):
+        denial = KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        return r.respond(request, r.DescribeLogDirsResponse([], denial))
     wanted: set[tuple[str, int]] | None = None
     if body.topics is not None:
         wanted = {(t.topic, int(index)) for t in body.topics for index in t.partitions}

@@ -30,8 +30,15 @@ controller's broker while it is live (this one, embedded).
 Metadata creates an unknown topic (``num.partitions`` partitions) when
 ``auto.create.topics.enable`` is on and the client allows it (v4+ asks; older versions always
 allow); ``__consumer_offsets`` is created as the group coordinator creates it (its partitions
-and configs). Internal topics are listed with ``is_internal``. Authorized operations, when asked,
-are every operation (no authorizer: :mod:`automq_ref.kafka.acl_operations`).
+and configs). Internal topics are listed with ``is_internal``.
+
+With an authorizer (Kafka's ``KafkaApis`` rules): a topic the principal may not DESCRIBE is left
+out of an answer of every topic, and answered TOPIC_AUTHORIZATION_FAILED when named (by id:
+without its name); a named topic that does not exist is created only with CREATE on the cluster
+or on it, else TOPIC_AUTHORIZATION_FAILED. Authorized operations, when asked, are what the
+principal may do on each topic and, for the cluster, 0 without DESCRIBE on it (every operation
+without an authorizer). DescribeCluster answers everyone (its operations the same way);
+DescribeTopicPartitions hides and refuses topics as Metadata does.
 
 With the zone router on (``automq.zonerouter.channels``), Metadata answers each client for its
 zone (:mod:`automq_ref.kafka.zones`: declared in its client id, else by its address): a client
@@ -52,7 +59,14 @@ from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
 from automq_ref.io.metadata.failover_contexts import FailoverSettings, awaiting_failover
 from automq_ref.kafka import responses as r
-from automq_ref.kafka.acl_operations import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from automq_ref.kafka.acl_operations import TOPIC_OPERATIONS
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    cluster_allowed,
+    denied,
+    operations,
+)
 from automq_ref.kafka.listeners import endpoint_of
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
@@ -67,6 +81,7 @@ from automq_ref.kafka.responses import (
     respond,
 )
 from automq_ref.kafka.server import Reply
+from automq_ref.kafka.topic_registry import TopicRegistry
 from automq_ref.kafka.topics import TopicError, check_topic_name
 from automq_ref.kafka.zones import (
     ProxyMapping,
@@ -77,6 +92,7 @@ from automq_ref.kafka.zones import (
 )
 from automq_ref.protocol.metadata import encode_metadata_response
 from automq_ref.state_machines import stream_metadata as sm
+from automq_ref.state_machines.acl import CLUSTER_NAME
 from automq_ref.vocabulary.naming import is_internal_topic
 
 
@@ -88,23 +104,40 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
     auto_create = config.auto_create_topics_enable and (
         version < 4 or body.allow_auto_topic_creation
     )
-    topic_operations = (
-        TOPIC_OPERATIONS
-        if getattr(body, "include_topic_authorized_operations", False)
-        else AUTHORIZED_OPERATIONS_OMITTED
-    )
+    include_operations = getattr(body, "include_topic_authorized_operations", False)
+
+    def topic_operations(name: str | None) -> int:
+        if not include_operations:
+            return AUTHORIZED_OPERATIONS_OMITTED
+        return operations(context, request, TOPIC, name or "")
+
     zoning = _zoning(context, request)
     results: list[MetadataTopic] = []
-    if body.topics is None or (version == 0 and not body.topics):
+    every = body.topics is None or (version == 0 and not body.topics)
+    if every:
         wanted = [(name, None) for name in sorted(registry.topics)]
     else:
         wanted = [(t.name, getattr(t, "topic_id", None)) for t in body.topics]
+    hidden = denied(context, request, DESCRIBE, TOPIC, (_name(registry, n, i) for n, i in wanted))
+    uncreatable = frozenset[str]()
+    if auto_create and not cluster_allowed(context, request, AclOperation.CREATE):
+        absent = (n for n, _ in wanted if n is not None and n not in registry.topics)
+        uncreatable = denied(context, request, AclOperation.CREATE, TOPIC, absent)
     for name, topic_id in wanted:
         topic: Topic | None = None
+        if hidden and _name(registry, name, topic_id) in hidden:
+            if not every:
+                denial = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+                results.append(_error(name, denial, topic_id, AUTHORIZED_OPERATIONS_OMITTED))
+            continue
         if name is None and topic_id is not None:
             topic = registry.topic_by_id(topic_id)
         elif name is not None:
             topic = registry.topics.get(name)
+            if topic is None and name in uncreatable:
+                denial = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+                results.append(_error(name, denial, None, AUTHORIZED_OPERATIONS_OMITTED))
+                continue
             if topic is None and auto_create and is_internal_topic(name):
                 await context.groups.topic_created()
                 topic = registry.topics.get(name)
@@ -113,7 +146,7 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
                     topic = await registry.create_topic(name, config.num_partitions, {})
                 except TopicError as error:
                     if error.code is not KafkaErrorCode.TOPIC_ALREADY_EXISTS:
-                        results.append(_error(name, error.code, None, topic_operations))
+                        results.append(_error(name, error.code, None, topic_operations(name)))
                         continue
                     topic = registry.topics.get(name)
         if topic is None:
@@ -122,9 +155,9 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
                 if name is None
                 else KafkaErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             )
-            results.append(_error(name, code, topic_id, topic_operations))
+            results.append(_error(name, code, topic_id, topic_operations(name)))
             continue
-        results.append(_topic(context, topic, topic_operations, zoning))
+        results.append(_topic(context, topic, topic_operations(topic.name), zoning))
     brokers = _brokers(context, request.peer.listener)
     # By hand, not through kio: at 1,000 partitions kio's path was 30-50 ms of the loop.
     return encode_metadata_response(
@@ -137,13 +170,33 @@ async def handle_metadata(context: Context, request: Request) -> Reply:
             controller_id=config.node_id,
             topics=results,
             # Only v8-v10 have the cluster's operations (later versions: DescribeCluster).
-            cluster_authorized_operations=(
-                CLUSTER_OPERATIONS
-                if getattr(body, "include_cluster_authorized_operations", False)
-                else AUTHORIZED_OPERATIONS_OMITTED
+            cluster_authorized_operations=_cluster_operations(
+                context, request, getattr(body, "include_cluster_authorized_operations", False)
             ),
         ),
     )
+
+
+DESCRIBE = AclOperation.DESCRIBE
+TOPIC = ResourceType.TOPIC
+
+
+def _name(registry: TopicRegistry, name: str | None, topic_id: uuid.UUID | None) -> str | None:
+    """The topic's name (of its id when only that is given; None for an id not known)."""
+    if name is None and topic_id is not None:
+        found = registry.topic_by_id(topic_id)
+        return None if found is None else found.name
+    return name
+
+
+def _cluster_operations(context: Context, request: Request, asked: bool) -> int:
+    """The cluster's authorized operations as Kafka answers them: omitted unless asked, 0
+    without DESCRIBE on the cluster."""
+    if not asked:
+        return AUTHORIZED_OPERATIONS_OMITTED
+    if not cluster_allowed(context, request, DESCRIBE):
+        return 0
+    return operations(context, request, ResourceType.CLUSTER, CLUSTER_NAME)
 
 
 def _error(
@@ -312,10 +365,8 @@ async def handle_describe_cluster(context: Context, request: Request) -> Reply:
                 DescribeClusterBroker(broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
                 for b in brokers
             ],
-            cluster_authorized_operations=(
-                CLUSTER_OPERATIONS
-                if request.body.include_cluster_authorized_operations
-                else AUTHORIZED_OPERATIONS_OMITTED
+            cluster_authorized_operations=_cluster_operations(
+                context, request, request.body.include_cluster_authorized_operations
             ),
         ),
     )
@@ -346,6 +397,7 @@ async def handle_describe_topic_partitions(context: Context, request: Request) -
         names = {name for name in registry.topics if name >= cursor_name}
     else:
         names = {t.name for t in body.topics if t.name >= cursor_name}
+    hidden = denied(context, request, DESCRIBE, TOPIC, names)
     if (cursor is not None and not fetch_all and cursor.topic_name not in names) or (
         cursor is not None and cursor.partition_index < 0
     ):
@@ -366,12 +418,18 @@ async def handle_describe_topic_partitions(context: Context, request: Request) -
             next_cursor = r.DescribeTopicPartitionsCursor(name, 0)
             break
         topic = registry.topics.get(name)
+        if name in hidden:
+            if not fetch_all:
+                denial = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+                results.append(r.DescribeTopicPartitionsTopic(name, ZERO_UUID, error_code=denial))
+            continue
         if topic is None:
             if not fetch_all:
                 results.append(_unknown_topic(name))
             continue
         start = cursor.partition_index if cursor is not None and name == cursor_name else 0
-        described = _topic(context, topic, TOPIC_OPERATIONS, zoning)
+        topic_operations = operations(context, request, TOPIC, name)
+        described = _topic(context, topic, topic_operations, zoning)
         upper = min(topic.partitions, start + remaining)
         partitions = [
             r.DescribeTopicPartitionsPartition(
@@ -390,7 +448,7 @@ async def handle_describe_topic_partitions(context: Context, request: Request) -
                 topic_id=topic.topic_id,
                 partitions=partitions,
                 is_internal=is_internal_topic(topic.name),
-                topic_authorized_operations=TOPIC_OPERATIONS,
+                topic_authorized_operations=topic_operations,
             )
         )
         if upper < topic.partitions:

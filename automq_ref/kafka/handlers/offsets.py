@@ -11,12 +11,22 @@ partition's log start forward (-1: to the high watermark); an internal topic's i
 ``INVALID_TOPIC_EXCEPTION``, as Kafka refuses it. ListOffsets for a partition placed on this
 broker but not open yet (moved here, its open waiting for the old broker's or a failover's
 close) waits for the open first, up to ``partition.open.wait.ms``.
+
+With an authorizer, a partition of a topic the principal may not DESCRIBE (ListOffsets,
+OffsetForLeaderEpoch: CLUSTER_ACTION on the cluster, a broker's, allows every topic) or DELETE
+(DeleteRecords) is answered TOPIC_AUTHORIZATION_FAILED, before any other check, as Kafka does.
 """
 
 from __future__ import annotations
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.record_batch import iter_batches
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    cluster_allowed,
+    denied,
+)
 from automq_ref.kafka.handlers.partition_snapshot import snapshot_partition
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import Context, Request
@@ -36,6 +46,8 @@ from automq_ref.kafka.server import Reply
 from automq_ref.kafka.snapshot_read import SnapshotPartition
 from automq_ref.vocabulary.naming import is_internal_topic
 
+DENIED = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+
 
 async def handle_list_offsets(context: Context, request: Request) -> Reply:
     partitions_by_key = context.topics.partitions
@@ -49,11 +61,16 @@ async def handle_list_offsets(context: Context, request: Request) -> Reply:
         await context.topics.wait_opened(opening, context.config.partition_open_wait_ms / 1000)
     # READ_COMMITTED (v2+): the latest offset is the last stable offset.
     committed = int(getattr(request.body, "isolation_level", 0)) == 1
+    names = (t.name for t in request.body.topics)
+    hidden = denied(context, request, AclOperation.DESCRIBE, ResourceType.TOPIC, names)
     topics = []
     for list_topic in request.body.topics:
         partitions = []
         for list_partition in list_topic.partitions:
             index = int(list_partition.partition_index)
+            if list_topic.name in hidden:
+                partitions.append(ListOffsetsPartition(index, error_code=DENIED))
+                continue
             partition = partitions_by_key.get((list_topic.name, index))
             if partition is None:
                 # A proxy answers for its main's partition, from its snapshot-read copy.
@@ -131,11 +148,18 @@ async def _record_at_timestamp(
 
 async def handle_offset_for_leader_epoch(context: Context, request: Request) -> Reply:
     partitions_by_key = context.topics.partitions
+    hidden = frozenset[str]()
+    if not cluster_allowed(context, request, AclOperation.CLUSTER_ACTION):
+        names = (t.topic for t in request.body.topics)
+        hidden = denied(context, request, AclOperation.DESCRIBE, ResourceType.TOPIC, names)
     topics = []
     for topic in request.body.topics:
         partitions = []
         for asked in topic.partitions:
             index = int(asked.partition)
+            if topic.topic in hidden:
+                partitions.append(EpochEndOffset(index, DENIED))
+                continue
             partition: Partition | SnapshotPartition | None = partitions_by_key.get(
                 (topic.topic, index)
             )
@@ -159,12 +183,17 @@ async def handle_offset_for_leader_epoch(context: Context, request: Request) -> 
 
 async def handle_delete_records(context: Context, request: Request) -> Reply:
     partitions_by_key = context.topics.partitions
+    names = (t.name for t in request.body.topics)
+    hidden = denied(context, request, AclOperation.DELETE, ResourceType.TOPIC, names)
     topics = []
     for topic in request.body.topics:
         partitions = []
         for asked in topic.partitions:
             index = int(asked.partition_index)
             partition = partitions_by_key.get((topic.name, index))
+            if topic.name in hidden:
+                partitions.append(DeleteRecordsPartition(index, error_code=DENIED))
+                continue
             if is_internal_topic(topic.name):
                 # Kafka: "Cannot delete records of internal topic" (its log is a coordinator's).
                 code = KafkaErrorCode.INVALID_TOPIC_EXCEPTION

@@ -23,6 +23,11 @@ ended cannot open a transaction nobody will end.
 With the zone router on, the request goes to the router's proxy side
 (:mod:`automq_ref.kafka.zone_router_out`), which decides per partition where it goes and uses
 :func:`admit_partition` and :func:`answer_partition` for what it appends here.
+
+With an authorizer, as Kafka's ``handleProduceRequest``: a transactional Produce without WRITE
+on its transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition,
+and a partition of a topic the principal may not WRITE is TOPIC_AUTHORIZATION_FAILED, before
+anything else is checked.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from automq_ref.formats.record_batch import iter_batches
 from automq_ref.formats.zone_router import ChannelOffset
 from automq_ref.io.storage.s3stream import StorageError, StreamFencedError
 from automq_ref.kafka.compaction import is_compacted
+from automq_ref.kafka.handlers.authorize import AclOperation, ResourceType, allowed, denied
 from automq_ref.kafka.handlers.transactions import verify_produce
 from automq_ref.kafka.log_state import ProduceResult
 from automq_ref.kafka.partition import Partition
@@ -60,6 +66,7 @@ async def handle_produce(context: Context, request: Request) -> Reply:
     if request.api_version < 3:
         raise CloseConnection(f"Produce v{request.api_version} is not supported (v3+)")
     acks = body.acks
+    refused = _refused(context, request, body) if context.acls is not None else {}
     await _hold_for_opening(context, body)
     throttle_ms = 0
     if context.quotas is not None:
@@ -73,17 +80,17 @@ async def handle_produce(context: Context, request: Request) -> Reply:
         # verified where it is appended, zone_router_in.verify_routed).
         router = context.router_out
         verified = (
-            await _verify(context, request.api_version, body)
+            await _verify(context, request.api_version, body, refused)
             if body.transactional_id is not None and router.appends_at_once(context, request)
-            else {}
+            else refused
         )
         if context.quotas is not None:
             await context.quotas.throttled(request, throttle_ms)
         return router.route(context, request, body, verified)
     verified = (
-        await _verify(context, request.api_version, body)
+        await _verify(context, request.api_version, body, refused)
         if body.transactional_id is not None
-        else {}
+        else refused
     )
     outcomes: Outcomes = []
     for topic_data in body.topic_data:
@@ -175,17 +182,33 @@ async def answer_partition(name: str, index: int, outcome: Outcome) -> ProducePa
     return ProducePartitionAnswer(index, 0, result.base_offset, -1, log_start)
 
 
+def _refused(context: Context, request: Request, body: Any) -> dict[tuple[str, int], Any]:
+    """The partitions the principal may not write to, with their error (the module docstring)."""
+    transactional_id = body.transactional_id
+    if transactional_id is not None and not allowed(
+        context, request, AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, transactional_id
+    ):
+        error = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return {(t.name, p.index): error for t in body.topic_data for p in t.partition_data}
+    names = (t.name for t in body.topic_data)
+    hidden = denied(context, request, AclOperation.WRITE, ResourceType.TOPIC, names)
+    error = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+    topics = (t for t in body.topic_data if t.name in hidden)
+    return {(t.name, p.index): error for t in topics for p in t.partition_data}
+
+
 async def _verify(
-    context: Context, version: int, body: Any
+    context: Context, version: int, body: Any, refused: dict[tuple[str, int], Any]
 ) -> dict[tuple[str, int], int | KafkaErrorCode]:
     """Per partition of a transactional Produce whose batch begins a transaction there: the
-    verification guard to admit it with, or the error it is answered."""
-    verified: dict[tuple[str, int], int | KafkaErrorCode] = {}
+    verification guard to admit it with, or the error it is answered (``refused``'s, its
+    authorization's, unverified)."""
+    verified: dict[tuple[str, int], int | KafkaErrorCode] = dict(refused)
     for topic_data in body.topic_data:
         for partition_data in topic_data.partition_data:
             key = (topic_data.name, partition_data.index)
             partition = context.topics.partitions.get(key)
-            if partition is None or not partition_data.records:
+            if partition is None or not partition_data.records or key in refused:
                 continue
             try:
                 first = next(iter_batches(partition_data.records))

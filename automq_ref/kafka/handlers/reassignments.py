@@ -42,6 +42,7 @@ from collections.abc import Iterable, Sequence
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.io.metadata.client import ControllerClient, ControllerError
+from automq_ref.kafka.handlers.authorize import AclOperation, cluster_allowed, cluster_operation
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     AlterPartitionReassignmentsResponse,
@@ -120,6 +121,7 @@ def moving_from(image: sm.StreamMetadataImage, topic: str, partition: int) -> in
 # ------------------------------------------------------------------ AlterPartitionReassignments
 
 
+@cluster_operation(AclOperation.ALTER)
 async def handle_alter_partition_reassignments(context: Context, request: Request) -> Reply:
     decisions = _Decisions(context.controller_client)
     responses = []
@@ -175,6 +177,7 @@ def _cancel(image: sm.StreamMetadataImage, topic: str, index: int) -> Outcome:
 # ------------------------------------------------------------------- ListPartitionReassignments
 
 
+@cluster_operation(AclOperation.DESCRIBE)
 async def handle_list_partition_reassignments(context: Context, request: Request) -> Reply:
     image = context.view.image
     wanted: Iterable[tuple[str, Iterable[int]]]
@@ -215,19 +218,20 @@ async def handle_elect_leaders(context: Context, request: Request) -> Reply:
         if asked_all
         else [(t.topic, [int(p) for p in t.partitions]) for t in body.topic_partitions]
     )
-    if election_type not in (PREFERRED, UNCLEAN):
+    refusal: tuple[KafkaErrorCode, str | None] | None = None
+    if not cluster_allowed(context, request, AclOperation.ALTER):
+        refusal = KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED, None
+    elif election_type not in (PREFERRED, UNCLEAN):
         invalid = f"election type {election_type}: 0 (preferred) or 1 (unclean)"
+        refusal = KafkaErrorCode.INVALID_REQUEST, invalid
+    if refusal is not None:
+        error, message = refusal
         refused = [
             ReplicaElectionResult(
-                topic,
-                [
-                    ElectionPartitionResult(index, KafkaErrorCode.INVALID_REQUEST, invalid)
-                    for index in indexes
-                ],
+                topic, [ElectionPartitionResult(index, error, message) for index in indexes]
             )
             for topic, indexes in wanted
         ]
-        error = KafkaErrorCode.INVALID_REQUEST
         return respond(request, ElectLeadersResponse([] if asked_all else refused, error))
     decisions = _Decisions(context.controller_client)
     results = []

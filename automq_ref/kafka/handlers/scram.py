@@ -58,6 +58,7 @@ from automq_ref.formats.scram_credential import (
 )
 from automq_ref.io.metadata.client import ControllerClient, ControllerError
 from automq_ref.io.metadata.view import MetadataView
+from automq_ref.kafka.handlers.authorize import AclOperation, cluster_allowed, cluster_operation
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import Response, respond
 from automq_ref.kafka.server import Reply
@@ -186,6 +187,7 @@ def describe(
     return results
 
 
+@cluster_operation(AclOperation.DESCRIBE)
 async def handle_describe_user_scram_credentials(context: Context, request: Request) -> Reply:
     users = request.body.users
     names = None if users is None else [user.name for user in users]
@@ -316,6 +318,12 @@ async def until_seen(view: MetadataView, expected: Mapping[str, bytes | None]) -
 
 async def handle_alter_user_scram_credentials(context: Context, request: Request) -> Reply:
     body = request.body
+    if not cluster_allowed(context, request, AclOperation.ALTER):
+        # Kafka's error response: each user named, once.
+        users = dict.fromkeys(c.name for c in (*body.deletions, *body.upsertions))
+        denial = KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        results = [AlterUserScramCredentialsResult(user, denial) for user in users]
+        return respond(request, AlterUserScramCredentialsResponse(results))
     changes, refused = plan(context.view.image.kv, body.deletions, body.upsertions)
 
     async def answer() -> Any:

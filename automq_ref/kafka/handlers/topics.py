@@ -10,7 +10,12 @@ controller then places it.
 ``TOPIC_ALREADY_EXISTS``), but not deleted nor grown: its partitions are the groups'
 coordinators, and a group's partition is its id's hash modulo their count, so either would lose
 every group's offsets. Both are answered ``INVALID_REQUEST`` in the words of Kafka's topic tool,
-which refuses both (Kafka's broker leaves them to authorization; this one has no authorizer).
+which refuses both (Kafka's broker leaves them to authorization).
+
+With an authorizer, as Kafka's ``KafkaApis``: a topic is created with CREATE on the cluster or
+on the topic, its configs answered with DESCRIBE_CONFIGS on it (else none, and
+``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED); deleted with DESCRIBE and DELETE on it;
+grown with ALTER on it; the others are TOPIC_AUTHORIZATION_FAILED (before any other check).
 
 The changes themselves, and their ordering against the controller's KV, are the registry's
 (:mod:`automq_ref.kafka.topic_registry`).
@@ -23,6 +28,12 @@ from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.formats.topic_record import Topic
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    cluster_allowed,
+    denied,
+)
 from automq_ref.kafka.request import Context, Request
 from automq_ref.kafka.responses import (
     CONFIG_SOURCE_DEFAULT,
@@ -42,12 +53,27 @@ from automq_ref.kafka.topic_configs import TOPIC_CONFIGS
 from automq_ref.kafka.topics import TopicError, check_replica_assignment
 from automq_ref.vocabulary.naming import is_internal_topic
 
+TOPIC = ResourceType.TOPIC
+AUTHORIZATION_FAILED = "Authorization failed."
+
+
+def _refused(hidden: frozenset[str], name: str | None) -> None:
+    """TOPIC_AUTHORIZATION_FAILED for a topic the principal may not act on."""
+    if name in hidden:
+        raise TopicError(KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
+
 
 async def handle_create_topics(context: Context, request: Request) -> Reply:
     body = request.body
     results = []
+    names = [creatable.name for creatable in body.topics]
+    hidden = frozenset[str]()
+    if not cluster_allowed(context, request, AclOperation.CREATE):
+        hidden = denied(context, request, AclOperation.CREATE, TOPIC, names)
+    unconfigured = denied(context, request, AclOperation.DESCRIBE_CONFIGS, TOPIC, names)
     for creatable in body.topics:
         try:
+            _refused(hidden, creatable.name)
             topic = await _create(context, creatable, bool(body.validate_only))
         except TopicError as error:
             results.append(
@@ -56,13 +82,19 @@ async def handle_create_topics(context: Context, request: Request) -> Reply:
                 )
             )
             continue
+        configured = creatable.name not in unconfigured
         results.append(
             CreatableTopicResult(
                 creatable.name,
                 topic_id=topic.topic_id,
+                topic_config_error_code=(
+                    0 if configured else KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED.value
+                ),
                 num_partitions=topic.partitions,
                 replication_factor=1,
-                configs=[_config(context, topic, name) for name in TOPIC_CONFIGS],
+                configs=[_config(context, topic, name) for name in TOPIC_CONFIGS]
+                if configured
+                else [],
             )
         )
     return respond(request, CreateTopicsResponse(results))
@@ -113,15 +145,22 @@ async def handle_delete_topics(context: Context, request: Request) -> Reply:
     else:
         wanted = [(name, None) for name in body.topic_names]
     results = []
+    resolved: list[tuple[str | None, uuid.UUID | None, str | None]] = []
     for name, topic_id in wanted:
         if name is None and topic_id is not None:
             found = registry.topic_by_id(topic_id)
-            name_or_none = found.name if found is not None else None
+            resolved.append((name, topic_id, found.name if found is not None else None))
         else:
-            name_or_none = name
+            resolved.append((name, topic_id, name))
+    names = [name for _, _, name in resolved]
+    hidden = denied(context, request, AclOperation.DESCRIBE, TOPIC, names) | denied(
+        context, request, AclOperation.DELETE, TOPIC, names
+    )
+    for name, topic_id, name_or_none in resolved:
         try:
             if name_or_none is None:
                 raise TopicError(KafkaErrorCode.UNKNOWN_TOPIC_ID, f"no topic {topic_id}")
+            _refused(hidden, name_or_none)
             if is_internal_topic(name_or_none):
                 raise TopicError(
                     KafkaErrorCode.INVALID_REQUEST,
@@ -146,8 +185,10 @@ async def handle_delete_topics(context: Context, request: Request) -> Reply:
 async def handle_create_partitions(context: Context, request: Request) -> Reply:
     body = request.body
     results = []
+    hidden = denied(context, request, AclOperation.ALTER, TOPIC, (t.name for t in body.topics))
     for asked in body.topics:
         try:
+            _refused(hidden, asked.name)
             if is_internal_topic(asked.name):
                 raise TopicError(
                     KafkaErrorCode.INVALID_REQUEST,

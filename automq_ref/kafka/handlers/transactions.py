@@ -13,6 +13,14 @@ older request versions: ``PRODUCER_FENCED`` (KIP-588) is answered ``INVALID_PROD
 versions that predate it (InitProducerId below v4, AddPartitionsToTxn, AddOffsetsToTxn and EndTxn
 below v2). AddOffsetsToTxn adds the group's ``__consumer_offsets`` partition to the transaction,
 so that its marker ends the transaction's offset commits there too.
+
+With an authorizer, Kafka's checks: AddPartitionsToTxn (v0-3), AddOffsetsToTxn and EndTxn need
+WRITE on the transactional id (else TRANSACTIONAL_ID_AUTHORIZATION_FAILED), AddPartitionsToTxn
+WRITE on each topic (else TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED) and,
+from brokers (v4+), CLUSTER_ACTION on the cluster; AddOffsetsToTxn READ on the group;
+WriteTxnMarkers ALTER or CLUSTER_ACTION on the cluster; DescribeProducers READ on each topic;
+DescribeTransactions DESCRIBE on each id (its partitions of topics the principal may not
+DESCRIBE left out); ListTransactions lists the ids the principal may DESCRIBE.
 """
 
 from __future__ import annotations
@@ -23,6 +31,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from automq_ref.errors import KafkaErrorCode
+from automq_ref.kafka.handlers.authorize import (
+    AclOperation,
+    ResourceType,
+    allowed,
+    cluster_allowed,
+    cluster_refusal,
+    denied,
+)
 from automq_ref.kafka.partition import Partition
 from automq_ref.kafka.request import ApiKey, Context, Request
 from automq_ref.kafka.responses import (
@@ -49,12 +65,16 @@ from automq_ref.kafka.responses import (
 )
 from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.state_machines import transaction as tx
-from automq_ref.vocabulary.naming import CONSUMER_OFFSETS_TOPIC
+from automq_ref.vocabulary.naming import CONSUMER_OFFSETS_TOPIC, is_internal_topic
 
 if TYPE_CHECKING:
     from automq_ref.kafka.transactions import TransactionCoordinator
 
 NONE = KafkaErrorCode.NONE
+TXN_ID = ResourceType.TRANSACTIONAL_ID
+TOPIC = ResourceType.TOPIC
+WRITE = AclOperation.WRITE
+DESCRIBE = AclOperation.DESCRIBE
 # The first version of each API that knows PRODUCER_FENCED.
 _FENCED_SINCE = {
     ApiKey.INIT_PRODUCER_ID: 4,
@@ -147,6 +167,10 @@ async def _add(
 ) -> list[TxnTopicResult]:
     wanted = [(t.name, int(index)) for t in topics for index in t.partitions]
     coordinator = context.transactions
+    if context.acls is not None:
+        refused = _add_refused(context, request, transactional_id, wanted)
+        if refused is not None:
+            return _topic_results(refused, request)
     if coordinator is None:
         return _topic_results(
             [(p, KafkaErrorCode.COORDINATOR_NOT_AVAILABLE) for p in wanted], request
@@ -175,6 +199,27 @@ async def _add(
             coordinator, transactional_id, producer_id, producer_epoch, wanted
         )
     return _topic_results(answer.errors, request)
+
+
+def _add_refused(
+    context: Context, request: Request, transactional_id: str, wanted: list[tx.PartitionKey]
+) -> list[tuple[tx.PartitionKey, KafkaErrorCode]] | None:
+    """Kafka's answer when the principal may not add ``wanted`` (None: it may)."""
+    if request.api_version <= 3 and not allowed(context, request, WRITE, TXN_ID, transactional_id):
+        return [(p, KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED) for p in wanted]
+    names = (topic for topic, _ in wanted if not is_internal_topic(topic))
+    hidden = denied(context, request, WRITE, TOPIC, names)
+    if not hidden:
+        return None
+    return [
+        (
+            p,
+            KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+            if p[0] in hidden
+            else KafkaErrorCode.OPERATION_NOT_ATTEMPTED,
+        )
+        for p in wanted
+    ]
 
 
 async def add_after_completion(
@@ -221,6 +266,10 @@ async def add_after_completion(
 
 async def handle_add_partitions_to_txn(context: Context, request: Request) -> Reply:
     body = request.body
+    if request.api_version >= 4 and not cluster_allowed(
+        context, request, AclOperation.CLUSTER_ACTION
+    ):
+        return cluster_refusal(request)
 
     async def answer() -> Chunks:
         if request.api_version <= 3:
@@ -256,6 +305,12 @@ async def handle_add_partitions_to_txn(context: Context, request: Request) -> Re
 async def handle_add_offsets_to_txn(context: Context, request: Request) -> Reply:
     """The group's ``__consumer_offsets`` partition joins the transaction."""
     body = request.body
+    if not allowed(context, request, WRITE, TXN_ID, body.transactional_id):
+        denial = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return respond(request, AddOffsetsToTxnResponse(denial))
+    if not allowed(context, request, AclOperation.READ, ResourceType.GROUP, body.group_id):
+        denial = KafkaErrorCode.GROUP_AUTHORIZATION_FAILED
+        return respond(request, AddOffsetsToTxnResponse(denial))
 
     async def answer() -> Chunks:
         coordinator = context.transactions
@@ -284,6 +339,9 @@ async def handle_add_offsets_to_txn(context: Context, request: Request) -> Reply
 
 async def handle_end_txn(context: Context, request: Request) -> Reply:
     body = request.body
+    if not allowed(context, request, WRITE, TXN_ID, body.transactional_id):
+        denial = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        return respond(request, EndTxnResponse(denial))
 
     async def answer() -> Chunks:
         coordinator = context.transactions
@@ -307,6 +365,7 @@ def _start_time(start_ms: int) -> datetime.datetime:
 async def handle_describe_transactions(context: Context, request: Request) -> Reply:
     body = request.body
     ids = list(body.transactional_ids)
+    hidden = denied(context, request, DESCRIBE, TXN_ID, ids)
     coordinator = context.transactions
     found = (
         coordinator.describe(ids)
@@ -315,14 +374,18 @@ async def handle_describe_transactions(context: Context, request: Request) -> Re
     )
     states = []
     for transactional_id, error, metadata in found:
+        if transactional_id in hidden:
+            error, metadata = KafkaErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, None
         if metadata is None:
             states.append(
                 DescribedState(error, transactional_id, "", 0, _start_time(-1), -1, -1, ())
             )
             continue
         by_topic: dict[str, list[int]] = {}
+        unseen = denied(context, request, DESCRIBE, TOPIC, (t for t, _ in metadata.partitions))
         for topic, index in sorted(metadata.partitions):
-            by_topic.setdefault(topic, []).append(index)
+            if topic not in unseen:
+                by_topic.setdefault(topic, []).append(index)
         states.append(
             DescribedState(
                 NONE,
@@ -352,6 +415,7 @@ async def handle_list_transactions(context: Context, request: Request) -> Reply:
             ListTransactionsResponse((), error_code=KafkaErrorCode.COORDINATOR_NOT_AVAILABLE),
         )
     error, listed = coordinator.listed()
+    hidden = denied(context, request, DESCRIBE, TXN_ID, (m.transactional_id for m in listed))
     now_ms = context.clock.now_ms()
     states = [
         ListedState(m.transactional_id, m.producer_id, m.state.name)
@@ -359,17 +423,24 @@ async def handle_list_transactions(context: Context, request: Request) -> Reply:
         if (not filters or m.state.name in filters)
         and (not producer_ids or m.producer_id in producer_ids)
         and (duration_ms < 0 or (m.start_ms >= 0 and now_ms - m.start_ms >= duration_ms))
+        and m.transactional_id not in hidden
     ]
     return respond(request, ListTransactionsResponse(states, unknown, error))
 
 
 async def handle_describe_producers(context: Context, request: Request) -> Reply:
     body = request.body
+    names = (t.name for t in body.topics)
+    hidden = denied(context, request, AclOperation.READ, TOPIC, names)
     topics = []
     for topic in body.topics:
         partitions = []
         for index in topic.partition_indexes:
             partition = context.topics.partitions.get((topic.name, int(index)))
+            if topic.name in hidden:
+                denial = KafkaErrorCode.TOPIC_AUTHORIZATION_FAILED
+                partitions.append(PartitionProducers(int(index), denial, ()))
+                continue
             if partition is None:
                 error = context.topics.not_here(topic.name, int(index))
                 partitions.append(PartitionProducers(int(index), error, ()))
@@ -384,8 +455,15 @@ async def handle_write_txn_markers(context: Context, request: Request) -> Reply:
     """Each marker written to each of its partitions led here, answered once durable (a
     partition not led here: NOT_LEADER_OR_FOLLOWER or UNKNOWN_TOPIC_OR_PARTITION)."""
     body = request.body
+    # Kafka's rule: ALTER on the cluster, else CLUSTER_ACTION (a broker's).
+    refused = not (
+        cluster_allowed(context, request, AclOperation.ALTER)
+        or cluster_allowed(context, request, AclOperation.CLUSTER_ACTION)
+    )
 
     async def one(marker: Any, name: str, index: int) -> MarkerPartitionResult:
+        if refused:
+            return MarkerPartitionResult(index, KafkaErrorCode.CLUSTER_AUTHORIZATION_FAILED)
         partition = context.topics.partitions.get((name, index))
         if partition is None:
             return MarkerPartitionResult(index, context.topics.not_here(name, index))
