@@ -41,6 +41,7 @@ from automq_ref.formats.listeners import (
     parse_protocol_map,
     resolve_listeners,
 )
+from automq_ref.state_machines.acl import AuthorizerSettings
 
 MIB = 1024 * 1024
 
@@ -643,6 +644,12 @@ class BrokerConfig(BaseModel):
         60, alias="autobalancer.controller.execution.steps", ge=1
     )
 
+    # The authorizer (Kafka's StandardAuthorizer, or "": none, all allowed), its super users
+    # (;-separated: User:alice) and the no-ACL default (state_machines/acl.py).
+    authorizer_class_name: str = Field("", alias="authorizer.class.name")
+    super_users: str = Field("", alias="super.users")
+    allow_everyone_if_no_acl_found: bool = Field(False, alias="allow.everyone.if.no.acl.found")
+
     # Zones (AutoMQ's zone router). The channels clients' produce data crosses zones through:
     # each broker's own object WAL instance per channel (0@s3://BUCKET?region=R&endpoint=URL&
     # batchInterval=250&maxBytesInBatch=8388608, entries separated by commas). Set: the router
@@ -657,6 +664,17 @@ class BrokerConfig(BaseModel):
     # A client's zone when its client.id does not name one (automq_az=ZONE): by the address it
     # connects from, zone1@cidr1,cidr2<>zone2@cidr3. Empty: no zone.
     automq_zone_cidr_blocks: str = Field("", alias="automq.zone.cidr.blocks")
+
+    @field_validator("authorizer_class_name", "super_users")
+    @classmethod
+    def _authorizer(cls, value: str, info: ValidationInfo) -> str:
+        try:  # the property is named by _problems
+            AuthorizerSettings.of_properties(
+                *(("", value) if info.field_name == "super_users" else (value,))
+            )
+        except ValueError as error:
+            raise ValueError(str(error).partition(f"{value.strip()}: ")[2] or str(error)) from error
+        return value
 
     @field_validator("listeners", "advertised_listeners")
     @classmethod
@@ -812,6 +830,13 @@ class BrokerConfig(BaseModel):
                 if name.startswith("ssl.") or name == "sasl.enabled.mechanisms"
             ),
             tuple((n, tuple(sorted(v.items()))) for n, v in sorted(self.listener_settings.items())),
+        )
+
+    @property
+    def authorizer(self) -> AuthorizerSettings:
+        """The authorizer's settings (``enabled`` False: no authorizer)."""
+        return AuthorizerSettings.of_properties(
+            self.authorizer_class_name, self.super_users, self.allow_everyone_if_no_acl_found
         )
 
     @property

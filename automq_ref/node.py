@@ -90,6 +90,7 @@ from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
 from automq_ref.io.storage.wal import MeasuredWal, WriteAheadLog
+from automq_ref.kafka.acls import ClusterAcls
 from automq_ref.kafka.broker_metrics import BrokerState
 from automq_ref.kafka.compaction import cleaner_forever
 from automq_ref.kafka.dispatch import Dispatcher
@@ -303,6 +304,7 @@ class Node:
         self.producer_ids = producer_ids
         self._store = store
         advertised = {e.name: (e.host, e.port) for e in advertised_endpoints(specs, bound)}
+        authorizer = config.authorizer
         self.context = Context(
             config=config,
             topics=topics,
@@ -318,6 +320,7 @@ class Node:
             network=limiters,
             transactions=transactions,
             quotas=ClientQuotas(metadata.view, clock),
+            acls=ClusterAcls(metadata.view, authorizer) if authorizer.enabled else None,
         )
         if config.zone_router_enabled and config.etcd_endpoints:
             start_snapshot_reads(

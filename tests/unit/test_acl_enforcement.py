@@ -1,9 +1,9 @@
 """The authorizer applied to the Kafka APIs (automq_ref/kafka/handlers/authorize.py and the
-handlers' checks): one node in process with the StandardAuthorizer (``User:admin`` and
-``User:broker`` its super users); the admin creates ACLs with CreateAcls and alice
-(``User:alice``, a connection's principal as a login sets it) is refused, then served, API by
-API, with Kafka's error codes; without an authorizer the checks never look at what they are
-given."""
+handlers' checks): one node in process whose ``authorizer.class.name``, ``super.users`` and
+``allow.everyone.if.no.acl.found`` come from its properties; an admin (a super user) creates
+ACLs with CreateAcls and alice (``User:alice``, a connection's principal as a login sets it) is
+refused, then served, API by API, with Kafka's error codes. The settings' refusals, and that
+without an authorizer the checks never look at what they are given."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kio.schema.add_partitions_to_txn.v3.request import AddPartitionsToTxnTopic
 from kio.schema.create_partitions.v3.request import CreatePartitionsTopic
 from kio.schema.create_topics.v7.request import CreatableTopic
 from kio.schema.delete_topics.v6.request import DeleteTopicState
@@ -27,21 +28,16 @@ from kio.schema.offset_commit.v9.request import (
 )
 from kio.schema.offset_fetch.v9.request import OffsetFetchRequestGroup, OffsetFetchRequestTopics
 from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
-from kio.schema.types import GroupId, TopicName
+from kio.schema.types import GroupId, ProducerId, TopicName
+from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic
 from kio.static.primitive import Records, i8, i16, i32, i64
 
-from automq_ref.config import load_config
+from automq_ref.config import ConfigError, load_config
 from automq_ref.errors import KafkaErrorCode as E
 from automq_ref.formats.record_batch_builder import build_record_batch
-from automq_ref.kafka.acls import ClusterAcls
 from automq_ref.kafka.handlers import authorize
 from automq_ref.node import Node, start_node
-from automq_ref.state_machines.acl import (
-    AclOperation,
-    AuthorizerSettings,
-    ResourceType,
-    bit_field,
-)
+from automq_ref.state_machines.acl import STANDARD_AUTHORIZER, AclOperation, ResourceType, bit_field
 from tests.unit.test_acls import (
     ALLOW,
     CLUSTER,
@@ -81,9 +77,15 @@ def properties(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    running = await start_node(load_config(overrides=properties(tmp_path), environment={}))
-    settings = AuthorizerSettings(True, frozenset({"User:admin", "User:broker"}))
-    running.front_end.context.acls = ClusterAcls(running.view, settings)
+    config = load_config(
+        overrides=properties(
+            tmp_path,
+            f"authorizer.class.name={STANDARD_AUTHORIZER}",
+            "super.users=User:admin;User:broker",
+        ),
+        environment={},
+    )
+    running = await start_node(config)
     try:
         yield running
     finally:
@@ -145,6 +147,35 @@ async def commit_offsets(node: Node, who: Any, *names: str) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------ settings
+
+
+def test_the_three_properties_make_the_settings(tmp_path: Path) -> None:
+    config = load_config(
+        overrides=properties(
+            tmp_path,
+            f"authorizer.class.name={STANDARD_AUTHORIZER}",
+            "super.users=User:admin; User:CN=broker,O=example",
+            "allow.everyone.if.no.acl.found=true",
+        ),
+        environment={},
+    )
+    settings = config.authorizer
+    assert settings.enabled and settings.allow_if_no_acl
+    assert settings.super_users == {"User:admin", "User:CN=broker,O=example"}
+    assert not load_config(overrides=properties(tmp_path), environment={}).authorizer.enabled
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("authorizer.class.name=kafka.security.authorizer.AclAuthorizer", "authorizer.class.name="),
+        ("super.users=admin", "super.users="),
+    ],
+)
+def test_refused_settings_name_the_property(tmp_path: Path, setting: str, named: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(overrides=properties(tmp_path, setting), environment={})
+    assert str(refused.value).startswith(named)
 
 
 async def test_a_node_without_an_authorizer_has_none(tmp_path: Path) -> None:
@@ -553,3 +584,46 @@ async def test_produce_needs_write_and_fetch_read(node: Node) -> None:
     # A follower's Fetch (a replica id) needs CLUSTER_ACTION, whatever its topic ACLs.
     assert await fetch_from(node, ALICE, "data", replica_id=1) == E.TOPIC_AUTHORIZATION_FAILED
     assert await fetch_from(node, peer("User:broker"), "data", replica_id=1) == 0
+
+
+async def test_transactions_need_their_ids(node: Node) -> None:
+    admit = node.front_end.admit
+    await create_topic(admit, ADMIN, "txn-data", 1)
+    producer = {"transactional_id": "tx", "producer_id": i64(1), "producer_epoch": i16(0)}
+
+    async def end() -> int:
+        ended = await call(admit, ALICE, 26, 4, committed=True, **producer)  # EndTxn
+        return int(ended.error_code)
+
+    assert await end() == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    offsets = await call(admit, ALICE, 25, 4, group_id=GroupId("g"), **producer)  # AddOffsetsToTxn
+    assert offsets.error_code == E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    added = await call(
+        admit,
+        ALICE,
+        24,  # AddPartitionsToTxn
+        3,
+        v3_and_below_transactional_id="tx",
+        v3_and_below_producer_id=i64(1),
+        v3_and_below_producer_epoch=i16(0),
+        v3_and_below_topics=(
+            AddPartitionsToTxnTopic(name=TopicName("txn-data"), partitions=(i32(0),)),
+        ),
+    )
+    (topic,) = added.results_by_topic_v3_and_below
+    assert topic.results_by_partition[0].partition_error_code == (
+        E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    )
+    # Markers are a broker's to write: ALTER or CLUSTER_ACTION on the cluster.
+    marker = WritableTxnMarker(
+        producer_id=ProducerId(1),
+        producer_epoch=i16(0),
+        transaction_result=True,
+        topics=(WritableTxnMarkerTopic(name=TopicName("txn-data"), partition_indexes=(i32(0),)),),
+        coordinator_epoch=i32(0),
+    )
+    written = await call(admit, ALICE, 27, 1, markers=(marker,))  # WriteTxnMarkers
+    (result,) = written.markers[0].topics[0].partitions
+    assert result.error_code == E.CLUSTER_AUTHORIZATION_FAILED
+    await allow(node, creation("tx", TRANSACTIONAL_ID, principal="User:alice", operation=WRITE))
+    assert await end() != E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED

@@ -4,9 +4,9 @@ DeleteAcls over the controller KV (refusals as Kafka's, duplicates, filters, a r
 bindings), the cluster operations the APIs need; and kafka-python's and confluent-kafka's admin
 clients creating, describing and deleting ACLs on the node's listener (a free port).
 
-The authorizer's settings are built here directly (``Context.acls``): the broker's properties
-for them (``authorizer.class.name``, ``super.users``, ``allow.everyone.if.no.acl.found``) are
-not read yet."""
+The authorizer's settings are built here directly (``Context.acls``); the broker's properties
+for them (``authorizer.class.name``, ``super.users``, ``allow.everyone.if.no.acl.found``) and
+the other APIs' checks are tests/unit/test_acl_enforcement.py's."""
 
 from __future__ import annotations
 
