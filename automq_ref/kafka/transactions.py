@@ -313,6 +313,9 @@ class TransactionCoordinator:
                         answer = await routed.request(add)
                     else:
                         answer = await deferred.answer
+                except asyncio.CancelledError:  # its connection closed: not asked, if not yet
+                    routed.withdraw(deferred)
+                    raise
         except ShardGone:
             return tx.PartitionsAnswer(tuple((p, KafkaErrorCode.NOT_COORDINATOR) for p in wanted))
         assert isinstance(answer, tx.PartitionsAnswer)

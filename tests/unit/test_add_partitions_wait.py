@@ -4,18 +4,25 @@ producer's previous transaction writes its markers; the handler asks again once 
 transaction has completed (its last marker written: the Complete* record need not be durable
 for the next transaction to begin), so the producer is answered NONE instead of backing off.
 Anything else concurrent is answered at once, and a completion that does not come within
-``COMPLETION_WAIT_S`` leaves the answer CONCURRENT_TRANSACTIONS."""
+``COMPLETION_WAIT_S`` leaves the answer CONCURRENT_TRANSACTIONS. Below, the shard's deferred
+requests (``TransactionShard.request_when``), which the coordinator holds such a request in:
+stepped in the step that readies them, withdrawn, or answered ``ShardGone`` when the shard
+stops."""
 
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import Sequence
 from typing import cast
 
 import pytest
 
 from automq_ref.errors import KafkaErrorCode as E
+from automq_ref.kafka.group_shard import ShardGone
 from automq_ref.kafka.handlers import transactions as handlers
+from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.transaction_shard import TransactionShard
 from automq_ref.kafka.transactions import TransactionCoordinator
 from automq_ref.state_machines import transaction as tx
 
@@ -211,3 +218,53 @@ async def test_a_completion_that_does_not_come_leaves_the_answer_concurrent(
     assert answer == tx.PartitionsAnswer(((A, E.CONCURRENT_TRANSACTIONS),))
     assert 0.02 <= loop.time() - began < 1.0
     assert fake.asked == 1
+
+
+class FixedClock:
+    def now_ms(self) -> int:
+        return 0
+
+    def monotonic_s(self) -> float:
+        return 0.0
+
+
+def shard() -> TransactionShard:
+    """A shard serving an empty transaction log (its partition never written: the requests
+    below write no record)."""
+    log = cast(Partition, types.SimpleNamespace(topic="__transaction_state", index=0))
+    served = TransactionShard(log, FixedClock(), lambda _shard, _effect: None)
+    served.start(PARAMS)
+    return served
+
+
+def refused(request_id: int, now_ms: int) -> tx.InitProducerId:
+    """A request the machine answers at once, writing nothing (a timeout out of range)."""
+    return tx.InitProducerId(request_id, "t", 0, now_ms, -1, -1, 500)
+
+
+async def test_a_deferred_request_is_stepped_in_the_step_that_readies_it() -> None:
+    s = shard()
+    deferred = s.request_when(lambda state: state.now_ms >= 5, refused)
+    assert not deferred.answer.done()
+    s.step(tx.Tick(3))
+    assert not deferred.answer.done()
+    s.step(tx.Tick(5))
+    assert deferred.answer.done()  # in that step's own call, before anything else runs
+    assert await deferred.answer == tx.InitProducerIdAnswer(E.INVALID_TRANSACTION_TIMEOUT)
+    assert not s.withdraw(deferred)
+
+
+async def test_a_deferred_request_withdrawn_or_left_when_the_shard_stops() -> None:
+    s = shard()
+    ready = s.request_when(lambda state: True, refused)
+    assert ready.answer.done()  # ready at once: asked at once
+    withdrawn = s.request_when(lambda state: state.now_ms >= 5, refused)
+    assert s.withdraw(withdrawn)
+    left = s.request_when(lambda state: state.now_ms >= 5, refused)
+    s.step(tx.Tick(5))
+    assert not withdrawn.answer.done()  # never asked
+    assert left.answer.done()
+    waiting = s.request_when(lambda state: state.now_ms >= 10, refused)
+    s.stop()
+    with pytest.raises(ShardGone):
+        await waiting.answer
