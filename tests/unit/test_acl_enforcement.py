@@ -14,10 +14,19 @@ from typing import Any
 
 import pytest
 from kio.schema.add_partitions_to_txn.v3.request import AddPartitionsToTxnTopic
+from kio.schema.alter_client_quotas.v1.request import EntityData as QuotaEntity
+from kio.schema.alter_client_quotas.v1.request import EntryData as QuotaEntry
+from kio.schema.alter_client_quotas.v1.request import OpData
+from kio.schema.alter_partition_reassignments.v0.request import (
+    ReassignablePartition,
+    ReassignableTopic,
+)
+from kio.schema.alter_user_scram_credentials.v0.request import ScramCredentialDeletion
 from kio.schema.create_partitions.v3.request import CreatePartitionsTopic
 from kio.schema.create_topics.v7.request import CreatableTopic
 from kio.schema.delete_topics.v6.request import DeleteTopicState
 from kio.schema.describe_configs.v4.request import DescribeConfigsResource
+from kio.schema.elect_leaders.v2.request import TopicPartitions
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.join_group.v9.request import JoinGroupRequestProtocol
 from kio.schema.list_offsets.v8.request import ListOffsetsPartition, ListOffsetsTopic
@@ -30,7 +39,7 @@ from kio.schema.offset_fetch.v9.request import OffsetFetchRequestGroup, OffsetFe
 from kio.schema.produce.v9.request import PartitionProduceData, TopicProduceData
 from kio.schema.types import GroupId, ProducerId, TopicName
 from kio.schema.write_txn_markers.v1.request import WritableTxnMarker, WritableTxnMarkerTopic
-from kio.static.primitive import Records, i8, i16, i32, i64
+from kio.static.primitive import Records, f64, i8, i16, i32, i64
 
 from automq_ref.config import ConfigError, load_config
 from automq_ref.errors import KafkaErrorCode as E
@@ -63,7 +72,7 @@ METADATA, CREATE_TOPICS, DELETE_TOPICS, CREATE_PARTITIONS = 3, 19, 20, 37
 FIND_COORDINATOR, JOIN_GROUP, DESCRIBE_GROUPS, LIST_GROUPS, DELETE_GROUPS = 10, 11, 15, 16, 42
 OFFSET_COMMIT, OFFSET_FETCH, INIT_PRODUCER_ID, LIST_OFFSETS = 8, 9, 22, 2
 DESCRIBE_CONFIGS, DESCRIBE_LOG_DIRS, DESCRIBE_SCRAM, DESCRIBE_CLUSTER = 32, 35, 50, 60
-DESCRIBE_QUOTAS = 48
+DESCRIBE_QUOTAS, LIST_REASSIGNMENTS = 48, 46
 
 
 def properties(tmp_path: Path, *extra: str) -> list[str]:
@@ -94,6 +103,10 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
 
 async def allow(node: Node, *creations: Any) -> None:
     assert await create(node, *creations, who=ADMIN) == [(0, None)] * len(creations)
+
+
+def cluster_acl(operation: int) -> Any:
+    return creation("kafka-cluster", CLUSTER, principal="User:alice", operation=operation)
 
 
 def topic_acl(name: str, operation: int, permission: int = ALLOW, **more: Any) -> Any:
@@ -257,9 +270,7 @@ async def test_create_delete_and_grow_topics(node: Node) -> None:
         E.TOPIC_AUTHORIZATION_FAILED,
         "Authorization failed.",
     )
-    await allow(
-        node, creation("kafka-cluster", CLUSTER, principal="User:alice", operation=CREATE_OP)
-    )
+    await allow(node, cluster_acl(CREATE_OP))
     made = await create_one("made")
     # Created, but its configs are not alice's to see without DESCRIBE_CONFIGS.
     assert made.error_code == 0 and made.configs == ()
@@ -484,8 +495,8 @@ async def test_cluster_operations(node: Node) -> None:
     }
     await allow(
         node,
-        creation("kafka-cluster", CLUSTER, principal="User:alice", operation=DESCRIBE_OP),
-        creation("kafka-cluster", CLUSTER, principal="User:alice", operation=10),
+        cluster_acl(DESCRIBE_OP),
+        cluster_acl(10),
     )
     allowed = await codes()
     assert allowed["operations"] == bit_field(
@@ -627,3 +638,73 @@ async def test_transactions_need_their_ids(node: Node) -> None:
     assert result.error_code == E.CLUSTER_AUTHORIZATION_FAILED
     await allow(node, creation("tx", TRANSACTIONAL_ID, principal="User:alice", operation=WRITE))
     assert await end() != E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+async def test_cluster_changes_need_alter(node: Node) -> None:
+    admit = node.front_end.admit
+    await create_topic(admit, ADMIN, "moved", 1)
+    ten_s = datetime.timedelta(seconds=10)
+    listed = await call(
+        admit, ALICE, 46, 0, timeout=ten_s, topics=None
+    )  # ListPartitionReassignments
+    moved = await call(
+        admit,
+        ALICE,
+        45,  # AlterPartitionReassignments
+        0,
+        timeout=ten_s,
+        topics=(
+            ReassignableTopic(
+                name=TopicName("moved"),
+                partitions=(ReassignablePartition(partition_index=i32(0), replicas=None),),
+            ),
+        ),
+    )
+    elected = await call(
+        admit,
+        ALICE,
+        43,  # ElectLeaders
+        2,
+        election_type=i8(0),
+        topic_partitions=(TopicPartitions(topic=TopicName("moved"), partitions=(i32(0),)),),
+        timeout=ten_s,
+    )
+    scram = await call(
+        admit,
+        ALICE,
+        51,  # AlterUserScramCredentials
+        0,
+        deletions=(ScramCredentialDeletion(name="bob", mechanism=i8(1)),),
+        upsertions=(),
+    )
+    quotas = await call(
+        admit,
+        ALICE,
+        49,  # AlterClientQuotas
+        1,
+        entries=(
+            QuotaEntry(
+                entity=(QuotaEntity(entity_type="user", entity_name="bob"),),
+                ops=(OpData(key="producer_byte_rate", value=f64(1024.0), remove=False),),
+            ),
+        ),
+        validate_only=False,
+    )
+    denied = E.CLUSTER_AUTHORIZATION_FAILED
+    assert listed.error_code == moved.error_code == elected.error_code == denied
+    assert elected.replica_election_results[0].partition_result[0].error_code == denied
+    assert [(r.user, r.error_code) for r in scram.results] == [("bob", denied)]
+    assert [e.error_code for e in quotas.entries] == [denied]
+    await allow(node, cluster_acl(ALTER_OP))
+    # ALTER on the cluster, and the DESCRIBE it implies: listing is allowed too.
+    listed = await call(admit, ALICE, LIST_REASSIGNMENTS, 0, timeout=ten_s, topics=None)
+    assert listed.error_code == 0
+    scram = await call(
+        admit,
+        ALICE,
+        51,
+        0,
+        deletions=(ScramCredentialDeletion(name="bob", mechanism=i8(1)),),
+        upsertions=(),
+    )
+    assert [(r.user, r.error_code) for r in scram.results] == [("bob", E.RESOURCE_NOT_FOUND)]
