@@ -26,6 +26,7 @@ from kio.schema.create_partitions.v3.request import CreatePartitionsTopic
 from kio.schema.create_topics.v7.request import CreatableTopic
 from kio.schema.delete_topics.v6.request import DeleteTopicState
 from kio.schema.describe_configs.v4.request import DescribeConfigsResource
+from kio.schema.describe_topic_partitions.v0.request import TopicRequest
 from kio.schema.elect_leaders.v2.request import TopicPartitions
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.schema.join_group.v9.request import JoinGroupRequestProtocol
@@ -708,3 +709,62 @@ async def test_cluster_changes_need_alter(node: Node) -> None:
         upsertions=(),
     )
     assert [(r.user, r.error_code) for r in scram.results] == [("bob", E.RESOURCE_NOT_FOUND)]
+
+
+async def test_consumer_protocol_and_topic_partitions(node: Node) -> None:
+    admit = node.front_end.admit
+    await create_topic(admit, ADMIN, "kip848", 1)
+    await create_topic(admit, ADMIN, "unseen", 1)
+
+    async def heartbeat(*topics: str) -> tuple[int, str | None]:
+        response = await call(
+            admit,
+            ALICE,
+            68,  # ConsumerGroupHeartbeat
+            0,
+            group_id=GroupId("cg"),
+            member_id="",
+            member_epoch=i32(0),
+            instance_id=None,
+            rack_id=None,
+            rebalance_timeout=datetime.timedelta(seconds=30),
+            subscribed_topic_names=tuple(TopicName(t) for t in topics),
+            server_assignor=None,
+            topic_partitions=(),
+        )
+        return int(response.error_code), response.error_message
+
+    assert (await heartbeat("kip848"))[0] == E.GROUP_AUTHORIZATION_FAILED
+    await allow(
+        node,
+        creation("cg", GROUP, principal="User:alice", operation=READ),
+        topic_acl("kip848", READ, principal="User:alice"),
+    )
+    assert await heartbeat("kip848", "unseen") == (
+        E.TOPIC_AUTHORIZATION_FAILED,
+        "Unauthorized topics: unseen",
+    )
+    assert (await heartbeat("kip848"))[0] == 0
+    described = await call(
+        admit, ALICE, 69, 0, group_ids=("cg", "other"), include_authorized_operations=True
+    )  # ConsumerGroupDescribe
+    errors = {g.group_id: (int(g.error_code), g.authorized_operations) for g in described.groups}
+    assert errors["other"][0] == E.GROUP_AUTHORIZATION_FAILED
+    assert errors["cg"] == (0, bit_field([AclOperation.READ, AclOperation.DESCRIBE]))
+    partitions = await call(
+        admit,
+        ALICE,
+        75,  # DescribeTopicPartitions
+        0,
+        topics=(TopicRequest(name=TopicName("kip848")), TopicRequest(name=TopicName("unseen"))),
+        response_partition_limit=i32(100),
+        cursor=None,
+    )
+    assert {t.name: int(t.error_code) for t in partitions.topics} == {
+        "kip848": 0,
+        "unseen": E.TOPIC_AUTHORIZATION_FAILED,
+    }
+    everything = await call(
+        admit, ALICE, 75, 0, topics=(), response_partition_limit=i32(100), cursor=None
+    )
+    assert [t.name for t in everything.topics] == ["kip848"]
