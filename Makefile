@@ -9,7 +9,7 @@ RUNTIME := $(VENV)/.runtime
 CLUSTER := $(VENV)/.cluster
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest tlc kcat java etcd iproute2 run cluster cluster-zones bench clean
+.PHONY: test lint typecheck pytest tlc kcat java etcd iproute2 run run-secure cluster cluster-zones bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,13 @@ tlc: $(STAMP) java
 # It installs only the runtime dependencies, not the test and Spark extras.
 run: $(RUNTIME)
 	$(BIN)/automq-ref serve --override "s3.telemetry.metrics.exporter.uri=prometheus://?host=127.0.0.1&port=9464" $(ARGS)
+
+# A secured broker (config/secure.properties): SASL_SSL on 127.0.0.1:9092 (SCRAM for users, PLAIN
+# for the admin), every request authorized by ACLs, metrics on :9464, data under ./data/secure;
+# a CA and the broker's certificate are made once, under ./data/secure/certs.
+run-secure: $(RUNTIME)
+	test -f data/secure/certs/broker.pem || $(BIN)/automq-ref certificates data/secure/certs
+	$(BIN)/automq-ref serve --config config/secure.properties $(ARGS)
 
 # Three brokers on this machine: etcd, an S3 server (moto), node ids 1-3 in racks az1-az3, Kafka
 # on 127.0.0.1:9092-9094, data under ./data/cluster (emptied at start: moto keeps its objects in

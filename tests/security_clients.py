@@ -1,6 +1,7 @@
-"""What the security tests (TLS, SASL, SCRAM, listeners) share: a node started in process on
-the listeners a test names, and round trips through each client library (produce two records,
-read them back from the beginning) with the security settings the test passes in."""
+"""What the security tests (TLS, SASL, SCRAM, listeners, ACLs) share: a node started in process
+on the listeners a test names, an ACL for alice, and round trips through each client library
+(produce two records, read them back from the beginning) with the security settings the test
+passes in."""
 
 from __future__ import annotations
 
@@ -13,6 +14,13 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    ResourcePatternType,
+    ResourceType,
+)
 from kafka import KafkaConsumer, KafkaProducer
 
 from automq_ref.config import load_config
@@ -40,6 +48,21 @@ async def started(directory: Path, *overrides: str) -> Node:
 def bootstrap_of(node: Node) -> str:
     host, port = node.advertised_address
     return f"{host}:{port}"
+
+
+def alice_may(
+    operation: AclOperation, resource: ResourceType = ResourceType.TOPIC, name: str = "orders"
+) -> AclBinding:
+    """An ACL allowing ``User:alice`` ``operation`` on ``resource`` ``name`` (LITERAL, any host)."""
+    return AclBinding(
+        resource,
+        name,
+        ResourcePatternType.LITERAL,
+        "User:alice",
+        "*",
+        operation,
+        AclPermissionType.ALLOW,
+    )
 
 
 def write(directory: Path, name: str, text: str) -> str:

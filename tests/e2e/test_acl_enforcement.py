@@ -19,17 +19,15 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
-    AclPermissionType,
     AdminClient,
     NewTopic,
-    ResourcePatternType,
     ResourceType,
 )
 
 from automq_ref.config import load_config
 from automq_ref.node import Node, start_node
 from automq_ref.state_machines.acl import STANDARD_AUTHORIZER
-from tests.security_clients import TIMEOUT_S, bootstrap_of
+from tests.security_clients import TIMEOUT_S, alice_may, bootstrap_of
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -132,20 +130,6 @@ def grant(settings: dict[str, Any], *bindings: AclBinding) -> None:
     admin = AdminClient(settings)
     for future in admin.create_acls(list(bindings)).values():
         future.result(TIMEOUT_S)
-
-
-def alice_may(
-    operation: AclOperation, resource: ResourceType = ResourceType.TOPIC, name: str = "orders"
-) -> AclBinding:
-    return AclBinding(
-        resource,
-        name,
-        ResourcePatternType.LITERAL,
-        "User:alice",
-        "*",
-        operation,
-        AclPermissionType.ALLOW,
-    )
 
 
 async def test_alice_is_refused_until_the_admin_grants_her_acls(broker: Node) -> None:
