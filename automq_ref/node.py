@@ -89,6 +89,7 @@ from automq_ref.io.storage.object_store import (
 from automq_ref.io.storage.route_epoch_node import IndexedSubmit, RouteEpochNode
 from automq_ref.io.storage.s3stream import S3Storage
 from automq_ref.io.storage.storage_log import log_storage_forever, log_uploads
+from automq_ref.io.storage.storage_metrics import measure_storage
 from automq_ref.io.storage.wal import MeasuredWal, WriteAheadLog
 from automq_ref.kafka.acls import ClusterAcls
 from automq_ref.kafka.broker_metrics import BrokerState
@@ -353,6 +354,7 @@ class Node:
         self.metrics_endpoint = None if self.metrics is None else MetricsEndpoint(self.metrics)
         if self.metrics is not None:
             self.metrics.register(BrokerState(self.context))
+            measure_storage(self.metrics, storage)  # its caches, its uploads' stages
 
     @property
     def advertised_address(self) -> tuple[str, int]:

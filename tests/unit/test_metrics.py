@@ -198,6 +198,8 @@ async def test_a_scraped_broker_counts_its_traffic(node: Node) -> None:
         assert during[("kafka_server_connection_count", ())] >= 1
         assert during[("kafka_group_count", ())] == 1
         assert during[("kafka_group_stable_count", ())] == 1
+        # The consumer read the tail, from the LogCache (the storage's series, node-wired).
+        assert during[("kafka_stream_log_cache_reads_total", (("status", "hit"),))] >= 1
     finally:
         await consumer.stop()
 
