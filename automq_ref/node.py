@@ -77,7 +77,7 @@ from automq_ref.io.metrics import BrokerMetrics, MetricsEndpoint
 from automq_ref.io.network_limiter import NetworkLimiters, network_limiters
 from automq_ref.io.storage.cold_read_process import InChildProcess
 from automq_ref.io.storage.cold_reads import ColdReads
-from automq_ref.io.storage.compaction import compact_forever
+from automq_ref.io.storage.compaction import CompactionTotals, compact_forever
 from automq_ref.io.storage.failover_runner import FailoverRunner, FailoverTarget
 from automq_ref.io.storage.object_store import (
     MeasuredStore,
@@ -341,8 +341,9 @@ class Node:
         node, props = (storage.node_id, storage.node_epoch), config.model_dump(by_alias=True)
         # Compaction's GETs and PUTs wait their turn (COMPACTION) when the bandwidth runs short.
         compacted = ThrottledStore(store, limiters, Priority.COMPACTION)
+        totals = CompactionTotals()  # what compaction did, for the metrics
         compaction = compact_forever(
-            compacted, NAMESPACE, self.client, self.view, node, clock, props
+            compacted, NAMESPACE, self.client, self.view, node, clock, props, totals
         )
         self._compaction_task = asyncio.create_task(compaction)  # io/storage/compaction.py
         self._cleaner_task: asyncio.Task[None] | None = None
@@ -354,7 +355,7 @@ class Node:
         self.metrics_endpoint = None if self.metrics is None else MetricsEndpoint(self.metrics)
         if self.metrics is not None:
             self.metrics.register(BrokerState(self.context))
-            measure_storage(self.metrics, storage)  # its caches, its uploads' stages
+            measure_storage(self.metrics, storage, totals)  # caches, upload stages, compaction
 
     @property
     def advertised_address(self) -> tuple[str, int]:

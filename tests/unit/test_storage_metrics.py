@@ -1,9 +1,11 @@
 """The storage's series (automq_ref/io/storage/storage_metrics.py): a stream written through
 S3Storage with its metrics measured, uploaded, then read back; the upload stages, the LogCache's
-and the block cache's hits and misses move as the reads go where they go."""
+and the block cache's hits and misses move as the reads go where they go; a compaction of stream
+set objects moves the compaction series."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 from automq_ref.io.metrics import BrokerMetrics
@@ -12,6 +14,7 @@ from automq_ref.io.storage.storage_metrics import measure_storage
 from automq_ref.state_machines import log_cache as lc
 from tests.storage_fixtures import start_storage
 from tests.unit.test_metrics import scrape_text
+from tests.unit.test_object_compaction import open_harness, produce_round
 from tests.unit.test_s3stream import PARAMS, WalMedium, payload
 
 # Enough records that the oldest leave the LogCache (PARAMS' capacity) once uploaded.
@@ -68,3 +71,23 @@ async def test_uploads_and_cache_reads_are_counted(tmp_path: Path) -> None:
     finally:
         await running.stop()
         await medium.close()
+
+
+async def test_compaction_is_counted(tmp_path: Path) -> None:
+    h, rng = await open_harness(tmp_path), random.Random(5)
+    metrics = BrokerMetrics()
+    measure_storage(metrics, h.running.storage, h.compactor.totals)
+    try:
+        for _ in range(3):
+            await h.add_stream()
+        for _ in range(6):
+            await produce_round(h, rng)
+        objects = "kafka_stream_compaction_objects_total"
+        assert sample(metrics, objects, operation="replaced") == 0
+        sets_before = h.set_objects()
+        await h.compactor.compact_stream_set_objects()
+        assert sample(metrics, objects, operation="replaced") == sets_before > 1
+        assert sample(metrics, objects, operation="written") >= 1
+        assert sample(metrics, "kafka_stream_compaction_write_size_total") > 0
+    finally:
+        await h.running.stop(close_store=True)

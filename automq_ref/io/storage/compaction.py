@@ -181,6 +181,7 @@ class ObjectCompactor:
         clock: Clock | None = None,
         settings: CompactionSettings = CompactionSettings(),
         rng: random.Random | None = None,
+        totals: CompactionTotals | None = None,
     ) -> None:
         self._store = store
         self._namespace = namespace
@@ -195,7 +196,7 @@ class ObjectCompactor:
         self._rng = rng or random.Random()
         # (stream, epoch) -> when this node first saw it opened here.
         self._opened_at: dict[tuple[int, int], int] = {}
-        self.totals = CompactionTotals()
+        self.totals = CompactionTotals() if totals is None else totals  # every pass's, summed
 
     # ------------------------------------------------------------------------- reading
 
@@ -531,9 +532,11 @@ async def compact_forever(
     node: tuple[int, int],
     clock: Clock,
     properties: Mapping[str, Any],
+    totals: CompactionTotals | None = None,
 ) -> None:
     """A node's compaction (``node``: its id and epoch), with the settings named in
-    ``properties`` (AutoMQ's names), until cancelled."""
+    ``properties`` (AutoMQ's names), until cancelled; what its passes did is summed into
+    ``totals``."""
     compactor = ObjectCompactor(
         store=store,
         namespace=namespace,
@@ -543,5 +546,6 @@ async def compact_forever(
         node_epoch=node[1],
         clock=clock,
         settings=CompactionSettings.from_properties(properties),
+        totals=totals,
     )
     await compactor.run_forever()
