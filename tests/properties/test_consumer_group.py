@@ -231,6 +231,37 @@ class ConsumerGroupMachine(RuleBasedStateMachine):
         expected = E.NONE if epoch == member.member_epoch else E.STALE_MEMBER_EPOCH
         assert result.error_code is expected, (result, member, epoch)
 
+    @rule()
+    def describes(self) -> None:
+        """ConsumerGroupDescribe answers at once with what the clients were told: each live
+        client a member at its epoch, with what it was told (and not yet given up) as its
+        assignment; an unknown group is GROUP_ID_NOT_FOUND."""
+        request_id = self.shell.request_id()
+        event = g.ConsumerGroupDescribe(request_id, self.shell.now_ms, (GROUP, "nobody"))
+        (answer,) = self.shell.step(event).effects
+        assert isinstance(answer, g.Respond) and answer.request_id == request_id
+        assert isinstance(answer.response, g.ConsumerGroupDescribeResponse)
+        described, unknown = answer.response.groups
+        assert unknown.error_code is E.GROUP_ID_NOT_FOUND and not unknown.members
+        group = self.group()
+        if group is None:
+            assert described.error_code is E.GROUP_ID_NOT_FOUND
+            return
+        assert described.error_code is E.NONE
+        assert (described.group_epoch, described.assignment_epoch) == (
+            group.group_epoch,
+            group.assignment_epoch,
+        )
+        assert described.group_state == group.state.value
+        members = {m.member_id: m for m in described.members}
+        assert set(members) == set(group.members)
+        for name, client in self.clients.items():
+            if self.live(name) is None:
+                continue
+            member = members[client.member_id]
+            assert member.member_epoch == client.epoch, (member, client)
+            assert member.assignment <= client.told | client.owned, (member, client)
+
     @precondition(lambda self: any(c.epoch >= 0 for c in self.clients.values()))
     @rule()
     def settles(self) -> None:

@@ -147,12 +147,18 @@ def test_every_spec_is_traced() -> None:
 def test_group_table_matches_machine_and_rules() -> None:
     """The group machine has no spec; its table still names every event, handler and rule."""
     machine = importlib.import_module("automq_ref.state_machines.group")
-    properties = importlib.import_module("tests.properties.test_group").GroupMachine
+    properties = {
+        "GroupMachine": importlib.import_module("tests.properties.test_group").GroupMachine,
+        "ConsumerGroupMachine": importlib.import_module(
+            "tests.properties.test_consumer_group"
+        ).ConsumerGroupMachine,
+    }
     rows = table_rows("Group", "spec action")
     for action, event, handler_cell, rule in rows:
         assert action == "-", action
         assert isinstance(getattr(machine, event), type), event
         assert callable(handler("group", handler_cell)), handler_cell
-        assert callable(getattr(properties, rule)), rule
+        owner, _, name = rule.rpartition(".")
+        assert callable(getattr(properties[owner or "GroupMachine"], name)), rule
     events = {cls.__name__ for cls in machine.GroupEvent.__args__}
     assert {row[1] for row in rows} == events, "every event class needs a row"
