@@ -244,13 +244,17 @@ def tv_lines(trace: list[tv.TraceLine]) -> str:
 
 
 def confluent_transactions(bootstrap: str, transactional_id: str) -> None:
-    """A real client: one committed and one aborted transaction over two partitions."""
+    """A real client: one committed and one aborted transaction over two partitions. The
+    records are flushed before the abort: librdkafka aborts a transaction whose partitions it
+    has not yet added on its own, without an EndTxn, so unflushed the broker may never see the
+    second transaction."""
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
     producer.init_transactions(30)
     for commit in (True, False):
         producer.begin_transaction()
         for topic in ("a", "b"):
             producer.produce(topic, b"v")
+        producer.flush(30)
         if commit:
             producer.commit_transaction(30)
         else:
@@ -280,7 +284,7 @@ async def test_the_trace_dir_records_each_new_id_for_validation(tmp_path: Path) 
         await asyncio.to_thread(confluent_transactions, f"{host}:{port}", "real/client")
         path = traces / "real%2Fclient.ndjson"
         await until(
-            lambda: path.exists() and '"CompleteTransaction"' in path.read_text().splitlines()[-1],
+            lambda: path.exists() and path.read_text().count('"CompleteTransaction"') == 2,
             "the abort completed in the trace",
         )
     finally:
@@ -288,7 +292,9 @@ async def test_the_trace_dir_records_each_new_id_for_validation(tmp_path: Path) 
     recorded = [json.loads(line) for line in path.read_text().splitlines()]
     trace = [tv.TraceLine(line["action"], line["state"]) for line in recorded]
     actions = [line.action for line in trace]
-    assert actions[0] == "Init" and actions.count("EndTxn") == 2, actions
+    # Each EndTxn is two steps: the request, then its Prepare* record landing.
+    assert actions[0] == "Init" and actions.count("EndTxn") == 4, actions
+    assert trace[-1].state["txnState"] == "CompleteAbort", trace[-1]
     (verdict,) = tv.validate_many([trace], "Transaction")
     assert verdict.accepted, f"{verdict}\n{verdict.log_tail}\n{tv_lines(trace)}"
     # The next start loads the id from the log: not traced again (its trace would not begin
