@@ -20,6 +20,12 @@ the producers (this process, librdkafka's threads included) on the others, as a 
 broker on two hosts would, so that neither side's TLS work takes the other's CPU; without it
 they share every CPU.
 
+Each chunk also takes the CPU time this process (the client: the producer's librdkafka threads
+and the Python calls feeding it) and its broker process spent meanwhile: per MB, and as a share
+of one CPU over the chunk's wall time, which tells which side a workload is bound by (a side at
+100% of the one CPU it is pinned to). *broker CPU per MB, plaintext / TLS* is the ratio a
+broker-bound setup would measure (clients with CPU to spare).
+
 *TLS / plaintext* and *SASL_SSL / plaintext* are each run's ratios, their medians over the runs;
 every figure is the median over ``--runs``; MB = 10^6 bytes. ``--quick`` is a smoke run
 (``tests/unit/test_tls_bench.py``).
@@ -54,10 +60,25 @@ def log(message: str) -> None:
     print(f"[tls_bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-class Workload:
-    """One broker, its producer and topic; chunks of records timed into ``seconds``."""
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process ``pid`` (all its threads) so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, bootstrap: str, client: dict[str, str], topic: str, partitions: int):
+
+class Workload:
+    """One broker, its producer and topic; chunks of records timed into ``seconds``, with the
+    CPU time the client (this process) and the broker (``broker_pid``) spent meanwhile."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        client: dict[str, str],
+        topic: str,
+        partitions: int,
+        broker_pid: int,
+    ):
         self.client: dict[str, str | int | float | bool] = {
             "bootstrap.servers": bootstrap,
             **client,
@@ -68,6 +89,9 @@ class Workload:
         self.delivery = Delivery()
         self.records = 0
         self.seconds = 0.0
+        self.broker_pid = broker_pid
+        self.client_cpu_s = 0.0
+        self.broker_cpu_s = 0.0
         admin = AdminClient(self.client)
         for future in admin.create_topics(
             [NewTopic(topic, partitions, 1)], operation_timeout=30
@@ -84,14 +108,31 @@ class Workload:
             raise RuntimeError(f"{self.topic}: delivery failed: {self.delivery.error}")
 
     def chunk(self, count: int) -> None:
+        client, broker = cpu_seconds(os.getpid()), cpu_seconds(self.broker_pid)
         began = time.perf_counter()
         self.send(count)
         self.seconds += time.perf_counter() - began
+        self.client_cpu_s += cpu_seconds(os.getpid()) - client
+        self.broker_cpu_s += cpu_seconds(self.broker_pid) - broker
         self.records += count
 
     @property
+    def megabytes(self) -> float:
+        return self.records * RECORD_BYTES / MEGABYTE
+
+    @property
     def mb_per_s(self) -> float:
-        return self.records * RECORD_BYTES / MEGABYTE / self.seconds
+        return self.megabytes / self.seconds
+
+    def figures(self, mode: str) -> dict[str, float]:
+        """Throughput, and each side's CPU: milliseconds per MB and the share of one CPU."""
+        return {
+            f"{mode}_mb_s": self.mb_per_s,
+            f"{mode}_client_ms_mb": 1000 * self.client_cpu_s / self.megabytes,
+            f"{mode}_broker_ms_mb": 1000 * self.broker_cpu_s / self.megabytes,
+            f"{mode}_client_cpu": self.client_cpu_s / self.seconds,
+            f"{mode}_broker_cpu": self.broker_cpu_s / self.seconds,
+        }
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -148,23 +189,39 @@ def run_once(
                 assert target.process is not None
                 pin(target.process.pid, {broker_cpu})
             pin(os.getpid(), set(client_cpus))
-        workloads = {
-            mode: Workload(bootstraps[mode], clients[mode], f"bench-{mode}-{run}", partitions)
-            for mode in targets
-        }
+        workloads = {}
+        for mode, target in targets.items():
+            assert target.process is not None
+            workloads[mode] = Workload(
+                bootstraps[mode],
+                clients[mode],
+                f"bench-{mode}-{run}",
+                partitions,
+                target.process.pid,
+            )
         chunk = records // rounds
         for number in range(rounds):
             order = list(workloads.values())
             shift = (number + run) % len(order)  # who goes first turns by round and by run
             for workload in order[shift:] + order[:shift]:
                 workload.chunk(chunk)
-        figures = {f"{mode}_mb_s": workload.mb_per_s for mode, workload in workloads.items()}
+        figures = {
+            name: value
+            for mode, workload in workloads.items()
+            for name, value in workload.figures(mode).items()
+        }
         figures["ratio"] = figures["tls_mb_s"] / figures["plaintext_mb_s"]
         figures["sasl_ratio"] = figures["sasl_ssl_mb_s"] / figures["plaintext_mb_s"]
+        # What a broker-bound setup (clients with CPU to spare) would see: the broker's CPU
+        # per MB over plaintext against over TLS.
+        figures["broker_ratio"] = figures["plaintext_broker_ms_mb"] / figures["tls_broker_ms_mb"]
         log(
             f"run {run}: plaintext {figures['plaintext_mb_s']:.1f} MB/s, TLS "
             f"{figures['tls_mb_s']:.1f} MB/s, SASL_SSL {figures['sasl_ssl_mb_s']:.1f} MB/s, "
-            f"ratios {figures['ratio']:.2f} and {figures['sasl_ratio']:.2f}"
+            f"ratios {figures['ratio']:.2f} and {figures['sasl_ratio']:.2f}; CPU ms/MB "
+            f"client {figures['plaintext_client_ms_mb']:.2f} and "
+            f"{figures['tls_client_ms_mb']:.2f}, broker {figures['plaintext_broker_ms_mb']:.2f} "
+            f"and {figures['tls_broker_ms_mb']:.2f}"
         )
         return figures
     finally:
@@ -187,6 +244,21 @@ def report(command: str, runs: list[dict[str, float]], settings: str) -> str:
         f"| SASL_SSL (PLAIN) MB/s | {medians['sasl_ssl_mb_s']:.1f} |",
         f"| TLS / plaintext (paired per run) | {medians['ratio']:.2f} |",
         f"| SASL_SSL / plaintext (paired per run) | {medians['sasl_ratio']:.2f} |",
+        f"| broker CPU per MB, plaintext / TLS (paired per run) | {medians['broker_ratio']:.2f} |",
+        "",
+        "| CPU (median) | plaintext | TLS | SASL_SSL |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {label} | "
+            + " | ".join(f"{medians[f'{mode}_{key}']:{form}}" for mode in MODES)
+            + " |"
+            for label, key, form in (
+                ("client ms per MB", "client_ms_mb", ".2f"),
+                ("broker ms per MB", "broker_ms_mb", ".2f"),
+                ("client, share of one CPU", "client_cpu", ".0%"),
+                ("broker, share of one CPU", "broker_cpu", ".0%"),
+            )
+        ),
         "",
         "| run | plaintext MB/s | TLS MB/s | SASL_SSL MB/s | TLS ratio | SASL_SSL ratio |",
         "|---:|---:|---:|---:|---:|---:|",
