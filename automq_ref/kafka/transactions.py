@@ -28,7 +28,10 @@ broker leads it, else as ``WriteTxnMarkers`` to the broker placement assigns it
 (the partition moving, its broker away) is tried again, backing off, until it is written or
 its topic is gone (a deleted partition needs no marker, as in Kafka); a partition that refuses
 it because the coordinator is stale (``TRANSACTION_COORDINATOR_FENCED``) ends the writing: the newer
-coordinator writes it. Timeouts and expiry: a ticker steps ``Tick`` in every shard each
+coordinator writes it. A shard loaded while the broker starts (the topic registry opens every
+partition together, and tells of each as it opens) writes its markers only once the coordinator
+is started, when the registry its writers look partitions up in is there. Timeouts and expiry:
+a ticker steps ``Tick`` in every shard each
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms``.
 """
 
@@ -122,6 +125,10 @@ class TransactionCoordinator:
         self._loads: dict[TransactionShard, asyncio.Task[None]] = {}
         self._markers: set[asyncio.Task[None]] = set()
         self._registry: TopicRegistry | None = None
+        # Set by start: a shard may load (and write the markers of what its log left
+        # preparing) while the broker's other partitions still open, before the registry the
+        # marker writers look partitions up in is given.
+        self._started = asyncio.Event()
         self._ticker: asyncio.Task[None] | None = None
         self._links: dict[tuple[str, int], BrokerLink] = {}
         # Set before the first transactional request, the shards record the steps of one
@@ -136,8 +143,12 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------------- lifecycle
 
     def start(self, topics: TopicRegistry) -> None:
+        """Serve with ``topics``, the registry whose partitions' opens told this coordinator
+        of its shards (:meth:`partition_taken`: they load from then on; markers they write
+        before this wait for it)."""
         self._registry = topics
         self._topic.start(topics)
+        self._started.set()
         self._ticker = asyncio.create_task(self._tick_forever(), name="transaction-ticker")
 
     async def ready(self, timeout_s: float) -> None:
@@ -457,6 +468,9 @@ class TransactionCoordinator:
         self, shard: TransactionShard, effect: tx.WriteMarkers, key: tx.PartitionKey
     ) -> None:
         delay_s, most_s = MARKER_RETRY_S
+        # A shard loaded while the broker was starting writes its markers once the broker is
+        # up (the partitions they go to may be among those still opening then).
+        await self._started.wait()
         registry = self._registry
         assert registry is not None
         while not shard.stopped:
