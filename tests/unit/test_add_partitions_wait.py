@@ -1,223 +1,248 @@
-"""AddPartitionsToTxn right after a commit (automq_ref/kafka/handlers/transactions.py,
-``add_after_completion``): the coordinator machine answers CONCURRENT_TRANSACTIONS while the
-producer's previous transaction writes its markers; the handler asks again once that
-transaction has completed (its last marker written: the Complete* record need not be durable
-for the next transaction to begin), so the producer is answered NONE instead of backing off.
-Anything else concurrent is answered at once, and a completion that does not come within
-``COMPLETION_WAIT_S`` leaves the answer CONCURRENT_TRANSACTIONS. Below, the shard's deferred
-requests (``TransactionShard.request_when``), which the coordinator holds such a request in:
-stepped in the step that readies them, withdrawn, or answered ``ShardGone`` when the shard
-stops."""
+"""AddPartitionsToTxn right after a commit (automq_ref/kafka/transactions.py,
+``TransactionCoordinator.add_partitions``): while the producer's previous transaction writes
+its markers the machine would answer CONCURRENT_TRANSACTIONS, so the coordinator holds the
+request and steps it in the step of the last marker (its Ongoing record then goes to the log
+right behind the Complete* record), and the producer is answered NONE instead of backing off;
+the Complete* record need not be durable for the next transaction to begin. Anything else is
+asked at once, a completion that does not come within ``COMPLETION_WAIT_S`` leaves the answer
+CONCURRENT_TRANSACTIONS, and a request cancelled while held (its connection closed) is never
+asked. Below, the shard's deferred requests (``TransactionShard.request_when``), which the
+coordinator holds such a request in: stepped in the step that readies them, withdrawn, or
+answered ``ShardGone`` when the shard stops."""
 
 from __future__ import annotations
 
 import asyncio
 import types
-from collections.abc import Sequence
 from typing import cast
 
 import pytest
 
+from automq_ref.config import load_config
 from automq_ref.errors import KafkaErrorCode as E
+from automq_ref.formats import transaction_record as trec
+from automq_ref.io.metadata.view import MetadataView
+from automq_ref.kafka import transactions
+from automq_ref.kafka.coordinator_topic import CoordinatorTopic
 from automq_ref.kafka.group_shard import ShardGone
-from automq_ref.kafka.handlers import transactions as handlers
-from automq_ref.kafka.partition import Partition
+from automq_ref.kafka.partition import Partition, stored_batches
+from automq_ref.kafka.producer_ids import ProducerIdAllocator
 from automq_ref.kafka.transaction_shard import TransactionShard
 from automq_ref.kafka.transactions import TransactionCoordinator
 from automq_ref.state_machines import transaction as tx
 
 PARAMS = tx.TransactionParams(expiration_ms=10_000)
 A = ("a", 0)
+S = tx.TransactionState
 
 
-class MachineCoordinator:
-    """The two calls the handler makes, over the real machine; records become durable at once
-    unless ``hold`` says which target states wait for :meth:`release`, and markers are written
-    at once unless ``hold_markers`` (then :meth:`release_markers` writes them). A record held
-    holds the records asked for after it, as a partition's appends become durable in order."""
+class TransactionLog:
+    """The shard's ``__transaction_state`` partition: each record's state noted as it is
+    appended (``appended``), durable at once unless ``hold`` names its state; a record held
+    holds the records appended after it (a partition's appends become durable in order) until
+    :meth:`release`."""
 
-    def __init__(
-        self, hold: frozenset[tx.TransactionState] = frozenset(), hold_markers: bool = False
-    ) -> None:
-        self.state = tx.CoordinatorState()
+    topic = "__transaction_state"
+    index = 0
+    epoch = 0
+
+    def __init__(self, hold: frozenset[tx.TransactionState] = frozenset()) -> None:
         self.hold = hold
-        self.hold_markers = hold_markers
-        self.held: list[tx.PersistTransaction] = []
-        self.held_markers: list[tx.WriteMarkers] = []
-        self.request = 0
-        self.answers: dict[int, tx.Answer] = {}
-        self.asked = 0
-        self.waiters: dict[int, asyncio.Future[tx.Answer]] = {}  # answers given later
-        self.woken: asyncio.Event | None = None
-        self.waits = 0
+        self.appended: list[tx.TransactionState] = []
+        self.held: list[asyncio.Future[None]] = []
 
-    def step(self, event: tx.TransactionEvent) -> None:
-        transition = tx.step(self.state, event, PARAMS)
-        assert transition.rejection is None, transition.rejection
-        self.state = transition.state
-        woken, self.woken = self.woken, None
-        if woken is not None:
-            woken.set()
-        for effect in transition.effects:
-            if isinstance(effect, tx.Respond):
-                self.answers[effect.request_id] = effect.answer
-                waiter = self.waiters.pop(effect.request_id, None)
-                if waiter is not None:
-                    waiter.set_result(effect.answer)
-            elif isinstance(effect, tx.PersistTransaction):
-                record = effect.record
-                if self.held or (record is not None and record.state in self.hold):
-                    self.held.append(effect)
-                else:
-                    self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
-            elif isinstance(effect, tx.WriteMarkers):
-                if self.hold_markers:
-                    self.held_markers.append(effect)
-                else:
-                    self.write_markers(effect)
-
-    def write_markers(self, effect: tx.WriteMarkers) -> None:
-        for partition in sorted(effect.partitions):
-            self.step(tx.MarkerWritten("t", partition, effect.producer_epoch))
+    def append_nowait(
+        self, batch: bytes, max_batch_bytes: int, *, verification_guard: int = 0
+    ) -> types.SimpleNamespace:
+        (view,) = stored_batches(batch)
+        (record,) = view.records()
+        assert record.value is not None
+        state = S(trec.decode_value(record.value).status)
+        self.appended.append(state)
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.held or state in self.hold:
+            self.held.append(durable)
+        else:
+            durable.set_result(None)
+        return types.SimpleNamespace(error=E.NONE, message="", durable=durable)
 
     def release(self) -> None:
         held, self.held = self.held, []
-        for effect in held:
-            self.step(tx.TransactionPersisted(effect.transactional_id, effect.write_id))
-
-    def release_markers(self) -> None:
-        held, self.held_markers = self.held_markers, []
-        for effect in held:
-            self.write_markers(effect)
-
-    def ask(self, event: tx.TransactionEvent) -> tx.Answer | None:
-        self.step(event)
-        return self.answers.get(self.request)
-
-    def next_request(self) -> int:
-        self.request += 1
-        return self.request
-
-    async def add_partitions(
-        self,
-        transactional_id: str,
-        producer_id: int,
-        producer_epoch: int,
-        partitions: Sequence[tx.PartitionKey],
-        *,
-        verify_only: bool = False,
-    ) -> tx.PartitionsAnswer:
-        self.asked += 1
-        request = self.next_request()
-        waiter = self.waiters[request] = asyncio.get_running_loop().create_future()
-        self.ask(
-            tx.AddPartitionsToTxn(
-                request,
-                transactional_id,
-                producer_id,
-                producer_epoch,
-                tuple(partitions),
-                0,
-                verify_only,
-            )
-        )
-        answer = await waiter
-        assert isinstance(answer, tx.PartitionsAnswer)
-        return answer
-
-    async def stepped(self, transactional_id: str) -> None:
-        self.waits += 1
-        if self.woken is None:
-            self.woken = asyncio.Event()
-        await self.woken.wait()
-
-    def describe(
-        self, transactional_ids: Sequence[str]
-    ) -> list[tuple[str, E, tx.TransactionMetadata | None]]:
-        return [(i, E.NONE, tx.describe(self.state, i)) for i in transactional_ids]
-
-    def committed(self) -> None:
-        """InitProducerId, a partition added, EndTxn(commit) answered: producer 500, epoch 0."""
-        init = self.ask(tx.InitProducerId(self.next_request(), "t", 60_000, 0, -1, -1, 500))
-        assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
-        added = self.ask(tx.AddPartitionsToTxn(self.next_request(), "t", 500, 0, (A,), 0))
-        assert added == tx.PartitionsAnswer(((A, E.NONE),))
-        ended = self.ask(tx.EndTxn(self.next_request(), "t", 500, 0, True, 0))
-        assert ended == tx.EndTxnAnswer(E.NONE)
+        for durable in held:
+            durable.set_result(None)
 
 
-def coordinator(fake: MachineCoordinator) -> TransactionCoordinator:
-    return cast(TransactionCoordinator, fake)
+class Markers:
+    """The shard's marker writer: each marker written soon after it is asked for (as the
+    coordinator's writer tasks do), or, with ``hold``, only at :meth:`release`."""
+
+    def __init__(self, hold: bool = False) -> None:
+        self.hold = hold
+        self.held: list[tuple[TransactionShard, tx.WriteMarkers]] = []
+
+    def __call__(self, shard: TransactionShard, effect: tx.WriteMarkers) -> None:
+        if self.hold:
+            self.held.append((shard, effect))
+        else:
+            asyncio.get_running_loop().call_soon(self.write, shard, effect)
+
+    @staticmethod
+    def write(shard: TransactionShard, effect: tx.WriteMarkers) -> None:
+        for partition in sorted(effect.partitions):
+            shard.step(tx.MarkerWritten(effect.transactional_id, partition, effect.producer_epoch))
+
+    def release(self) -> None:
+        held, self.held = self.held, []
+        for shard, effect in held:
+            self.write(shard, effect)
 
 
-async def test_the_next_transaction_is_added_once_the_previous_one_completes() -> None:
-    fake = MachineCoordinator(hold_markers=True)
-    fake.committed()
-    assert fake.held_markers, "the markers wait"
-    asyncio.get_running_loop().call_later(0.01, fake.release_markers)
-    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
-    assert answer == tx.PartitionsAnswer(((A, E.NONE),))
-    assert fake.asked == 2  # once refused as concurrent, once after the completion
-    assert fake.waits == 1  # the release stepped the marker, and so the completion, at once
-    metadata = tx.describe(fake.state, "t")
+class Allocator:
+    async def allocate(self) -> int:
+        return 500
+
+
+class OneShard:
+    """The coordinator's topic, reduced to one shard that serves every transactional id."""
+
+    def __init__(self, shard: TransactionShard) -> None:
+        self.shard = shard
+
+    def placement(self) -> object:
+        return self
+
+    def route(self, transactional_id: str, shards: object) -> TransactionShard:
+        return self.shard
+
+
+def serving(log: TransactionLog, markers: Markers) -> TransactionCoordinator:
+    """A coordinator whose one shard is over ``log``, its markers written by ``markers``."""
+    coordinator = TransactionCoordinator(
+        cast(MetadataView, None),
+        load_config(environment={}),
+        FixedClock(),
+        cast(ProducerIdAllocator, Allocator()),
+    )
+    shard = TransactionShard(cast(Partition, log), FixedClock(), markers)
+    shard.start(PARAMS)
+    coordinator._topic = cast(CoordinatorTopic, OneShard(shard))
+    return coordinator
+
+
+async def committed(coordinator: TransactionCoordinator) -> None:
+    """InitProducerId, a partition added, EndTxn(commit) answered: producer 500, epoch 0."""
+    init = await coordinator.init_producer_id("t", 60_000, -1, -1)
+    assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
+    added = await coordinator.add_partitions("t", 500, 0, [A])
+    assert added == tx.PartitionsAnswer(((A, E.NONE),))
+    assert await coordinator.end_txn("t", 500, 0, commit=True) is E.NONE
+
+
+def described(coordinator: TransactionCoordinator) -> tx.TransactionMetadata | None:
+    return coordinator.describe(["t"])[0][2]
+
+
+@pytest.fixture
+def long_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold that outlasts any test below, however loaded the machine."""
+    monkeypatch.setattr(transactions, "COMPLETION_WAIT_S", 60.0)
+
+
+@pytest.mark.usefixtures("long_wait")
+async def test_the_next_transaction_is_added_in_the_step_of_the_last_marker() -> None:
+    log, markers = TransactionLog(), Markers(hold=True)
+    coordinator = serving(log, markers)
+    await committed(coordinator)
+    assert markers.held, "the markers wait"
+    added = asyncio.ensure_future(coordinator.add_partitions("t", 500, 0, [A]))
+    await asyncio.sleep(0.01)
+    assert not added.done()  # held, not answered CONCURRENT_TRANSACTIONS
+    assert log.appended == [S.Empty, S.Ongoing, S.PrepareCommit]  # and not asked yet
+    markers.release()
+    # In the marker's own step: the Complete record, and the Ongoing record right behind it.
+    assert log.appended[-2:] == [S.CompleteCommit, S.Ongoing]
+    assert await added == tx.PartitionsAnswer(((A, E.NONE),))
+    metadata = described(coordinator)
     assert metadata is not None
-    assert (metadata.state, metadata.partitions) == (tx.TransactionState.Ongoing, frozenset({A}))
+    assert (metadata.state, metadata.partitions) == (S.Ongoing, frozenset({A}))
 
 
 async def test_the_next_transaction_does_not_wait_for_the_complete_record() -> None:
     """The Complete* record still on its way: the next transaction's Ongoing record is asked
     for at once, behind it, and the answer comes once both are durable."""
-    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.CompleteCommit}))
-    fake.committed()
-    assert [r.record.state for r in fake.held if r.record] == [tx.TransactionState.CompleteCommit]
-    added = asyncio.ensure_future(
-        handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
-    )
+    log = TransactionLog(hold=frozenset({S.CompleteCommit}))
+    coordinator = serving(log, Markers())
+    await committed(coordinator)
+    while S.CompleteCommit not in log.appended:  # the markers are written soon
+        await asyncio.sleep(0)
+    assert log.held, "the Complete record is not durable"
+    added = asyncio.ensure_future(coordinator.add_partitions("t", 500, 0, [A]))
     await asyncio.sleep(0)
-    assert [r.record.state for r in fake.held if r.record] == [
-        tx.TransactionState.CompleteCommit,
-        tx.TransactionState.Ongoing,
-    ]
+    assert log.appended[-2:] == [S.CompleteCommit, S.Ongoing]
     assert not added.done()  # the Ongoing record is not durable yet
-    fake.release()
+    log.release()
     assert await added == tx.PartitionsAnswer(((A, E.NONE),))
-    assert fake.asked == 1 and fake.waits == 0
 
 
 async def test_an_answer_that_is_not_concurrent_is_given_at_once() -> None:
-    fake = MachineCoordinator()
-    fake.committed()  # completed at once
-    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
-    assert answer == tx.PartitionsAnswer(((A, E.NONE),))
-    fenced = await handlers.add_after_completion(coordinator(fake), "t", 500, 7, [A])
-    assert fenced == tx.PartitionsAnswer(((A, E.PRODUCER_FENCED),))
-    assert fake.asked == 2
+    log = TransactionLog()
+    coordinator = serving(log, Markers(hold=True))
+    init = await coordinator.init_producer_id("t", 60_000, -1, -1)
+    assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
+    async with asyncio.timeout(1.0):  # nothing to wait for: no marker is released below
+        answer = await coordinator.add_partitions("t", 500, 0, [A])
+        assert answer == tx.PartitionsAnswer(((A, E.NONE),))
+        fenced = await coordinator.add_partitions("t", 500, 7, [A])
+        assert fenced == tx.PartitionsAnswer(((A, E.PRODUCER_FENCED),))
 
 
 async def test_concurrent_with_a_pending_record_of_an_ongoing_transaction_is_not_waited_for() -> (
     None
 ):
-    fake = MachineCoordinator(hold=frozenset({tx.TransactionState.Ongoing}))
-    init = fake.ask(tx.InitProducerId(fake.next_request(), "t", 60_000, 0, -1, -1, 500))
+    log = TransactionLog(hold=frozenset({S.Ongoing}))
+    coordinator = serving(log, Markers())
+    init = await coordinator.init_producer_id("t", 60_000, -1, -1)
     assert init == tx.InitProducerIdAnswer(E.NONE, 500, 0)
-    fake.ask(tx.AddPartitionsToTxn(fake.next_request(), "t", 500, 0, (A,), 0))  # pending
-    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [("b", 0)])
+    pending = asyncio.ensure_future(coordinator.add_partitions("t", 500, 0, [A]))
+    await asyncio.sleep(0)
+    assert log.appended == [S.Empty, S.Ongoing] and not pending.done()
+    async with asyncio.timeout(1.0):  # not held: no marker is being written
+        answer = await coordinator.add_partitions("t", 500, 0, [("b", 0)])
     assert answer == tx.PartitionsAnswer(((("b", 0), E.CONCURRENT_TRANSACTIONS),))
-    assert fake.asked == 1
+    log.release()
+    assert await pending == tx.PartitionsAnswer(((A, E.NONE),))
 
 
 async def test_a_completion_that_does_not_come_leaves_the_answer_concurrent(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(handlers, "COMPLETION_WAIT_S", 0.02)
-    fake = MachineCoordinator(hold_markers=True)
-    fake.committed()
+    monkeypatch.setattr(transactions, "COMPLETION_WAIT_S", 0.02)
+    log, markers = TransactionLog(), Markers(hold=True)
+    coordinator = serving(log, markers)
+    await committed(coordinator)
     loop = asyncio.get_running_loop()
     began = loop.time()
-    answer = await handlers.add_after_completion(coordinator(fake), "t", 500, 0, [A])
+    answer = await coordinator.add_partitions("t", 500, 0, [A])
     assert answer == tx.PartitionsAnswer(((A, E.CONCURRENT_TRANSACTIONS),))
     assert 0.02 <= loop.time() - began < 1.0
-    assert fake.asked == 1
+    markers.release()  # the completion comes later: the request is not asked again
+    assert log.appended == [S.Empty, S.Ongoing, S.PrepareCommit, S.CompleteCommit]
+
+
+@pytest.mark.usefixtures("long_wait")
+async def test_a_held_request_whose_connection_closes_is_never_asked() -> None:
+    log, markers = TransactionLog(), Markers(hold=True)
+    coordinator = serving(log, markers)
+    await committed(coordinator)
+    added = asyncio.ensure_future(coordinator.add_partitions("t", 500, 0, [A]))
+    await asyncio.sleep(0.01)
+    added.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await added
+    markers.release()
+    assert log.appended == [S.Empty, S.Ongoing, S.PrepareCommit, S.CompleteCommit]
+    metadata = described(coordinator)
+    assert metadata is not None and metadata.state is S.CompleteCommit
 
 
 class FixedClock:

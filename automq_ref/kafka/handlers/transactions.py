@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from automq_ref.errors import KafkaErrorCode
 from automq_ref.kafka.handlers.authorize import (
@@ -67,9 +67,6 @@ from automq_ref.kafka.server import Chunks, Reply
 from automq_ref.state_machines import transaction as tx
 from automq_ref.vocabulary.naming import CONSUMER_OFFSETS_TOPIC, is_internal_topic
 
-if TYPE_CHECKING:
-    from automq_ref.kafka.transactions import TransactionCoordinator
-
 NONE = KafkaErrorCode.NONE
 TXN_ID = ResourceType.TRANSACTIONAL_ID
 TOPIC = ResourceType.TOPIC
@@ -94,14 +91,6 @@ _PRODUCE_RETRIABLE = frozenset(
 )
 TRANSACTION_ABORTABLE_SINCE_PRODUCE = 11
 PRODUCE_MAX_VERSION = 12  # TxnOffsetCommit's verification answers as the newest Produce would
-# A producer's next transaction usually adds its first partition right after its commit is
-# answered, while that transaction's markers and Complete* record are still being written, and
-# the coordinator answers CONCURRENT_TRANSACTIONS then (as Kafka's does); librdkafka and the
-# Java client ask again only 20 ms later. So the handler asks again itself once the id's durable
-# state is no longer that same producer's Prepare* (its own transaction completing), waiting
-# for the coordinator's steps for at most COMPLETION_WAIT_S: the answer comes once the markers
-# are in, about two durable writes later, instead of after the client's backoff.
-COMPLETION_WAIT_S = 0.1
 
 
 def _versioned(request: Request, error: KafkaErrorCode) -> KafkaErrorCode:
@@ -190,14 +179,11 @@ async def _add(
             ],
             request,
         )
-    if verify_only:
-        answer = await coordinator.add_partitions(
-            transactional_id, producer_id, producer_epoch, wanted, verify_only=True
-        )
-    else:
-        answer = await add_after_completion(
-            coordinator, transactional_id, producer_id, producer_epoch, wanted
-        )
+    # A producer's request while its previous transaction writes its markers is held by the
+    # coordinator until they are written (TransactionCoordinator.add_partitions).
+    answer = await coordinator.add_partitions(
+        transactional_id, producer_id, producer_epoch, wanted, verify_only=verify_only
+    )
     return _topic_results(answer.errors, request)
 
 
@@ -220,48 +206,6 @@ def _add_refused(
         )
         for p in wanted
     ]
-
-
-async def add_after_completion(
-    coordinator: TransactionCoordinator,
-    transactional_id: str,
-    producer_id: int,
-    producer_epoch: int,
-    partitions: Sequence[tx.PartitionKey],
-) -> tx.PartitionsAnswer:
-    """AddPartitionsToTxn (and AddOffsetsToTxn) from a producer: the coordinator's answer, asked
-    again while it is CONCURRENT_TRANSACTIONS because this producer's previous transaction is
-    completing (``COMPLETION_WAIT_S`` above)."""
-
-    def completing() -> bool:
-        ((_, _, metadata),) = coordinator.describe([transactional_id])
-        return (
-            metadata is not None
-            and metadata.state in tx.PREPARING
-            and metadata.producer_id == producer_id
-            and metadata.producer_epoch == producer_epoch
-        )
-
-    answer = await coordinator.add_partitions(
-        transactional_id, producer_id, producer_epoch, partitions
-    )
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + COMPLETION_WAIT_S
-    while (
-        answer.errors
-        and all(error is KafkaErrorCode.CONCURRENT_TRANSACTIONS for _, error in answer.errors)
-        and completing()
-    ):
-        try:
-            async with asyncio.timeout_at(deadline):
-                await coordinator.stepped(transactional_id)
-        except TimeoutError:
-            break
-        if not completing():
-            answer = await coordinator.add_partitions(
-                transactional_id, producer_id, producer_epoch, partitions
-            )
-    return answer
 
 
 async def handle_add_partitions_to_txn(context: Context, request: Request) -> Reply:
@@ -324,12 +268,8 @@ async def handle_add_offsets_to_txn(context: Context, request: Request) -> Reply
                 request, AddOffsetsToTxnResponse(KafkaErrorCode.COORDINATOR_NOT_AVAILABLE)
             )
         key = (CONSUMER_OFFSETS_TOPIC, index)
-        found = await add_after_completion(
-            coordinator,
-            body.transactional_id,
-            int(body.producer_id),
-            int(body.producer_epoch),
-            [key],
+        found = await coordinator.add_partitions(
+            body.transactional_id, int(body.producer_id), int(body.producer_epoch), [key]
         )
         error = dict(found.errors).get(key, KafkaErrorCode.UNKNOWN_SERVER_ERROR)
         return respond(request, AddOffsetsToTxnResponse(_versioned(request, error)))
