@@ -61,10 +61,11 @@ def log(message: str) -> None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User and system CPU time of process ``pid`` (all its threads) so far (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User and system CPU time of process ``pid`` (all its threads, ended ones too) so far,
+    in nanoseconds' resolution: Linux's CPU clock of a process (the clock id glibc's
+    ``clock_getcpuclockid`` gives, ``CPUCLOCK_SCHED`` of ``pid``). ``/proc/<pid>/stat`` counts
+    in clock ticks (10 ms), coarser than a quick run's chunk of the broker's work."""
+    return time.clock_gettime((~pid << 3) | 2)
 
 
 class Workload:
