@@ -23,9 +23,11 @@ index when reading). :func:`decode` therefore checks everything that can be chec
 the magic, a non-negative payload length that fits the buffer, and field values that make sense
 (non-negative offsets, an end offset that fits in an i64, a non-zero count).
 
-Payloads are never copied by this module: :func:`decode` returns a ``memoryview`` slice of the
-buffer it was given, and :meth:`StreamRecordBatch.encoded_chunks` hands back the header and the
-payload object itself so writers can gather them (``transport.writelines``, multipart uploads).
+Payloads are copied by this module only into an encoding: :func:`decode` returns a ``memoryview``
+slice of the buffer it was given, :meth:`StreamRecordBatch.encoded_chunks` hands back the header
+and the payload object itself so writers can gather them (``transport.writelines``, multipart
+uploads), and :meth:`StreamRecordBatch.encode_held` copies the payload once into an encoding that
+the batch it returns then views.
 """
 
 from __future__ import annotations
@@ -148,7 +150,20 @@ class StreamRecordBatch:
         return self.encode_header(), self.payload
 
     def encode(self) -> bytes:
-        return self.encode_header() + bytes(self.payload)
+        """Header and payload in one ``bytes``: the payload copied once (a ``memoryview``
+        too)."""
+        return b"".join((self.encode_header(), self.payload))
+
+    def encode_held(self) -> tuple[bytes, StreamRecordBatch]:
+        """The encoding, and this batch with its payload a ``memoryview`` of that encoding's
+        payload bytes: a writer that needs both the encoded record and the batch (the WAL body
+        and the LogCache entry) pays one copy of the payload, and holds no view of the buffer
+        the payload came from (a request frame) once this returns."""
+        encoded = self.encode()
+        held = memoryview(encoded)[HEADER_SIZE_BYTES:]
+        return encoded, StreamRecordBatch(
+            self.stream_id, self.epoch, self.base_offset, self.count, held
+        )
 
     def __repr__(self) -> str:
         if len(self.payload) <= _REPR_PAYLOAD_LIMIT_BYTES:

@@ -593,7 +593,7 @@ class Partition:
         :meth:`begin_transaction_verification` returned before the coordinator verified it).
 
         A writable ``memoryview`` (a slice of a request frame) gets the offsets and leader epoch
-        written into it in place; the storage is handed a copy (``bytes``) either way."""
+        written into it in place; the storage copies it (once, into the WAL record) either way."""
         if not records:
             return ProduceResult(KafkaErrorCode.INVALID_RECORD, message="no record batch")
         if self._write_failure is not None:
@@ -660,8 +660,8 @@ class Partition:
                 partition_leader_epoch=self.epoch,
                 channel_offset=channel,
             )
-        first, durable = self.storage.append_nowait(
-            self.data_stream_id, self.epoch, bytes(data), offset - base, link=link
+        first, durable = self.storage.append_nowait(  # copies data (a view of the frame)
+            self.data_stream_id, self.epoch, memoryview(data), offset - base, link=link
         )
         self.bytes_in += len(data)
         self.records_in += offset - base

@@ -376,3 +376,33 @@ async def test_storage_reads_a_long_stream_back_through_readahead(tmp_path: Path
     await metadata_log.close()
     await store.close()
     await medium.close()
+
+
+async def test_an_append_copies_its_payload_before_returning(
+    tmp_path: Path, open_store: StoreFactory
+) -> None:
+    """The partition hands over a view of the request frame: what is cached and written is the
+    payload as it was at the call, whatever the frame holds afterwards."""
+    medium = WalMedium("block", tmp_path)
+    storage, metadata_log = await start(medium, tmp_path, 1, open_store)
+    stream_id = await storage.create_stream()
+    await storage.open_stream(stream_id, 0)
+    frame = bytearray(payload(stream_id, 0) * 3)
+    original = bytes(frame)
+    _, durable = storage.append_nowait(stream_id, 0, memoryview(frame), 1)
+    frame[:] = bytes(len(frame))
+    await durable
+    got = await storage.read(stream_id, 0, 1, 10**9)
+    assert [bytes(batch.payload) for batch in got] == [original]
+    await storage.shutdown()
+    await metadata_log.close()
+    await store_of(storage).close()
+
+    storage, metadata_log = await start(medium, tmp_path, 2, open_store)
+    await storage.open_stream(stream_id, 1)
+    got = await storage.read(stream_id, 0, 1, 10**9)
+    assert [bytes(batch.payload) for batch in got] == [original]  # from the uploaded object
+    await storage.shutdown()
+    await metadata_log.close()
+    await store_of(storage).close()
+    await medium.close()

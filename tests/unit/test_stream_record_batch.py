@@ -189,3 +189,14 @@ def test_arbitrary_bytes_decode_to_a_valid_batch_or_raise_a_format_error(buffer:
         return
     assert next_position == HEADER_SIZE_BYTES + batch.payload_size_bytes <= len(buffer)
     assert batch.is_fake_trim_record or batch.last_offset > batch.base_offset >= 0
+
+
+def test_encode_held_copies_the_payload_once_into_the_encoding_the_batch_views() -> None:
+    source = bytearray(b"kafka record batch bytes" * 10)
+    batch = StreamRecordBatch(7, 2, 100, 3, memoryview(source)[4:])
+    encoded, held = batch.encode_held()
+    assert encoded == batch.encode() == batch.encode_header() + bytes(source[4:])
+    assert (held.stream_id, held.epoch, held.base_offset, held.count) == (7, 2, 100, 3)
+    assert isinstance(held.payload, memoryview) and held.payload.obj is encoded
+    source[4:8] = b"XXXX"  # the frame the payload came from, reused
+    assert bytes(held.payload) == encoded[HEADER_SIZE_BYTES:] != bytes(source[4:])

@@ -498,7 +498,8 @@ class S3Storage:
         With ``link`` (data a proxy routed through its RouterChannel) the WAL gets the link
         record instead of the data: a batch of count ``-count`` whose payload is ``link``,
         while the LogCache, and so the upload, gets ``payload`` itself. Recovery turns the link
-        record back into ``payload`` through the channel (:class:`LinkResolver`).
+        record back into ``payload`` through the channel (:class:`LinkResolver`). ``payload``
+        is copied here: its buffer may be reused once this returns.
         """
         self._check_healthy()
         stream = self._streams.get(stream_id)
@@ -508,14 +509,14 @@ class S3Storage:
             raise ValueError(f"an append must cover at least one offset, not {count}")
         base = stream.next_offset
         stream.next_offset += count
-        batch = StreamRecordBatch(stream_id, epoch, base, count, payload)
         durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        written = (
-            batch
-            if link is None
-            else StreamRecordBatch(stream_id, epoch, base, -count, link.encode())
-        )
-        pending = _PendingAppend(batch, written.encode(), durable)
+        if link is None:
+            # The one copy of the payload (a request frame's view): the WAL body the cache views.
+            encoded, batch = StreamRecordBatch(stream_id, epoch, base, count, payload).encode_held()
+        else:
+            batch = StreamRecordBatch(stream_id, epoch, base, count, bytes(payload))
+            encoded = StreamRecordBatch(stream_id, epoch, base, -count, link.encode()).encode()
+        pending = _PendingAppend(batch, encoded, durable)
         if not self._wal_backlog:
             try:
                 self._submit(pending)
