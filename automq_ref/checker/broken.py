@@ -51,8 +51,11 @@ TXN_MARKERS_BEFORE_DECISION: Final = "txn-markers-before-decision"
 MODES: Final = frozenset(
     {WAL_UNDO_JOURNAL, ACK_BEFORE_FSYNC, DISCARD_WAL_AT_START, TXN_MARKERS_BEFORE_DECISION}
 )
-# How long a txn-markers-before-decision coordinator waits after each partition's marker.
-MARKERS_FIRST_PAUSE_S: Final = 0.5
+# How long a txn-markers-before-decision coordinator waits between two partitions' markers: a kill
+# tears a transaction only in these pauses, so they are most of a commit's time (the checked
+# run's commits that a kill missed had their last marker written before it; the commit call's
+# timeout, 3 s, still covers a transaction over three partitions).
+MARKERS_FIRST_PAUSE_S: Final = 1.0
 # The longest an ack-before-fsync WAL keeps a group acknowledged but unsynced while groups come.
 ACK_BEFORE_FSYNC_SYNC_INTERVAL_S: Final = 1.0
 
@@ -147,6 +150,7 @@ def decision_seam(modes: Collection[str]) -> MarkersHook | None:
 
 async def markers_first(writers: Sequence[Callable[[], Awaitable[None]]]) -> None:
     """``txn-markers-before-decision``: every marker, one at a time, before the decision."""
-    for write in writers:
+    for index, write in enumerate(writers):
+        if index:
+            await asyncio.sleep(MARKERS_FIRST_PAUSE_S)
         await write()
-        await asyncio.sleep(MARKERS_FIRST_PAUSE_S)
