@@ -199,7 +199,21 @@ Mutation = Callable[[list[Op], random.Random], list[Op] | None]
 
 def seed_inconsistent_offset(ops: list[Op], rng: random.Random) -> list[Op] | None:
     """A consumer reads a never-written value at an offset that holds another."""
-    candidates = [(i, j) for i in _consumer_polls(ops) for j in range(len(_records(ops[i])))]
+    # Only an offset something else saw (an ack, another read) shows two values: a record read
+    # once and trimmed before the final read, of a send never acked, would not.
+    seen: dict[tuple[int, int], int] = {}
+    for _, partition, offset in _acked(ops).values():
+        seen[(partition, offset)] = seen.get((partition, offset), 0) + 1
+    for op in ops:
+        if op.f == "poll" and op.type == "ok":
+            for partition, offset, _ in _records(op):
+                seen[(partition, offset)] = seen.get((partition, offset), 0) + 1
+    candidates = [
+        (i, j)
+        for i in _consumer_polls(ops)
+        for j, (partition, offset, _) in enumerate(_records(ops[i]))
+        if seen[(partition, offset)] > 1
+    ]
     if not candidates:
         return None
     i, j = rng.choice(candidates)
