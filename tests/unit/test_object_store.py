@@ -30,6 +30,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from automq_ref.io.storage import local_object_store
 from automq_ref.io.storage.object_store import (
     ETAG_XATTR_NAME,
     STAGING_DIR_NAME,
@@ -477,8 +478,6 @@ async def test_local_put_survives_its_key_deleted_and_pruned_before_the_director
     """The interleaving the test above meets only now and then, on a busy machine: the put has
     renamed its object into place, and a concurrent delete of the key removes it and prunes the
     directory before the put syncs that directory."""
-    from automq_ref.io.storage import local_object_store
-
     sync = local_object_store._fsync_directory
     directory_of_key = str(local_store.root / "pruned")
     pruned: list[str] = []
@@ -1059,3 +1058,26 @@ async def test_counting_reads_counts_gets_and_their_bytes(tmp_path: Path) -> Non
         assert (counted.gets, counted.get_bytes) == (2, 13)  # a failed GET returned nothing
         await counted.delete("a/b")
         assert await counted.list() == []
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+async def test_local_put_syncs_its_data_every_step_as_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: bool
+) -> None:
+    # Where each data sync came, as the file's size then: at every multiple of SYNC_STEP_BYTES,
+    # however the payload is cut into chunks (the rest is the final fsync's), none with fsync off.
+    synced_at: list[int] = []
+
+    def recording_sync(descriptor: int) -> None:
+        synced_at.append(os.fstat(descriptor).st_size)
+
+    monkeypatch.setattr(local_object_store, "_fdatasync", recording_sync)
+    step = local_object_store.SYNC_STEP_BYTES
+    payload = bytes(range(256)) * ((2 * step + step // 2) // 256)
+    chunks = [payload[: step // 3], payload[step // 3 : 2 * step + 7], payload[2 * step + 7 :]]
+    async with LocalDirectoryObjectStore(tmp_path / "objects", fsync=fsync) as store:
+        info = await store.put("big", chunks)
+        assert await store.get("big") == payload
+    assert info.size_bytes == len(payload)
+    assert info.etag == md5_hex(payload)
+    assert synced_at == ([step, 2 * step] if fsync else [])

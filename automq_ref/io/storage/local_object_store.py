@@ -2,10 +2,11 @@
 
 :class:`LocalDirectoryObjectStore` (the embedded default) maps key ``a/b/c`` to ``<root>/a/b/c``.
 
-- ``put`` writes a temporary file in ``<root>/.automq-staging/``, fsyncs it, renames it over the
-  final path with ``os.replace`` (atomic on POSIX) and fsyncs the final directory (and the parents
-  of any directory it created), so an acknowledged put survives a crash and a crash leaves either
-  the old object or the new one.
+- ``put`` writes a temporary file in ``<root>/.automq-staging/`` (syncing its data every
+  ``SYNC_STEP_BYTES`` as it goes, so a large object never leaves the disk one long flush), fsyncs
+  it, renames it over the final path with ``os.replace`` (atomic on POSIX) and fsyncs the final
+  directory (and the parents of any directory it created), so an acknowledged put survives a
+  crash and a crash leaves either the old object or the new one.
 - ``put_if_absent`` writes and fsyncs the temporary file the same way, then publishes it with
   ``os.link(temp, final)``, which the kernel refuses with ``EEXIST`` if the final name exists. The
   check and the creation are one system call, so the guarantee holds across threads and processes
@@ -67,6 +68,12 @@ T = TypeVar("T")
 ETAG_XATTR_NAME = "user.automq_ref.etag"
 
 _PUBLISH_ATTEMPTS = 8
+# With fsync on, a put makes what it wrote durable each time this much more is written, so its
+# final fsync flushes at most this much: a large object's dirty pages flushed at once held the
+# write-ahead log's fdatasync on the same disk for tens of milliseconds (docs/benchmarks.md,
+# Transactions).
+SYNC_STEP_BYTES = 4 * 2**20
+_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 # The operations that run on the write pool; the others run on the read pool.
 _WRITES = frozenset({"put", "put_if_absent", "delete", "delete_many"})
 
@@ -184,9 +191,19 @@ class LocalDirectoryObjectStore(ObjectStore):
         published = False
         try:
             try:
+                unsynced = 0
                 for chunk in chunks:
                     digest.update(chunk)
-                    _write_all(descriptor, chunk)
+                    rest = chunk
+                    while rest:
+                        piece = rest[: SYNC_STEP_BYTES - unsynced]
+                        _write_all(descriptor, piece)
+                        rest = rest[len(piece) :]
+                        unsynced += len(piece)
+                        if unsynced == SYNC_STEP_BYTES:
+                            if self._fsync:
+                                _fdatasync(descriptor)
+                            unsynced = 0
                     size_bytes += len(chunk)
                 etag = digest.hexdigest()
                 _store_etag(descriptor, etag)
